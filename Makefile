@@ -1,0 +1,44 @@
+# lstmgrad: the two commands a new user needs are `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-dev
+
+.PHONY: demo test lint bench fixtures conformance clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@ $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	@rm -f /tmp/lstmgrad-demo.grads.h5
+	$(VENV)/bin/lstmgrad seq fixtures/demo.h5 -o /tmp/lstmgrad-demo.grads.h5 --force
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check lstmgrad_cli tests benchmarks
+
+bench: $(STAMP)
+	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(PY) benchmarks/bench_backends.py
+
+conformance: $(STAMP)
+	LSTMGRAD="$(VENV)/bin/lstmgrad" $(PY) ../shared/conformance/check
+
+# Golden files from real TensorFlow (dev only, its own virtualenv; tests never need TensorFlow).
+fixtures:
+	$(PYTHON) -m venv .venv-tf
+	.venv-tf/bin/pip install --quiet -r fixtures/requirements-tf.txt
+	.venv-tf/bin/python fixtures/make_fixtures.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build dist

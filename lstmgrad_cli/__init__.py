@@ -1,0 +1,26 @@
+"""lstmgrad: TensorFlow's block-LSTM gradients (BlockLSTMGradV2, BlockLSTMGrad, LSTMBlockCellGrad)
+from saved forward-pass tensors, without TensorFlow."""
+
+from .errors import InvalidArgumentError, LstmGradError
+from .ops import (
+    BlockLSTMGradOutputs,
+    BlockLSTMOutputs,
+    LSTMBlockCellGradFullOutputs,
+    LSTMBlockCellGradOutputs,
+    block_lstm,
+    block_lstm_grad,
+    block_lstm_grad_v2,
+    block_lstm_v2,
+    lstm_block_cell,
+    lstm_block_cell_grad,
+    lstm_block_cell_grad_full,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BlockLSTMGradOutputs", "BlockLSTMOutputs", "InvalidArgumentError", "LSTMBlockCellGradFullOutputs",
+    "LSTMBlockCellGradOutputs", "LstmGradError", "__version__", "block_lstm", "block_lstm_grad",
+    "block_lstm_grad_v2", "block_lstm_v2", "lstm_block_cell", "lstm_block_cell_grad",
+    "lstm_block_cell_grad_full",
+]

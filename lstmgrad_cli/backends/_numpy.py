@@ -1,0 +1,25 @@
+"""The numpy backend: the shared array code (``_xp``) run on host arrays with numpy's BLAS."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._xp import XpGradient
+
+
+class NumpyBackend:
+    name = "numpy"
+
+    def __init__(self):
+        self._gradient = XpGradient(np)
+
+    @property
+    def version(self) -> str:
+        return np.__version__
+
+    def block_lstm_grad(self, tensors, *, seq_len_max, use_peephole, layout, compute_dtype,
+                        chunk_steps=None, return_dgates=False):
+        with np.errstate(all="ignore"):  # NaN/Inf in inputs are computed through, as TF does
+            return self._gradient.block_lstm_grad(
+                tensors, seq_len_max, use_peephole, layout, compute_dtype, chunk_steps, return_dgates
+            )

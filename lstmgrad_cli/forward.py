@@ -1,0 +1,57 @@
+"""Forward passes of LSTMBlockCell, BlockLSTM and BlockLSTMV2 (tf-semantics.md section 2), in numpy.
+
+Used to build consistent inputs for the gradient ops (``lstmgrad forward``) and as the function whose
+finite differences the gradient tests check.  Gate values beyond ``seq_len_max`` are zeros, where
+TensorFlow leaves uninitialised memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .backends._xp import LAYOUTS
+
+
+def sigmoid(z):
+    # 0.5 (1 + tanh(z/2)) is the logistic function without exp overflow for large |z|.
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+def block_lstm_forward(seq_len_max: int, x, cs_prev, h_prev, w, wci, wcf, wco, b, *, forget_bias: float,
+                       cell_clip: float, use_peephole: bool, layout: str, compute_dtype) -> tuple:
+    """The BlockLSTM recurrence on validated numpy arrays; returns (i, cs, f, o, ci, co, h) as [T, B, C].
+
+    The state carried from one step to the next is the stored (output-dtype) ``cs``/``h``, so the
+    outputs are exactly consistent with each other, as TF's are.
+    """
+    out_dtype = x.dtype
+    cdt = np.dtype(compute_dtype)
+    T, B, I = x.shape
+    C = w.shape[1] // 4
+    L = seq_len_max
+    k = {g: slice(n * C, (n + 1) * C) for g, n in LAYOUTS[layout].items()}
+    w_c, b_c = w.astype(cdt), b.astype(cdt)
+    wci, wcf, wco = (p.astype(cdt) for p in (wci, wcf, wco))
+    fb = cdt.type(forget_bias)
+    outs = [np.zeros((T, B, C), dtype=out_dtype) for _ in range(7)]
+    i_o, cs_o, f_o, o_o, ci_o, co_o, h_o = outs
+    gates_x = x[:L].astype(cdt) @ w_c[:I]  # the input part of all steps in one product
+    cs_t, h_t = cs_prev.astype(cdt), h_prev.astype(cdt)
+    with np.errstate(all="ignore"):
+        for t in range(L):
+            gates = gates_x[t] + h_t @ w_c[I:] + b_c
+            zi, zc, zf, zo = gates[:, k["i"]], gates[:, k["c"]], gates[:, k["f"]] + fb, gates[:, k["o"]]
+            if use_peephole:
+                zi = zi + cs_t * wci
+                zf = zf + cs_t * wcf
+            i, ci, f = sigmoid(zi), np.tanh(zc), sigmoid(zf)
+            cs = i * ci + f * cs_t
+            if cell_clip > 0:
+                cs = np.clip(cs, -cdt.type(cell_clip), cdt.type(cell_clip))
+            co = np.tanh(cs)
+            o = sigmoid(zo + cs * wco) if use_peephole else sigmoid(zo)
+            h = o * co
+            for store, value in zip(outs, (i, cs, f, o, ci, co, h)):
+                store[t] = value
+            cs_t, h_t = cs_o[t].astype(cdt), h_o[t].astype(cdt)
+    return tuple(outs)

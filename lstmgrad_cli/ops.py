@@ -1,0 +1,161 @@
+"""The Python API: TensorFlow's block-LSTM ops with ``tf.raw_ops`` argument names, order and outputs.
+
+All functions take and return host numpy arrays; outputs have the input dtype.  Inputs are checked
+(validation.py) before anything is computed; errors are ``InvalidArgumentError`` (a ``ValueError``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import validation
+from .backends import get_backend
+from .backends._xp import BlockLSTMGradOutputs, SeqTensors
+from .forward import block_lstm_forward
+
+__all__ = [
+    "BlockLSTMGradOutputs", "LSTMBlockCellGradOutputs", "LSTMBlockCellGradFullOutputs", "BlockLSTMOutputs",
+    "block_lstm_grad_v2", "block_lstm_grad", "lstm_block_cell_grad", "lstm_block_cell_grad_full",
+    "block_lstm_v2", "block_lstm", "lstm_block_cell",
+]
+
+
+class LSTMBlockCellGradOutputs(NamedTuple):
+    """Outputs of LSTMBlockCellGrad; ``dicfo`` is [di, dci, df, do] (pre-activation, ICFO)."""
+
+    cs_prev_grad: np.ndarray
+    dicfo: np.ndarray
+    wci_grad: np.ndarray
+    wcf_grad: np.ndarray
+    wco_grad: np.ndarray
+
+
+class LSTMBlockCellGradFullOutputs(NamedTuple):
+    """LSTMBlockCellGrad plus the gradients TF's registered cell gradient derived from ``dicfo``."""
+
+    cs_prev_grad: np.ndarray
+    dicfo: np.ndarray
+    wci_grad: np.ndarray
+    wcf_grad: np.ndarray
+    wco_grad: np.ndarray
+    x_grad: np.ndarray
+    h_prev_grad: np.ndarray
+    w_grad: np.ndarray
+    b_grad: np.ndarray
+
+
+class BlockLSTMOutputs(NamedTuple):
+    """Outputs of LSTMBlockCell / BlockLSTM / BlockLSTMV2."""
+
+    i: np.ndarray
+    cs: np.ndarray
+    f: np.ndarray
+    o: np.ndarray
+    ci: np.ndarray
+    co: np.ndarray
+    h: np.ndarray
+
+
+def _seq_grad(layout, seq_len_max, tensors: dict, use_peephole, backend, compute_dtype, chunk_steps=None):
+    arrays = validation.as_float_arrays(tensors)
+    dims = validation.check_block_lstm_grad(arrays)
+    length = validation.check_seq_len_max(seq_len_max, dims.T)
+    peephole = validation.check_use_peephole(use_peephole)
+    cdt = validation.resolve_compute_dtype(arrays["x"].dtype, compute_dtype)
+    return get_backend(backend).block_lstm_grad(
+        SeqTensors(**arrays), seq_len_max=length, use_peephole=peephole, layout=layout,
+        compute_dtype=cdt, chunk_steps=chunk_steps,
+    )
+
+
+def block_lstm_grad_v2(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h,
+                       cs_grad, h_grad, use_peephole, *, backend=None, compute_dtype=None,
+                       chunk_steps=None) -> BlockLSTMGradOutputs:
+    """BlockLSTMGradV2: the gradient of BlockLSTMV2 (gate layout IFCO).
+
+    ``compute_dtype="float16"`` rounds every elementwise step to half, like TF's CPU kernel;
+    by default float16 inputs are computed in float32 and rounded once.  ``chunk_steps`` bounds
+    the time steps processed per batched matrix product (default: from a memory budget).
+    """
+    tensors = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b, i=i, cs=cs,
+                   f=f, o=o, ci=ci, co=co, h=h, cs_grad=cs_grad, h_grad=h_grad)
+    return _seq_grad("ifco", seq_len_max, tensors, use_peephole, backend, compute_dtype, chunk_steps)
+
+
+def block_lstm_grad(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h,
+                    cs_grad, h_grad, use_peephole, *, backend=None, compute_dtype=None,
+                    chunk_steps=None) -> BlockLSTMGradOutputs:
+    """BlockLSTMGrad: the gradient of BlockLSTM (V1, gate layout ICFO).  Arguments as block_lstm_grad_v2."""
+    tensors = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b, i=i, cs=cs,
+                   f=f, o=o, ci=ci, co=co, h=h, cs_grad=cs_grad, h_grad=h_grad)
+    return _seq_grad("icfo", seq_len_max, tensors, use_peephole, backend, compute_dtype, chunk_steps)
+
+
+def lstm_block_cell_grad_full(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, cs_grad, h_grad,
+                              use_peephole, *, backend=None, compute_dtype=None) -> LSTMBlockCellGradFullOutputs:
+    """LSTMBlockCellGrad and x_grad, h_prev_grad, w_grad, b_grad as TF's cell gradient derives them.
+
+    ``xh_grad = dicfo @ w^T`` split into x and h_prev parts, ``w_grad = [x, h_prev]^T @ dicfo``,
+    ``b_grad = sum(dicfo)``: one step of BlockLSTMGrad with the ICFO layout.
+    """
+    tensors = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b, i=i, cs=cs,
+                   f=f, o=o, ci=ci, co=co, cs_grad=cs_grad, h_grad=h_grad)
+    arrays = validation.as_float_arrays(tensors)
+    validation.check_lstm_block_cell_grad(arrays)
+    peephole = validation.check_use_peephole(use_peephole)
+    cdt = validation.resolve_compute_dtype(arrays["x"].dtype, compute_dtype)
+    one_step = {name: a if name in validation.WEIGHTS or name.endswith("_prev") else a[None]
+                for name, a in arrays.items()}
+    # h is only read as the previous output of steps t >= 1, which a single step does not have.
+    outs, dgates = get_backend(backend).block_lstm_grad(
+        SeqTensors(**one_step, h=None), seq_len_max=1, use_peephole=peephole, layout="icfo",
+        compute_dtype=cdt, return_dgates=True,
+    )
+    return LSTMBlockCellGradFullOutputs(
+        outs.cs_prev_grad, dgates[0], outs.wci_grad, outs.wcf_grad, outs.wco_grad,
+        outs.x_grad[0], outs.h_prev_grad, outs.w_grad, outs.b_grad,
+    )
+
+
+def lstm_block_cell_grad(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, cs_grad, h_grad,
+                         use_peephole, *, backend=None, compute_dtype=None) -> LSTMBlockCellGradOutputs:
+    """LSTMBlockCellGrad: (cs_prev_grad, dicfo, wci_grad, wcf_grad, wco_grad); dicfo is always ICFO."""
+    full = lstm_block_cell_grad_full(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, cs_grad,
+                                     h_grad, use_peephole, backend=backend, compute_dtype=compute_dtype)
+    return LSTMBlockCellGradOutputs(*full[:5])
+
+
+def _forward(sequence, layout, seq_len_max, tensors, forget_bias, cell_clip, use_peephole, compute_dtype):
+    arrays = validation.as_float_arrays(tensors)
+    dims = validation.check_forward(arrays, sequence)
+    length = validation.check_seq_len_max(seq_len_max, dims.T) if sequence else 1
+    peephole = validation.check_use_peephole(use_peephole)
+    cdt = validation.resolve_compute_dtype(arrays["x"].dtype, compute_dtype)
+    if not sequence:
+        arrays["x"] = arrays["x"][None]
+    outs = block_lstm_forward(length, **arrays, forget_bias=float(forget_bias), cell_clip=float(cell_clip),
+                              use_peephole=peephole, layout=layout, compute_dtype=cdt)
+    return BlockLSTMOutputs(*(o if sequence else o[0] for o in outs))
+
+
+def block_lstm_v2(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, cell_clip=0.0, use_peephole=False,
+                  *, compute_dtype=None) -> BlockLSTMOutputs:
+    """BlockLSTMV2 forward (IFCO, no forget bias, no clipping by default)."""
+    tensors = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b)
+    return _forward(True, "ifco", seq_len_max, tensors, 0.0, cell_clip, use_peephole, compute_dtype)
+
+
+def block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias=1.0, cell_clip=3.0,
+               use_peephole=False, *, compute_dtype=None) -> BlockLSTMOutputs:
+    """BlockLSTM forward (V1, ICFO); TF's defaults forget_bias=1 and cell_clip=3 (cell_clip <= 0: none)."""
+    tensors = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b)
+    return _forward(True, "icfo", seq_len_max, tensors, forget_bias, cell_clip, use_peephole, compute_dtype)
+
+
+def lstm_block_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias=1.0, cell_clip=3.0, use_peephole=False,
+                    *, compute_dtype=None) -> BlockLSTMOutputs:
+    """LSTMBlockCell forward (one step, ICFO); outputs are [B, C]."""
+    tensors = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b)
+    return _forward(False, "icfo", 1, tensors, forget_bias, cell_clip, use_peephole, compute_dtype)
