@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml | $(PY)
 
 demo: $(VENV)/.installed
 	@rm -f /tmp/lstmgrad-demo.grads.h5
-	$(VENV)/bin/lstmgrad seq fixtures/demo.h5 -o /tmp/lstmgrad-demo.grads.h5 --force
+	$(VENV)/bin/lstmgrad seq fixtures/demo.h5 --group lstm -o /tmp/lstmgrad-demo.grads.h5 --force
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -64,9 +64,15 @@ def _seq_grad(layout, seq_len_max, tensors: dict, use_peephole, backend, compute
     length = validation.check_seq_len_max(seq_len_max, dims.T)
     peephole = validation.check_use_peephole(use_peephole)
     cdt = validation.resolve_compute_dtype(arrays["x"].dtype, compute_dtype)
-    return get_backend(backend).block_lstm_grad(
-        SeqTensors(**arrays), seq_len_max=length, use_peephole=peephole, layout=layout,
-        compute_dtype=cdt, chunk_steps=chunk_steps,
+    return block_lstm_grad_checked(get_backend(backend), layout, length, arrays, peephole, cdt, chunk_steps)
+
+
+def block_lstm_grad_checked(backend, layout: str, seq_len_max: int, arrays: dict, use_peephole: bool,
+                            compute_dtype, chunk_steps=None) -> BlockLSTMGradOutputs:
+    """BlockLSTMGrad(V2) on arrays that ``validation`` has already accepted (no second check)."""
+    return backend.block_lstm_grad(
+        SeqTensors(**arrays), seq_len_max=seq_len_max, use_peephole=use_peephole, layout=layout,
+        compute_dtype=compute_dtype, chunk_steps=chunk_steps,
     )
 
 

@@ -1,0 +1,59 @@
+"""Pieces every command shares: consoles made per invocation, one mapping of errors to exit codes."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+from rich.console import Console
+
+from ..errors import LstmGradError, UnknownBackendError
+
+
+def stdout_console() -> Console:
+    # Made per invocation (not at import) so NO_COLOR and redirection are honoured each run.
+    return Console(soft_wrap=False)
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True)
+
+
+def print_json(document) -> None:
+    click.echo(json.dumps(document, indent=2, allow_nan=False, default=_jsonable))
+
+
+def _jsonable(value):
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def one_line(message: str) -> str:
+    return " ".join(str(message).split()) or "unknown error"
+
+
+def handle_errors(func):
+    """Library errors -> ``Error: ...`` on stderr and exit 1; an unknown backend is a usage error (2)."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except UnknownBackendError as err:
+            raise click.UsageError(one_line(err)) from None
+        except LstmGradError as err:
+            raise click.ClickException(one_line(err)) from None
+        except MemoryError:
+            raise click.ClickException("out of memory") from None
+        except OSError as err:  # an unexpected I/O failure is still one line, not a traceback
+            raise click.ClickException(one_line(f"{err.filename or ''}: {err.strerror or err}")) from None
+
+    return wrapper
+
+
+def is_terminal(stream=None) -> bool:
+    stream = stream or sys.stderr
+    return bool(getattr(stream, "isatty", lambda: False)())
