@@ -60,6 +60,7 @@ class GradResult:
     defaults: list[str] = field(default_factory=list)  # what was not given and how it was filled in
     sources: dict = field(default_factory=dict)  # parameter -> "flag" | "tensor" | "attribute" | "default"
     tensors: list[TensorSummary] = field(default_factory=list)
+    nonfinite_inputs: dict[str, int] = field(default_factory=dict)  # input tensor -> NaN/Inf entries
     seconds: float | None = None
 
     def to_json(self) -> dict:
@@ -136,8 +137,15 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
     io.write_outputs(out, tensors, metadata, force=options.force)
     result.output = str(out)
     result.tensors = [summarise(name, value) for name, value in tensors.items()]
+    result.nonfinite_inputs = _count_nonfinite(arrays)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _count_nonfinite(arrays: dict[str, np.ndarray]) -> dict[str, int]:
+    """NaN/Inf entries per input tensor (they are computed through, as TF does, and reported)."""
+    counts = {name: int(a.size - np.count_nonzero(np.isfinite(a))) for name, a in arrays.items()}
+    return {name: n for name, n in counts.items() if n}
 
 
 def _fill_absent_peepholes(loaded: io.LoadedFile, use_peephole: bool, result: GradResult) -> None:

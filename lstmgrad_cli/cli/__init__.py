@@ -11,6 +11,7 @@ import click
 from .. import __version__
 from .backends_cmd import backends_command
 from .bench_cmd import bench_command
+from .debug_cmd import check_command, forward_command, inspect_command
 from .grad_cmd import cell_command, seq_command
 
 
@@ -28,5 +29,8 @@ def main() -> None:
 
 main.add_command(seq_command)
 main.add_command(cell_command)
+main.add_command(forward_command)
+main.add_command(check_command)
+main.add_command(inspect_command)
 main.add_command(backends_command)
 main.add_command(bench_command)

@@ -37,6 +37,7 @@ def _shared_options(func):
         click.option("-q", "--quiet", is_flag=True, help="Print nothing on success."),
         click.option("--force", is_flag=True, help="Overwrite existing output files."),
         click.option("--keep-going", is_flag=True, help="Report a bad file and go on with the rest (exit 1 at the end)."),
+        click.option("--strict", is_flag=True, help="Treat NaN or Inf in inputs or gradients as a failure (exit 1)."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -51,7 +52,7 @@ def _shared_options(func):
 @click.option("--chunk-steps", type=click.IntRange(min=1), help="Time steps per batched matrix product "
                                                                 "(default: from a 64 MiB budget).")
 def seq_command(inputs, output, out_dir, backend, use_peephole, group, compute_dtype, as_json, quiet, force,
-                keep_going, layout, seq_len_max, chunk_steps):
+                keep_going, strict, layout, seq_len_max, chunk_steps):
     """BlockLSTMGradV2 (or BlockLSTMGrad with --layout icfo) of each INPUT (HDF5 or NPZ).
 
     Each INPUT holds the op's tensors under TF's names: x [T,B,I], cs_prev, h_prev [B,C], w [I+C,4C],
@@ -59,20 +60,20 @@ def seq_command(inputs, output, out_dir, backend, use_peephole, group, compute_d
     seq_len_max and use_peephole (scalars or HDF5 attributes).
     """
     options = GradOptions("seq", layout, backend, use_peephole, seq_len_max, group, compute_dtype, chunk_steps, force)
-    _run("seq", inputs, output, out_dir, options, as_json, quiet, keep_going)
+    _run("seq", inputs, output, out_dir, options, as_json, quiet, keep_going, strict)
 
 
 @click.command("cell")
 @_shared_options
 def cell_command(inputs, output, out_dir, backend, use_peephole, group, compute_dtype, as_json, quiet, force,
-                 keep_going):
+                 keep_going, strict):
     """LSTMBlockCellGrad of each INPUT, plus x_grad, h_prev_grad, w_grad and b_grad.
 
     Each INPUT holds one step: x [B,I], cs_prev, h_prev [B,C], w [I+C,4C], wci, wcf, wco [C], b [4C],
     i, cs, f, o, ci, co, cs_grad, h_grad [B,C], and optionally use_peephole.  dicfo is in ICFO order.
     """
     options = GradOptions("cell", "icfo", backend, use_peephole, None, group, compute_dtype, None, force)
-    _run("cell", inputs, output, out_dir, options, as_json, quiet, keep_going)
+    _run("cell", inputs, output, out_dir, options, as_json, quiet, keep_going, strict)
 
 
 def expand_inputs(patterns) -> list[Path]:
@@ -93,7 +94,7 @@ def expand_inputs(patterns) -> list[Path]:
     return paths
 
 
-def _run(command, inputs, output, out_dir, options: GradOptions, as_json, quiet, keep_going) -> None:
+def _run(command, inputs, output, out_dir, options: GradOptions, as_json, quiet, keep_going, strict) -> None:
     paths = expand_inputs(inputs)
     if output is not None and (len(paths) != 1 or out_dir is not None):
         raise click.UsageError("-o/--output takes a single INPUT and no --out-dir; use --out-dir for several")
@@ -118,6 +119,9 @@ def _run(command, inputs, output, out_dir, options: GradOptions, as_json, quiet,
             result = run_grad_file(path, target, options)
         except LstmGradError as err:
             result = GradResult(str(path), None, options.op, status="failed", error=one_line(err))
+            click.echo(f"Error: {result.error}", err=True)
+        if strict and result.status == "ok" and _nonfinite_note(result):
+            result.status, result.error = "failed", f"{path}: {_nonfinite_note(result)} (--strict)"
             click.echo(f"Error: {result.error}", err=True)
         results.append(result)
         if result.status == "ok" and not (as_json or quiet):
@@ -146,6 +150,18 @@ def _default_name(path: Path) -> str:
         return path.name + ".grads.npz"  # the run itself reports why the input is unreadable
 
 
+def _nonfinite_note(result: GradResult) -> str:
+    """Words for NaN/Inf found in a run's inputs and outputs; empty when all is finite."""
+    parts = [f"{n} ({c})" for n, c in result.nonfinite_inputs.items()]
+    notes = []
+    if parts:
+        notes.append("NaN/Inf in inputs: " + ", ".join(parts))
+    bad = [f"{t.name} ({t.nonfinite})" for t in result.tensors if not t.finite]
+    if bad:
+        notes.append("NaN/Inf in gradients: " + ", ".join(bad))
+    return "; ".join(notes)
+
+
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.6g}"
 
@@ -169,6 +185,8 @@ def render(console, result: GradResult) -> None:
         parts.append(f"seq_len_max={result.seq_len_max} ({result.sources.get('seq_len_max')})")
     console.print(table)
     console.print(" · ".join(parts), highlight=False)
+    if _nonfinite_note(result):
+        console.print(f"warning: {_nonfinite_note(result)}", style="bold red", highlight=False)
     for note in result.defaults:
         console.print(f"default used: {note}", highlight=False, style="dim")
     console.print(f"{result.seconds:.3f} s", style="dim", highlight=False)
