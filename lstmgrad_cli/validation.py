@@ -71,13 +71,11 @@ def check_seq_len_max(value: object, T: int) -> int:
         raise InvalidArgumentError(
             f"`seq_len_max_tensor` must be rank 0 but is rank {array.ndim} (shape {list(array.shape)})"
         )
-    if array.dtype.kind not in "iu":
-        if array.dtype.kind == "f" and float(array) == int(float(array)):
-            pass  # 5.0 from a float attribute is an integer in all but name
-        else:
-            raise InvalidArgumentError(
-                f"seq_len_max must be an integer, got {array.item()!r} of dtype {_dtype_name(array.dtype)}"
-            )
+    integral_float = array.dtype.kind == "f" and bool(np.isfinite(array)) and float(array).is_integer()
+    if array.dtype.kind not in "iu" and not integral_float:  # 5.0 from a float attribute is still 5
+        raise InvalidArgumentError(
+            f"seq_len_max must be an integer, got {array.item()!r} of dtype {_dtype_name(array.dtype)}"
+        )
     length = int(array)
     if not 0 <= length <= T:
         raise InvalidArgumentError(f"seq_len_max must be between 0 and {T} but is {length}")

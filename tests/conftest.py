@@ -1,0 +1,64 @@
+"""Shared test helpers: the TF golden fixtures, file writers, a CliRunner, a clean environment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+CASES = {case["name"]: case for case in MANIFEST}
+SEQ_CASES = [c["name"] for c in MANIFEST if c["kind"] == "seq"]
+CELL_CASES = [c["name"] for c in MANIFEST if c["kind"] == "cell"]
+
+
+def load_case(name: str) -> tuple[dict, dict, dict]:
+    """(inputs, expected gradients, manifest entry) of one TF golden case."""
+    with np.load(FIXTURES / f"{name}.in.npz") as src, np.load(FIXTURES / f"{name}.expected.npz") as exp:
+        return {k: src[k] for k in src.files}, {k: exp[k] for k in exp.files}, CASES[name]
+
+
+def tolerance(dtype) -> tuple[float, float]:
+    """(rtol of the largest expected magnitude, atol): float32 to a few ulp of the scale, float16 ~1e-2."""
+    return (2e-2, 1e-3) if np.dtype(dtype) == np.float16 else (2e-6, 1e-7)
+
+
+def assert_close_scaled(got, expected, dtype=None, name=""):
+    dtype = dtype or expected.dtype
+    rtol, atol = tolerance(dtype)
+    got64, exp64 = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    assert got64.shape == exp64.shape, f"{name}: shape {got64.shape} != {exp64.shape}"
+    scale = float(np.max(np.abs(exp64), initial=0.0))
+    err = float(np.max(np.abs(got64 - exp64), initial=0.0))
+    assert err <= atol + rtol * scale, f"{name}: max abs error {err:.3g} > {atol + rtol * scale:.3g}"
+
+
+def write_npz(path: Path, tensors: dict) -> Path:
+    np.savez(path, **tensors)
+    return path
+
+
+def write_h5(path: Path, tensors: dict, group: str | None = None, attrs: dict | None = None) -> Path:
+    with h5py.File(path, "w") as fh:
+        node = fh.create_group(group) if group else fh
+        for key, value in tensors.items():
+            node.create_dataset(key, data=value)
+        for key, value in (attrs or {}).items():
+            node.attrs[key] = value
+    return path
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for var in ("LSTMGRAD_BACKEND", "NO_COLOR", "FORCE_COLOR"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()

@@ -1,0 +1,317 @@
+"""The seq and cell commands through click's CliRunner, and once as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from conftest import FIXTURES, assert_close_scaled, load_case, write_h5, write_npz
+
+from lstmgrad_cli.cli import main
+from lstmgrad_cli.io import read_metadata
+
+SEQ_OUTPUTS = ["x_grad", "cs_prev_grad", "h_prev_grad", "w_grad", "wci_grad", "wcf_grad", "wco_grad", "b_grad"]
+
+
+def read_any(path: Path) -> dict:
+    if path.suffix == ".npz":
+        with np.load(path) as data:
+            return {k: data[k] for k in data.files}
+    with h5py.File(path, "r") as fh:
+        return {k: fh[k][()] for k in fh.keys()}
+
+
+def assert_matches_expected(out: Path, expected: dict):
+    got = read_any(out)
+    for key, value in expected.items():
+        assert got[key].dtype == value.dtype, key
+        assert_close_scaled(got[key], value, name=key)
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".h5", ".hdf5"])
+def test_seq_writes_tf_gradients_in_the_format_of_the_extension(runner, tmp_path, suffix):
+    out = tmp_path / f"grads{suffix}"
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == ""
+    assert_matches_expected(out, load_case("seq_v2_peep")[1])
+    names = list(read_any(out))
+    assert [n for n in names if not n.startswith("__")] == SEQ_OUTPUTS  # TF's order
+    meta = read_metadata(out)
+    assert meta["op"] == "BlockLSTMGradV2" and meta["layout"] == "ifco" and meta["backend"] == "numpy"
+    assert bool(meta["use_peephole"]) is True and int(meta["seq_len_max"]) == 5
+    assert meta["source"].endswith("seq_v2_peep.in.npz") and meta["backend_version"] == np.__version__
+    for column in ("x_grad", "L2 norm", "max |value|", "finite", "BlockLSTMGradV2", "seq_len_max=5"):
+        assert column in result.stdout
+
+
+def test_seq_icfo_layout_is_blocklstmgrad(runner, tmp_path):
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v1_peep.in.npz"), "-o", str(out), "--layout", "icfo"])
+    assert result.exit_code == 0, result.stderr
+    assert_matches_expected(out, load_case("seq_v1_peep")[1])
+    assert "BlockLSTMGrad " in result.stdout
+
+
+def test_cell_writes_all_nine_gradients(runner, tmp_path):
+    out = tmp_path / "g.h5"
+    result = runner.invoke(main, ["cell", str(FIXTURES / "cell_peep.in.npz"), "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert_matches_expected(out, load_case("cell_peep")[1])
+    assert read_metadata(out)["op"] == "LSTMBlockCellGrad"
+
+
+def test_default_output_is_beside_the_input_in_its_format(runner, tmp_path):
+    inputs, expected, _ = load_case("seq_v2_nopeep")
+    src = write_h5(tmp_path / "run.h5", inputs)
+    result = runner.invoke(main, ["seq", str(src)])
+    assert result.exit_code == 0, result.stderr
+    assert_matches_expected(tmp_path / "run.grads.h5", expected)
+
+
+def test_hdf5_group_attributes_and_camel_case_names(runner, tmp_path):
+    inputs, expected, _ = load_case("seq_v2_partial")
+    camel = {"cs_prev": "csPrev", "h_prev": "hPrev", "cs_grad": "csGrad", "h_grad": "hGrad"}
+    tensors = {camel.get(k, k): v for k, v in inputs.items() if k not in ("seq_len_max", "use_peephole")}
+    src = write_h5(tmp_path / "dump.hdf5", tensors, group="model/lstm",
+                   attrs={"seqLenMax": int(inputs["seq_len_max"]), "usePeephole": True})
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(src), "--group", "model/lstm", "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert_matches_expected(out, expected)
+    doc = json.loads(result.stdout)["results"][0]
+    assert doc["sources"] == {"use_peephole": "attribute", "seq_len_max": "attribute"}
+    assert doc["seq_len_max"] == 3
+
+
+def test_missing_scalars_use_defaults_and_say_so(runner, tmp_path):
+    inputs, _, _ = load_case("seq_v2_nopeep")
+    src = write_npz(tmp_path / "plain.npz", {k: v for k, v in inputs.items()
+                                              if k not in ("seq_len_max", "use_peephole", "wci", "wcf", "wco")})
+    result = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 0, result.stderr
+    assert_matches_expected(tmp_path / "g.npz", load_case("seq_v2_nopeep")[1])
+    for note in ("seq_len_max: not in the file, using T = 4", "use_peephole: not in the file",
+                 "wci, wcf, wco: not in the file, zeros"):
+        assert note in " ".join(result.stdout.split())
+
+
+def test_flags_override_the_file(runner, tmp_path):
+    inputs, _, _ = load_case("seq_v2_peep")
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out), "--no-peephole",
+                                  "--seq-len-max", "2", "--json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)["results"][0]
+    assert doc["use_peephole"] is False and doc["seq_len_max"] == 2
+    assert doc["sources"] == {"use_peephole": "flag", "seq_len_max": "flag"}
+    got = read_any(out)
+    assert not got["wci_grad"].any() and not got["x_grad"][2:].any() and got["x_grad"][:2].any()
+
+
+def test_compute_dtype_float16_reproduces_tf_half_rounding(runner, tmp_path):
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["cell", str(FIXTURES / "cell_half.in.npz"), "-o", str(out),
+                                  "--compute-dtype", "float16"])
+    assert result.exit_code == 0, result.stderr
+    np.testing.assert_array_equal(read_any(out)["dicfo"], load_case("cell_half")[1]["dicfo"])
+
+
+def test_json_document_schema(runner, tmp_path):
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(tmp_path / "g.npz"),
+                                  "--json"])
+    assert result.exit_code == 0
+    doc = json.loads(result.stdout)
+    assert doc["command"] == "seq" and doc["summary"] == {"done": 1, "failed": 0, "not_run": 0}
+    res = doc["results"][0]
+    for key in ("input", "output", "op", "status", "layout", "backend", "backend_version", "dtype",
+                "compute_dtype", "use_peephole", "seq_len_max", "dims", "defaults", "tensors", "seconds"):
+        assert key in res
+    assert res["dims"] == {"T": 5, "B": 3, "I": 4, "C": 6}
+    names = [t["name"] for t in res["tensors"]]
+    assert names == SEQ_OUTPUTS
+    expected = load_case("seq_v2_peep")[1]
+    for t in res["tensors"]:
+        value = expected[t["name"]].astype(np.float64)
+        assert t["shape"] == list(value.shape) and t["dtype"] == "float32" and t["finite"] is True
+        assert t["l2_norm"] == pytest.approx(np.linalg.norm(value), rel=1e-5)
+        assert t["max_abs"] == pytest.approx(np.max(np.abs(value)), rel=1e-5)
+
+
+def test_quiet_prints_nothing(runner, tmp_path):
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(tmp_path / "g.npz"), "-q"])
+    assert result.exit_code == 0 and result.stdout == "" and result.stderr == ""
+    assert (tmp_path / "g.npz").exists()
+
+
+COLOR_SGR = re.compile(r"\x1b\[[0-9;]*?(?:3[0-8]|9[0-7])[;m]")
+
+
+def test_no_color_is_honoured(runner, tmp_path):
+    inputs, _, _ = load_case("seq_v2_peep")
+    inputs["x"] = inputs["x"].copy()
+    inputs["x"][0, 0, 0] = np.inf  # makes the table show a red "no" in the finite column
+    src = write_npz(tmp_path / "inf.npz", inputs)
+    args = ["seq", str(src), "-o", str(tmp_path / "g.npz"), "--force"]
+    colored = runner.invoke(main, args, env={"FORCE_COLOR": "1"})
+    plain = runner.invoke(main, args, env={"FORCE_COLOR": "1", "NO_COLOR": "1"})
+    assert colored.exit_code == plain.exit_code == 0
+    assert COLOR_SGR.search(colored.stdout)
+    assert not COLOR_SGR.search(plain.stdout) and "x_grad" in plain.stdout
+
+
+def test_existing_output_needs_force_and_is_left_untouched(runner, tmp_path):
+    out = tmp_path / "g.npz"
+    out.write_bytes(b"precious")
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out)])
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {out}: already exists; use --force to overwrite\n"
+    assert out.read_bytes() == b"precious"
+    forced = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out), "--force"])
+    assert forced.exit_code == 0
+    assert_matches_expected(out, load_case("seq_v2_peep")[1])
+
+
+def bad_input_case(tmp_path, name, **changes):
+    inputs, _, _ = load_case("seq_v2_peep")
+    inputs.update(changes)
+    for key in [k for k, v in changes.items() if v is None]:
+        inputs.pop(key)
+    return write_npz(tmp_path / name, inputs)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"i": None, "cs": None, "h_grad": None}, "missing tensors i, cs, h_grad (BlockLSTMGradV2 needs x,"),
+    ({"x": np.zeros((5, 3), np.float32)}, "x must be rank 3 but is rank 2"),
+    ({"cs_prev": np.zeros((4, 6), np.float32)}, "cs_prev.dims(0) != batch_size: 4 vs. 3"),
+    ({"seq_len_max": np.int64(9)}, "seq_len_max must be between 0 and 5 but is 9"),
+    ({"w": np.zeros((10, 24), np.float64)}, "all tensors must have one dtype"),
+    ({"x": np.zeros((5, 3, 4), np.int32)}, "x has dtype int32"),
+])
+def test_bad_tensors_give_one_line_and_no_output(runner, tmp_path, changes, message):
+    src = bad_input_case(tmp_path, "bad.npz", **changes)
+    before = src.read_bytes()
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(src), "-o", str(out)])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: {src}: ") and message in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bad.npz"]
+    assert src.read_bytes() == before
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    (b"", "file is empty (0 bytes)"),
+    (b"hello, not a tensor file", "not an HDF5 or NPZ file"),
+])
+def test_unreadable_files(runner, tmp_path, content, message):
+    src = tmp_path / "in.npz"
+    if content is not None:
+        src.write_bytes(content)
+    result = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 1 and message in result.stderr and result.stderr.startswith("Error: ")
+
+
+def test_truncated_and_pickled_npz(runner, tmp_path):
+    whole = (FIXTURES / "seq_v2_peep.in.npz").read_bytes()
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    result = runner.invoke(main, ["seq", str(cut), "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 1 and "corrupt or truncated" in result.stderr
+    inputs, _, _ = load_case("seq_v2_peep")
+    inputs["x"] = np.array([object()], dtype=object)
+    pickled = tmp_path / "pickled.npz"
+    np.savez(pickled, **inputs)
+    result = runner.invoke(main, ["seq", str(pickled), "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 1 and "pickled object array" in result.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["seq", "--frobnicate", "x.npz"], "No such option"),
+    (["seq"], "Missing argument"),
+    (["seq", "a.npz", "--backend", "nonesuch"], "unknown backend 'nonesuch'; known backends: numpy, numba, cupy"),
+    (["seq", "a.npz", "b.npz", "-o", "g.npz"], "-o/--output takes a single INPUT"),
+    (["seq", "a.npz", "--layout", "xyz"], "Invalid value for '--layout'"),
+    (["seq", "a.npz", "--seq-len-max", "-1"], "Invalid value for '--seq-len-max'"),
+])
+def test_usage_errors_exit_2(runner, args, fragment):
+    result = runner.invoke(main, args)
+    assert result.exit_code == 2 and fragment in result.stderr
+
+
+def test_unknown_backend_from_environment_is_a_usage_error(runner, tmp_path):
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(tmp_path / "g.npz")],
+                           env={"LSTMGRAD_BACKEND": "nonesuch"})
+    assert result.exit_code == 2 and "unknown backend 'nonesuch'" in result.stderr
+
+
+def test_several_inputs_with_out_dir_and_keep_going(runner, tmp_path):
+    good = [write_npz(tmp_path / f"{n}.npz", load_case(n)[0]) for n in ("seq_v2_peep", "seq_v2_nopeep")]
+    bad = bad_input_case(tmp_path, "broken.npz", i=None)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    stopped = runner.invoke(main, ["seq", str(bad), *map(str, good), "--out-dir", str(out_dir), "--json"])
+    assert stopped.exit_code == 1 and list(out_dir.iterdir()) == []
+    assert json.loads(stopped.stdout)["summary"] == {"done": 0, "failed": 1, "not_run": 2}
+    going = runner.invoke(main, ["seq", str(bad), *map(str, good), "--out-dir", str(out_dir), "--keep-going",
+                                 "--json"])
+    assert going.exit_code == 1
+    doc = json.loads(going.stdout)
+    assert doc["summary"] == {"done": 2, "failed": 1, "not_run": 0}
+    assert [r["status"] for r in doc["results"]] == ["failed", "ok", "ok"]
+    assert "missing tensor i" in doc["results"][0]["error"]
+    for name in ("seq_v2_peep", "seq_v2_nopeep"):
+        assert_matches_expected(out_dir / f"{name}.grads.npz", load_case(name)[1])
+
+
+def test_directory_and_glob_inputs(runner, tmp_path):
+    for n in ("seq_v2_peep", "seq_v2_nopeep"):
+        write_npz(tmp_path / f"{n}.npz", load_case(n)[0])
+    result = runner.invoke(main, ["seq", str(tmp_path), "-q"])
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "seq_v2_peep.grads.npz").exists() and (tmp_path / "seq_v2_nopeep.grads.npz").exists()
+    again = runner.invoke(main, ["seq", str(tmp_path / "seq_*[pe].npz"), "--force", "--json"])
+    assert again.exit_code == 0, again.stderr
+    assert len(json.loads(again.stdout)["results"]) == 2
+
+
+def test_nan_inputs_are_computed_through_and_flagged(runner, tmp_path):
+    inputs, _, _ = load_case("seq_v2_peep")
+    inputs["cs_grad"] = inputs["cs_grad"].copy()
+    inputs["cs_grad"][1, 0, 0] = np.nan
+    src = write_npz(tmp_path / "nan.npz", inputs)
+    result = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.npz"), "--json"])
+    assert result.exit_code == 0
+    doc = json.loads(result.stdout)["results"][0]
+    assert doc["nonfinite_inputs"] == {"cs_grad": 1}
+    assert any(not t["finite"] for t in doc["tensors"])
+    strict = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g2.npz"), "--strict"])
+    assert strict.exit_code == 1 and "NaN/Inf in inputs: cs_grad (1)" in strict.stderr
+
+
+def test_help_on_every_command(runner):
+    for command in main.commands:
+        result = runner.invoke(main, [command, "--help"])
+        assert result.exit_code == 0 and "Usage:" in result.stdout, command
+
+
+def test_real_subprocess_run(tmp_path):
+    out = tmp_path / "g.npz"
+    env = {k: v for k, v in os.environ.items() if k not in ("LSTMGRAD_BACKEND", "NO_COLOR")}
+    proc = subprocess.run([sys.executable, "-m", "lstmgrad_cli", "seq", str(FIXTURES / "seq_v2_peep.in.npz"),
+                           "-o", str(out), "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert json.loads(proc.stdout)["results"][0]["status"] == "ok"
+    assert_matches_expected(out, load_case("seq_v2_peep")[1])
+    bad = subprocess.run([sys.executable, "-m", "lstmgrad_cli", "seq", str(tmp_path / "missing.npz")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 1 and bad.stderr.startswith("Error: ") and bad.stderr.count("\n") == 1
