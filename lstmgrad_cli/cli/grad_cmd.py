@@ -178,15 +178,15 @@ def render(console, result: GradResult) -> None:
                       finite)
     dims = result.dims or {}
     shape = ", ".join(f"{k}={v}" for k, v in dims.items() if not (k == "T" and result.seq_len_max is None))
-    parts = [f"{result.op} (layout {result.layout})", f"backend {result.backend} {result.backend_version or ''}".strip(),
-             f"{result.dtype} (computed in {result.compute_dtype})", shape,
-             f"use_peephole={str(result.use_peephole).lower()} ({result.sources.get('use_peephole')})"]
+    what = [f"{result.op} (layout {result.layout})", f"backend {result.backend} {result.backend_version or ''}".strip(),
+            f"{result.dtype} (computed in {result.compute_dtype})", f"{result.seconds:.3f} s"]
+    how = [shape, f"use_peephole={str(result.use_peephole).lower()} ({result.sources.get('use_peephole')})"]
     if result.seq_len_max is not None:
-        parts.append(f"seq_len_max={result.seq_len_max} ({result.sources.get('seq_len_max')})")
+        how.append(f"seq_len_max={result.seq_len_max} ({result.sources.get('seq_len_max')})")
     console.print(table)
-    console.print(" · ".join(parts), highlight=False)
+    console.print(" · ".join(what), highlight=False)
+    console.print(" · ".join(how), highlight=False)
     if _nonfinite_note(result):
         console.print(f"warning: {_nonfinite_note(result)}", style="bold red", highlight=False)
     for note in result.defaults:
         console.print(f"default used: {note}", highlight=False, style="dim")
-    console.print(f"{result.seconds:.3f} s", style="dim", highlight=False)
