@@ -1,9 +1,23 @@
 """Reading tensors from HDF5/NPZ files and writing gradient files atomically.
 
 Files are recognised by their first bytes, not their extension.  Only the tensors asked for are
-read, so unrelated (or hostile) entries in a file are never touched.  NPZ is never unpickled.
+read, so unrelated (or hostile) entries in a file are never touched.  Input files come from other
+people's jobs, so every reader here assumes the worst:
+
+* NPZ members are parsed by hand (``.npy`` header first): object arrays are refused from the header
+  alone, nothing is ever unpickled, and a member's declared size is checked before anything is
+  allocated.  Every member is read to its end so the zip CRC is verified.
+* HDF5 links are followed one at a time and never out of the file: external links, dangling soft
+  links, virtual datasets and datasets whose raw data lives in external files are refused.
+* A tensor whose declared size (shape x itemsize) exceeds the memory limit is refused before it is
+  read, with its size in the message.  The limit is half of the physical (or cgroup) memory, or
+  ``LSTMGRAD_MAX_TENSOR_BYTES``; it bounds each tensor and the tensors of one file together.
+* Anything that goes wrong becomes an ``InputFileError`` naming the file and the tensor.
+
 Outputs go to a temporary file beside the target and are renamed into place only when complete;
-an existing file is replaced only with ``force``; an input is never opened for writing.
+an existing file is replaced only with ``force``; an input is never opened for writing.  A failed
+write (disk full, permission denied, read-only filesystem, ...) leaves no file behind and raises an
+``OutputFileError`` that says what happened.
 """
 
 from __future__ import annotations
@@ -11,8 +25,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import lzma
+import math
 import os
+import re
+import stat
+import struct
 import tempfile
+import warnings
 import zipfile
 import zlib
 from collections.abc import Iterable, Mapping
@@ -21,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputFileError, OutputFileError
+from .errors import InputFileError, LstmGradError, OutputFileError
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
@@ -33,6 +53,19 @@ CAMEL = {"cs_prev": "csPrev", "h_prev": "hPrev", "cs_grad": "csGrad", "h_grad": 
          "seq_len_max": "seqLenMax", "use_peephole": "usePeephole"}
 METADATA_KEY = "__lstmgrad__"
 OUTPUT_FORMATS = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5"}
+
+MAX_BYTES_ENV = "LSTMGRAD_MAX_TENSOR_BYTES"
+MAX_LINK_DEPTH = 16  # soft links followed in a row (HDF5's own default nesting limit)
+NPY_MAX_HEADER = 10000  # numpy's own limit for a .npy header it will parse
+READ_CHUNK = 1 << 20
+
+# Everything numpy's .npy parser and the zip/decompression layers raise on bad data.
+_NPZ_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, lzma.LZMAError, EOFError, OSError, ValueError,
+               KeyError, TypeError, IndexError, OverflowError, struct.error, NotImplementedError, RuntimeError,
+               SyntaxError, RecursionError, UnicodeError)
+# Everything h5py raises on bad data (HDF5 errors arrive as OSError, KeyError, RuntimeError, ...).
+_HDF5_ERRORS = (OSError, KeyError, RuntimeError, ValueError, TypeError, IndexError, OverflowError,
+                AttributeError, NotImplementedError, UnicodeError)
 
 
 @dataclass
@@ -47,8 +80,17 @@ class LoadedFile:
 
 
 def sniff_format(path: Path) -> str:
-    """'hdf5' or 'npz' from the file's content; InputFileError for anything else."""
+    """'hdf5' or 'npz' from the file's content; InputFileError for anything else.
+
+    Only regular files are opened: a FIFO, socket or device would block or never end.
+    """
     try:
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise InputFileError(f"{path}: is a directory, not a file")
+        if not stat.S_ISREG(info.st_mode):
+            raise InputFileError(f"{path}: is not a regular file ({_file_kind(info.st_mode)}); "
+                                 "expected an HDF5 or NPZ file")
         with open(path, "rb") as fh:
             head = fh.read(8)
             if head == HDF5_MAGIC:
@@ -65,11 +107,19 @@ def sniff_format(path: Path) -> str:
         raise InputFileError(f"{path}: is a directory, not a file") from None
     except PermissionError:
         raise InputFileError(f"{path}: permission denied") from None
-    except OSError as err:
-        raise InputFileError(f"{path}: cannot read: {err.strerror or err}") from None
+    except (OSError, ValueError) as err:  # ValueError: an embedded NUL byte in the path
+        raise InputFileError(f"{path}: cannot read: {_os_reason(err) if isinstance(err, OSError) else err}") from None
     if not head:
         raise InputFileError(f"{path}: file is empty (0 bytes); expected an HDF5 or NPZ file")
     raise InputFileError(f"{path}: not an HDF5 or NPZ file (it starts with {head!r})")
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def _key_for(name: str, keys: Iterable[str], path: Path) -> str | None:
@@ -79,13 +129,85 @@ def _key_for(name: str, keys: Iterable[str], path: Path) -> str | None:
     return present[0] if present else None
 
 
+# -- memory limit -------------------------------------------------------------------------------
+
+def max_tensor_bytes() -> int:
+    """Bytes one input file's tensors may occupy: ``LSTMGRAD_MAX_TENSOR_BYTES``, else half the memory."""
+    text = os.environ.get(MAX_BYTES_ENV, "").strip()
+    if text:
+        match = re.fullmatch(r"(\d+)\s*([kKmMgGtT]?)(i?[bB])?", text)
+        if not match:
+            raise LstmGradError(f"{MAX_BYTES_ENV}={text!r}: expected a byte count such as 1000000 or 512M")
+        return int(match.group(1)) * 1024 ** " KMGT".index(match.group(2).upper() or " ")
+    return _memory_bytes() // 2
+
+
+def _memory_bytes() -> int:
+    """Physical memory, or the cgroup's memory limit when that is smaller (containers)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 << 30
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with contextlib.suppress(OSError, ValueError):
+            text = Path(limit_file).read_text().strip()
+            if text.isdigit() and 0 < int(text) < total:
+                total = int(text)
+    return total
+
+
+def _human(nbytes: int) -> str:
+    value = float(nbytes)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if value < 1024 or unit == "EiB":
+            return f"{int(value)} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{nbytes} bytes"  # pragma: no cover
+
+
+class _Budget:
+    """The bytes a file's tensors may still occupy; refuses a tensor before it is allocated."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.limit = max_tensor_bytes()
+        self.used = 0
+
+    def take(self, key: str, shape: tuple, dtype: np.dtype, what: str = "") -> int:
+        if any(int(n) < 0 for n in shape):
+            raise InputFileError(f"{self.path}: {key} declares a negative dimension (shape {list(shape)}); refused")
+        nbytes = math.prod(int(n) for n in shape) * dtype.itemsize
+        if self.used + nbytes > self.limit:
+            source = MAX_BYTES_ENV if os.environ.get(MAX_BYTES_ENV, "").strip() else "half of this machine's memory"
+            also = f" on top of {_human(self.used)} already read" if self.used else ""
+            raise InputFileError(
+                f"{self.path}: {key} declares {what}shape {list(shape)} of {_dtype_text(dtype)} = {_human(nbytes)} "
+                f"({nbytes} bytes){also}, more than the {_human(self.limit)} limit ({source}; set {MAX_BYTES_ENV} "
+                f"to change it); refused before reading")
+        self.used += nbytes
+        return nbytes
+
+
+def _dtype_text(dtype: np.dtype) -> str:
+    return "object" if dtype.hasobject else str(dtype)
+
+
+def _native(array: np.ndarray) -> np.ndarray:
+    """Numbers in this machine's byte order (a file from a big-endian machine is fine)."""
+    if array.dtype.kind in "biufc" and not array.dtype.isnative:
+        return array.astype(array.dtype.newbyteorder("="))
+    return array
+
+
+# -- reading ------------------------------------------------------------------------------------
+
 def read_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable[str] = (),
                 group: str | None = None) -> LoadedFile:
     """Read the tensors ``names`` (and scalar parameters ``scalars``) from an HDF5 or NPZ file.
 
     Names are TF's snake_case argument names; camelCase aliases are accepted.  Missing tensors are
     simply absent from the result (the caller names them all at once); scalars may also come from
-    HDF5 attributes of the group.
+    HDF5 attributes of the group.  Raises InputFileError, and nothing else, for a bad file.
     """
     path = Path(path)
     fmt = sniff_format(path)
@@ -97,20 +219,29 @@ def _read_npz(path: Path, names, scalars, group) -> LoadedFile:
     loaded = LoadedFile(path, "npz")
     prefix = f"{group.strip('/')}/" if group else ""
     try:
-        archive = np.load(path, allow_pickle=False)
-    except (zipfile.BadZipFile, EOFError, ValueError, OSError) as err:
+        archive = zipfile.ZipFile(path)
+    except MemoryError:
+        raise InputFileError(f"{path}: corrupt NPZ file (its zip directory does not fit in memory)") from None
+    except _NPZ_ERRORS as err:
         raise InputFileError(f"{path}: corrupt or truncated NPZ file ({_reason(err)})") from None
     with archive:
-        members = archive.files
+        members: dict[str, zipfile.ZipInfo] = {}
+        for info in archive.infolist():
+            if info.is_dir():
+                continue
+            # numpy's convention: "x.npy" is the array "x"; other members keep their full name.
+            key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            members[key] = info
         keys = [k[len(prefix):] for k in members if k.startswith(prefix)]
         if group and not keys:
             raise InputFileError(f"{path}: no group {group!r} (no keys start with {prefix!r})")
         loaded.keys = keys
+        budget = _Budget(path)
         for name in [*names, *scalars]:
             key = _key_for(name, keys, path)
             if key is None:
                 continue
-            value = _npz_member(archive, prefix + key, path)
+            value = _npz_member(archive, members[prefix + key], prefix + key, path, budget)
             if name in scalars:
                 loaded.scalars[name] = (value, "tensor")
             else:
@@ -118,15 +249,64 @@ def _read_npz(path: Path, names, scalars, group) -> LoadedFile:
     return loaded
 
 
-def _npz_member(archive, key: str, path: Path) -> np.ndarray:
+def _npz_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, path: Path, budget: _Budget) -> np.ndarray:
+    """One ``.npy`` member: header checked (no objects, size within budget) before its data is read."""
     try:
-        return archive[key]
-    except ValueError as err:
-        if "allow_pickle" in str(err) or "Object arrays" in str(err):
-            raise InputFileError(f"{path}: {key} is a pickled object array; lstmgrad never unpickles") from None
-        raise InputFileError(f"{path}: {key} is not a readable array ({_reason(err)})") from None
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, KeyError) as err:
+        with archive.open(info) as fp:
+            shape, fortran_order, dtype = _npy_header(fp, key, path)
+            if dtype.hasobject:
+                raise InputFileError(f"{path}: {key} is a pickled object array (dtype {dtype}); "
+                                     "lstmgrad never unpickles; refused")
+            nbytes = budget.take(key, shape, dtype)
+            available = info.file_size - fp.tell()
+            if nbytes > available:
+                raise InputFileError(f"{path}: {key} is truncated: its header declares shape {list(shape)} of {dtype} "
+                                     f"= {nbytes} bytes but the member holds only {max(available, 0)}")
+            data = np.empty(nbytes, dtype=np.uint8)
+            pos = 0
+            while pos < nbytes:
+                chunk = fp.read(min(READ_CHUNK, nbytes - pos))
+                if not chunk:
+                    raise InputFileError(f"{path}: {key} is truncated: {pos} of {nbytes} bytes of data")
+                data[pos:pos + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
+                pos += len(chunk)
+            if fp.read(1):  # reading to the end also makes zipfile verify the CRC
+                raise InputFileError(f"{path}: {key} has data after the array it declares (shape {list(shape)}); "
+                                     "not a valid .npy member")
+    except LstmGradError:
+        raise
+    except MemoryError:
+        raise InputFileError(f"{path}: {key} does not fit in memory") from None
+    except _NPZ_ERRORS as err:
         raise InputFileError(f"{path}: {key} is corrupt or truncated ({_reason(err)})") from None
+    try:
+        if dtype.itemsize == 0 or nbytes == 0:
+            array = np.zeros(shape, dtype=dtype)
+        else:
+            array = data.view(dtype).reshape(shape, order="F" if fortran_order else "C")
+    except (ValueError, TypeError, MemoryError) as err:
+        raise InputFileError(
+            f"{path}: {key} cannot be read as {dtype} of shape {list(shape)} ({_reason(err)})") from None
+    return _native(array)
+
+
+def _npy_header(fp, key: str, path: Path):
+    """(shape, fortran_order, dtype) of a .npy stream, parsed without unpickling anything."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(fp)
+    except ValueError:
+        raise InputFileError(f"{path}: {key} is not a numpy array (the zip member is not a .npy file)") from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # headers written by Python 2 numpy warn; they are still fine
+        if version == (1, 0):
+            return fmt.read_array_header_1_0(fp, max_header_size=NPY_MAX_HEADER)
+        if version == (2, 0):
+            return fmt.read_array_header_2_0(fp, max_header_size=NPY_MAX_HEADER)
+        impl = getattr(getattr(np.lib, "_format_impl", fmt), "_read_array_header", None)
+        if impl is None:
+            raise InputFileError(f"{path}: {key} uses .npy format version {version}, which this numpy cannot read")
+        return impl(fp, version, max_header_size=NPY_MAX_HEADER)
 
 
 def _read_hdf5(path: Path, names, scalars, group) -> LoadedFile:
@@ -135,51 +315,134 @@ def _read_hdf5(path: Path, names, scalars, group) -> LoadedFile:
     loaded = LoadedFile(path, "hdf5")
     try:
         fh = h5py.File(path, "r")
-    except OSError as err:
+    except MemoryError:
+        raise InputFileError(f"{path}: corrupt HDF5 file (its metadata does not fit in memory)") from None
+    except _HDF5_ERRORS as err:
         raise InputFileError(f"{path}: corrupt or truncated HDF5 file ({_reason(err)})") from None
-    with fh:
-        node = fh
-        if group:
-            link = fh.get(group, getlink=True)
-            if link is None or not isinstance(fh.get(group), h5py.Group):
-                groups = sorted(k for k, v in fh.items() if isinstance(v, h5py.Group))
-                raise InputFileError(f"{path}: no group {group!r} (groups at the root: {', '.join(groups) or 'none'})")
-            node = fh[group]
-        loaded.keys = list(node.keys())
-        for name in names:
-            key = _key_for(name, loaded.keys, path)
-            if key is not None:
-                loaded.tensors[name] = _hdf5_dataset(node, key, path, h5py)
-        for name in scalars:
-            key = _key_for(name, loaded.keys, path)
-            if key is not None:
-                loaded.scalars[name] = (_hdf5_dataset(node, key, path, h5py), "tensor")
-                continue
-            for attrs in (node.attrs, fh.attrs) if group else (node.attrs,):
-                akey = _key_for(name, list(attrs.keys()), path)
-                if akey is not None:
-                    loaded.scalars[name] = (np.asarray(attrs[akey]), "attribute")
-                    break
+    try:
+        with fh:
+            _read_hdf5_open(fh, loaded, names, scalars, group, h5py)
+    except LstmGradError:
+        raise
+    except MemoryError:
+        raise InputFileError(f"{path}: corrupt HDF5 file (its metadata does not fit in memory)") from None
+    except _HDF5_ERRORS as err:
+        raise InputFileError(f"{path}: corrupt HDF5 file ({_reason(err)})") from None
     return loaded
 
 
-def _hdf5_dataset(node, key: str, path: Path, h5py) -> np.ndarray:
-    link = node.get(key, getlink=True)
-    if isinstance(link, h5py.ExternalLink):
-        raise InputFileError(f"{path}: {key} is an external link to {link.filename}:{link.path}; refused")
-    obj = node.get(key)
+def _read_hdf5_open(fh, loaded: LoadedFile, names, scalars, group, h5py) -> None:
+    path = loaded.path
+    node = fh
+    if group:
+        node = _hdf5_walk(fh, fh, group, path, h5py, f"group {group!r}")
+        if not isinstance(node, h5py.Group):
+            groups = sorted(k for k in fh.keys() if fh.get(k, getlink=True).__class__ is h5py.HardLink
+                            and isinstance(fh.get(k), h5py.Group))
+            raise InputFileError(f"{path}: no group {group!r} (groups at the root: {', '.join(groups) or 'none'})")
+    loaded.keys = list(node.keys())
+    budget = _Budget(path)
+    for name in names:
+        key = _key_for(name, loaded.keys, path)
+        if key is not None:
+            loaded.tensors[name] = _hdf5_dataset(fh, node, key, path, h5py, budget)
+    for name in scalars:
+        key = _key_for(name, loaded.keys, path)
+        if key is not None:
+            loaded.scalars[name] = (_hdf5_dataset(fh, node, key, path, h5py, budget), "tensor")
+            continue
+        for attrs in (node.attrs, fh.attrs) if group else (node.attrs,):
+            akey = _key_for(name, list(attrs.keys()), path)
+            if akey is not None:
+                loaded.scalars[name] = (_hdf5_attribute(attrs, akey, path, budget), "attribute")
+                break
+
+
+def _hdf5_walk(fh, start, target: str, path: Path, h5py, what: str, depth: int = 0):
+    """The object at ``target`` (relative to ``start``), following links one at a time, never out of the file.
+
+    Returns None when nothing is there; refuses external links, dangling soft links, soft-link loops
+    and link types HDF5 plugins define.
+    """
+    if depth > MAX_LINK_DEPTH:
+        raise InputFileError(f"{path}: {what}: more than {MAX_LINK_DEPTH} soft links in a row (a loop?); refused")
+    current = fh if target.startswith("/") else start
+    for part in (p for p in target.split("/") if p and p != "."):
+        if not isinstance(current, h5py.Group):
+            return None
+        if part not in current:  # one link name: checks the link itself, following nothing
+            return None
+        link = current.get(part, getlink=True)
+        if isinstance(link, h5py.ExternalLink):
+            raise InputFileError(f"{path}: {what} is an external link to {link.filename!r}:{link.path!r} "
+                                 "(data outside this file); refused")
+        if isinstance(link, h5py.SoftLink):
+            obj = _hdf5_walk(fh, current, link.path, path, h5py, what, depth + 1)
+            if obj is None:
+                raise InputFileError(f"{path}: {what} is a soft link to {link.path!r}, which does not exist "
+                                     "in this file (a dangling link); refused")
+            current = obj
+        elif isinstance(link, h5py.HardLink):
+            current = current[part]
+        else:
+            raise InputFileError(f"{path}: {what} is a {type(link).__name__} (not a hard or soft link); refused")
+    return current
+
+
+def _hdf5_dataset(fh, node, key: str, path: Path, h5py, budget: _Budget) -> np.ndarray:
+    obj = _hdf5_walk(fh, node, key, path, h5py, key)
     if not isinstance(obj, h5py.Dataset):
-        raise InputFileError(f"{path}: {key} is a {type(obj).__name__.lower()}, not a dataset")
+        kind = "group" if isinstance(obj, h5py.Group) else type(obj).__name__.lower()
+        raise InputFileError(f"{path}: {key} is a {kind}, not a dataset")
     if obj.is_virtual:
         raise InputFileError(f"{path}: {key} is a virtual dataset (data from other files); refused")
+    dcpl = obj.id.get_create_plist()
+    if dcpl.get_external_count():
+        raw = dcpl.get_external(0)[0].decode("utf-8", "replace")
+        raise InputFileError(f"{path}: {key} keeps its data in an external raw file ({raw!r}); refused")
+    shape, dtype = obj.shape, obj.dtype
+    if shape is None:
+        raise InputFileError(f"{path}: {key} has no data (an HDF5 null dataspace); expected an array")
+    if dtype.hasobject:
+        raise InputFileError(f"{path}: {key} has a variable-length or reference type ({_hdf5_type(obj)}); "
+                             "expected a numeric array")
+    if obj.chunks is not None:  # a chunk is decompressed whole: a huge chunk is a memory bomb too
+        chunk_bytes = math.prod(obj.chunks) * dtype.itemsize
+        if chunk_bytes > budget.limit:
+            budget.take(key, obj.chunks, dtype, what="chunks of ")
+    budget.take(key, shape, dtype)
     try:
-        return np.asarray(obj[()])
-    except (OSError, ValueError, TypeError) as err:
+        return _native(np.asarray(obj[()]))
+    except MemoryError:
+        raise InputFileError(f"{path}: {key} does not fit in memory") from None
+    except _HDF5_ERRORS as err:
         raise InputFileError(f"{path}: {key} cannot be read ({_reason(err)})") from None
 
 
+def _hdf5_attribute(attrs, akey: str, path: Path, budget: _Budget) -> np.ndarray:
+    try:
+        attr = attrs.get_id(akey)
+        shape, dtype = attr.shape, attr.dtype
+        if shape is not None and not dtype.hasobject:
+            budget.take(f"attribute {akey}", shape, dtype)
+        return _native(np.asarray(attrs[akey]))
+    except LstmGradError:
+        raise
+    except MemoryError:
+        raise InputFileError(f"{path}: attribute {akey} does not fit in memory") from None
+    except _HDF5_ERRORS as err:
+        raise InputFileError(f"{path}: attribute {akey} cannot be read ({_reason(err)})") from None
+
+
+def _hdf5_type(obj) -> str:
+    with contextlib.suppress(Exception):
+        return str(obj.dtype.metadata or obj.dtype)
+    return "unknown type"
+
+
 def _reason(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= 300 else text[:300] + "..."
 
 
 # -- output -------------------------------------------------------------------------------------
@@ -224,17 +487,24 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def write_outputs(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, object],
                   force: bool = False) -> Path:
-    """Write ``tensors`` (in order) and provenance ``metadata`` atomically to ``path`` (.npz/.h5/.hdf5)."""
+    """Write ``tensors`` (in order) and provenance ``metadata`` atomically to ``path`` (.npz/.h5/.hdf5).
+
+    The data goes to a temporary file beside ``path``, is flushed to disk, and is renamed into place
+    only when complete.  On any failure the temporary file is removed and ``path`` is untouched.
+    """
     path = Path(path)
     fmt = output_format(path)
     parent = path.parent if str(path.parent) else Path(".")
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+        # A short prefix: a target name near NAME_MAX must not fail only because of the temporary name.
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name[:64]}.", suffix=".tmp", dir=parent)
     except OSError as err:
-        raise OutputFileError(f"{path}: cannot write: {_os_reason(err)}") from None
-    os.close(fd)
+        raise OutputFileError(_create_failure(path, parent, err)) from None
     tmp = Path(tmp_name)
     try:
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
+        os.close(fd)
         if fmt == "npz":
             with open(tmp, "wb") as fh:
                 _write_npz(fh, tensors, metadata)
@@ -247,9 +517,40 @@ def write_outputs(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], me
         with contextlib.suppress(OSError):
             tmp.unlink()
         if isinstance(err, OSError):
-            raise OutputFileError(f"{path}: cannot write: {_os_reason(err)}") from None
+            raise OutputFileError(f"{path}: cannot write: {_os_reason(err)}; nothing was written") from None
         raise
+    _fsync_dir(parent)
     return path
+
+
+def _create_failure(path: Path, parent: Path, err: OSError) -> str:
+    if err.errno == errno.ENOENT:
+        return f"{path}: output directory {parent} does not exist"
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return f"{path}: permission denied: cannot create a file in {parent}"
+    if err.errno == errno.EROFS:
+        return f"{path}: {parent} is on a read-only file system"
+    if err.errno == errno.ENOTDIR:
+        return f"{path}: {parent} is not a directory"
+    return f"{path}: cannot create a file in {parent}: {_os_reason(err)}"
+
+
+def _umask() -> int:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename durable (best effort: not every filesystem lets a directory be fsynced)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _publish(tmp: Path, path: Path, force: bool) -> None:
@@ -270,14 +571,27 @@ def _publish(tmp: Path, path: Path, force: bool) -> None:
     tmp.unlink()
 
 
+_HDF5_ERRNO = re.compile(r"errno\s*=\s*(\d+)")
+
+
 def _os_reason(err: OSError) -> str:
-    if err.errno == errno.ENOSPC:
+    code = err.errno
+    if code is None:  # h5py's OSErrors carry the C errno only in their message
+        match = _HDF5_ERRNO.search(str(err))
+        code = int(match.group(1)) if match else None
+    if code == errno.ENOSPC:
         return "no space left on device"
-    if err.errno == errno.EDQUOT:
+    if code == errno.EDQUOT:
         return "disk quota exceeded"
-    if err.errno == errno.EFBIG:
-        return "file too large"
-    return err.strerror or str(err)
+    if code == errno.EFBIG:
+        return "file too large (file size limit reached)"
+    if code == errno.EROFS:
+        return "read-only file system"
+    if code in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if code is not None and err.errno is None:
+        return os.strerror(code)
+    return err.strerror or _reason(err)
 
 
 def _write_npz(fh, tensors, metadata) -> None:
@@ -294,15 +608,24 @@ def _write_hdf5(target: Path, tensors, metadata) -> None:
             out.create_dataset(name, data=value)
         for key, value in metadata.items():
             out.attrs[key] = "" if value is None else value
+        out.flush()  # a write error (disk full) surfaces here as an exception, not silently at close
 
 
 def read_metadata(path: str | os.PathLike) -> dict:
     """The provenance an output file carries (NPZ metadata entry or HDF5 root attributes)."""
     path = Path(path)
     if sniff_format(path) == "npz":
-        with np.load(path, allow_pickle=False) as archive:
-            return json.loads(str(archive[METADATA_KEY])) if METADATA_KEY in archive.files else {}
+        loaded = read_inputs(path, [], [METADATA_KEY])
+        if METADATA_KEY not in loaded.scalars:
+            return {}
+        try:
+            return json.loads(str(loaded.scalars[METADATA_KEY][0]))
+        except ValueError:
+            raise InputFileError(f"{path}: its {METADATA_KEY} entry is not valid JSON") from None
     import h5py  # noqa: PLC0415
 
-    with h5py.File(path, "r") as fh:
-        return {k: (v.item() if hasattr(v, "item") else v) for k, v in fh.attrs.items()}
+    try:
+        with h5py.File(path, "r") as fh:
+            return {k: (v.item() if hasattr(v, "item") else v) for k, v in fh.attrs.items()}
+    except _HDF5_ERRORS as err:
+        raise InputFileError(f"{path}: corrupt HDF5 file ({_reason(err)})") from None
