@@ -1,0 +1,223 @@
+"""One forward job: weights and inputs in, a complete file for ``lstmgrad seq``/``cell`` out.
+
+The library behind ``lstmgrad forward seq|cell`` (no click here).  It runs BlockLSTMV2 (layout
+IFCO), BlockLSTM (``layout="icfo"``) or LSTMBlockCell on ``x, cs_prev, h_prev, w, wci, wcf, wco,
+b`` with TF's per-op defaults for ``forget_bias`` and ``cell_clip`` (tf-semantics.md 2.2), adds
+the output gradients ``cs_grad``/``h_grad`` (zeros, ones, seeded normal noise, or the input file's),
+and writes everything under TF's names in TF's order, so the result is a consistent example that
+the gradient commands read as it is.  Gate values beyond ``seq_len_max`` are zeros (TF leaves
+uninitialised memory there).  Which op produced the file is recorded in its metadata (HDF5
+attributes or the NPZ metadata entry); the gradient commands read only the tensors.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__, io, validation
+from .errors import InvalidArgumentError
+from .ops import block_lstm, block_lstm_v2, lstm_block_cell
+from .summary import TensorSummary, summarise
+
+FORWARD_OPS = {("seq", "ifco"): "BlockLSTMV2", ("seq", "icfo"): "BlockLSTM", ("cell", "icfo"): "LSTMBlockCell"}
+# (forget_bias, cell_clip) defaults of each op's attributes; BlockLSTMV2 has no forget_bias at all.
+OP_DEFAULTS = {"BlockLSTMV2": (0.0, 0.0), "BlockLSTM": (1.0, 3.0), "LSTMBlockCell": (1.0, 3.0)}
+GRAD_COMMAND = {"BlockLSTMV2": "lstmgrad seq", "BlockLSTM": "lstmgrad seq --layout icfo",
+                "LSTMBlockCell": "lstmgrad cell"}
+INPUTS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
+GRADS_MODES = ("zeros", "ones", "random", "file")
+_GRADS_RE = re.compile(r"^(zeros|ones|file|random)(?::(\d+))?$")
+
+
+def parse_grads(spec: str | None) -> tuple[str | None, int]:
+    """``zeros``, ``ones``, ``random[:SEED]`` or ``file`` -> (mode, seed); None means "file if present, else ones"."""
+    if spec is None:
+        return None, 0
+    match = _GRADS_RE.match(spec.strip().lower())
+    if not match or (match.group(2) is not None and match.group(1) != "random"):
+        raise InvalidArgumentError(f"--grads must be zeros, ones, random[:SEED] or file, got {spec!r}")
+    return match.group(1), int(match.group(2) or 0)
+
+
+@dataclass(frozen=True)
+class ForwardOptions:
+    """A forward run besides the file names; None means "from the file, else the op's default"."""
+
+    kind: str = "seq"  # "seq" or "cell"
+    layout: str = "ifco"  # seq only; LSTMBlockCell is always ICFO
+    forget_bias: float | None = None
+    cell_clip: float | None = None
+    use_peephole: bool | None = None
+    seq_len_max: int | None = None
+    grads: str | None = None  # see parse_grads
+    group: str | None = None
+    compute_dtype: str | None = None
+    force: bool = False
+
+    @property
+    def op(self) -> str:
+        return FORWARD_OPS[(self.kind, self.layout if self.kind == "seq" else "icfo")]
+
+
+@dataclass
+class ForwardResult:
+    input: str
+    output: str | None
+    op: str
+    layout: str
+    dtype: str | None = None
+    compute_dtype: str | None = None
+    use_peephole: bool | None = None
+    seq_len_max: int | None = None
+    forget_bias: float | None = None
+    cell_clip: float | None = None
+    grads: str | None = None
+    dims: dict | None = None
+    sources: dict = field(default_factory=dict)  # parameter -> "flag" | "tensor" | "attribute" | "default"
+    defaults: list[str] = field(default_factory=list)
+    tensors: list[TensorSummary] = field(default_factory=list)
+    next_command: str | None = None
+    seconds: float | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _param(name, flag_value, loaded: io.LoadedFile, default, default_text, result: ForwardResult):
+    if flag_value is not None:
+        result.sources[name] = "flag"
+        return flag_value
+    if name in loaded.scalars:
+        value, origin = loaded.scalars[name]
+        result.sources[name] = origin
+        return value
+    result.sources[name] = "default"
+    result.defaults.append(f"{name}: {default_text}")
+    return default
+
+
+def run_forward_file(input_path: str | Path, output_path: str | Path, options: ForwardOptions) -> ForwardResult:
+    """Run the forward op on one file's inputs and write the complete gradient-op input file."""
+    start = time.perf_counter()
+    input_path, out = Path(input_path), Path(output_path)
+    op = options.op
+    layout = options.layout if options.kind == "seq" else "icfo"
+    result = ForwardResult(str(input_path), None, op, layout)
+    mode, seed = parse_grads(options.grads)
+    fb_default, clip_default = OP_DEFAULTS[op]
+    if op == "BlockLSTMV2" and options.forget_bias not in (None, 0.0):
+        raise InvalidArgumentError(
+            "BlockLSTMV2 has no forget_bias attribute (its kernel adds 0); use --layout icfo (BlockLSTM) "
+            "for a forget bias, or add it to the f block of b")
+    io.check_output(out, options.force, [input_path])
+
+    scalars = ("seq_len_max", "use_peephole") if options.kind == "seq" else ("use_peephole",)
+    loaded = io.read_inputs(input_path, (*INPUTS, "cs_grad", "h_grad"), scalars, options.group)
+    try:
+        use_peephole = validation.check_use_peephole(
+            _param("use_peephole", options.use_peephole, loaded, False, "not in the file, no peepholes (false)",
+                   result))
+        _fill_absent_peepholes(loaded, use_peephole, result)
+        needed = [n for n in INPUTS if use_peephole or n not in validation.PEEPHOLES]
+        missing = [n for n in needed if n not in loaded.tensors]
+        if missing:
+            raise InvalidArgumentError(
+                f"missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)} ({op} needs "
+                f"{', '.join(needed)}{'' if use_peephole else ', and wci, wcf, wco with peepholes'}; "
+                f"the file has {', '.join(loaded.keys) or 'nothing'})")
+        arrays = validation.as_float_arrays({n: loaded.tensors[n] for n in INPUTS})
+        dims = validation.check_forward(arrays, options.kind == "seq")
+        if options.kind == "seq":
+            seq_len_max = validation.check_seq_len_max(
+                _param("seq_len_max", options.seq_len_max, loaded, dims.T, f"not in the file, using T = {dims.T}",
+                       result), dims.T)
+        else:
+            seq_len_max = None
+        forget_bias = float(options.forget_bias if options.forget_bias is not None else fb_default)
+        cell_clip = float(options.cell_clip if options.cell_clip is not None else clip_default)
+        result.sources["forget_bias"] = "flag" if options.forget_bias is not None else "default"
+        result.sources["cell_clip"] = "flag" if options.cell_clip is not None else "default"
+        if options.cell_clip is None:
+            result.defaults.append(f"cell_clip: {op}'s default {cell_clip:g}" + (" (no clipping)" if cell_clip <= 0
+                                                                                 else ""))
+        if options.forget_bias is None and op != "BlockLSTMV2":  # V2 has no such attribute to default
+            result.defaults.append(f"forget_bias: {op}'s default {forget_bias:g}")
+        step_shape = ((dims.T,) if options.kind == "seq" else ()) + (dims.B, dims.C)
+        dtype = arrays["x"].dtype
+        cs_grad, h_grad, result.grads = _output_grads(mode, seed, loaded, step_shape, dtype, result)
+        cdt = validation.resolve_compute_dtype(dtype, options.compute_dtype)
+    except InvalidArgumentError as err:
+        raise InvalidArgumentError(f"{input_path}: {err}") from None
+
+    common = dict(cell_clip=cell_clip, use_peephole=use_peephole, compute_dtype=options.compute_dtype)
+    if op == "BlockLSTMV2":
+        outs = block_lstm_v2(seq_len_max, **arrays, **common)
+    elif op == "BlockLSTM":
+        outs = block_lstm(seq_len_max, **arrays, forget_bias=forget_bias, **common)
+    else:
+        outs = lstm_block_cell(**arrays, forget_bias=forget_bias, **common)
+
+    tensors: dict[str, np.ndarray] = {}
+    if seq_len_max is not None:
+        tensors["seq_len_max"] = np.array(seq_len_max, dtype=np.int64)
+    tensors.update(arrays)
+    tensors.update(outs._asdict())
+    tensors["cs_grad"], tensors["h_grad"] = cs_grad, h_grad
+    tensors["use_peephole"] = np.array(use_peephole)
+    metadata = {
+        "tool": "lstmgrad", "version": __version__, "op": op, "layout": layout,
+        "forget_bias": forget_bias, "cell_clip": cell_clip, "grads": result.grads,
+        "dtype": str(dtype), "compute_dtype": str(cdt), "source": str(input_path.resolve()),
+        "group": options.group or "",
+    }
+    io.write_outputs(out, tensors, metadata, force=options.force)
+
+    result.output = str(out)
+    result.dtype, result.compute_dtype = str(dtype), str(cdt)
+    result.use_peephole, result.seq_len_max = use_peephole, seq_len_max
+    result.forget_bias, result.cell_clip, result.dims = forget_bias, cell_clip, dims._asdict()
+    result.tensors = [summarise(n, v) for n, v in tensors.items() if n not in ("seq_len_max", "use_peephole")]
+    result.next_command = f"{GRAD_COMMAND[op]} {out}"
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _output_grads(mode, seed, loaded: io.LoadedFile, shape, dtype, result: ForwardResult):
+    present = [n for n in ("cs_grad", "h_grad") if n in loaded.tensors]
+    if mode is None:
+        mode = "file" if len(present) == 2 else "ones"
+        result.defaults.append("cs_grad, h_grad: " + ("taken from the input file" if mode == "file"
+                                                       else "not both in the file, ones"))
+    if mode == "file":
+        if len(present) < 2:
+            absent = [n for n in ("cs_grad", "h_grad") if n not in present]
+            raise InvalidArgumentError(f"--grads file: {' and '.join(absent)} not in the file")
+        grads = validation.as_float_arrays({n: loaded.tensors[n] for n in ("cs_grad", "h_grad")})
+        for name, value in grads.items():
+            if value.shape != tuple(shape):
+                raise InvalidArgumentError(f"{name} has shape {list(value.shape)}, expected {list(shape)}")
+        return grads["cs_grad"].astype(dtype), grads["h_grad"].astype(dtype), "file"
+    if mode == "random":
+        rng = np.random.default_rng(seed)
+        return (rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype),
+                f"random:{seed}")
+    fill = np.zeros if mode == "zeros" else np.ones
+    return fill(shape, dtype=dtype), fill(shape, dtype=dtype), mode
+
+
+def _fill_absent_peepholes(loaded: io.LoadedFile, use_peephole: bool, result: ForwardResult) -> None:
+    """Without peepholes wci/wcf/wco are never read: absent ones become zeros (and are written)."""
+    absent = [n for n in validation.PEEPHOLES if n not in loaded.tensors]
+    if use_peephole or not absent or "w" not in loaded.tensors:
+        return
+    w = np.asarray(loaded.tensors["w"])
+    if w.ndim != 2 or w.dtype.kind != "f":
+        return  # validation explains w
+    for name in absent:
+        loaded.tensors[name] = np.zeros(w.shape[1] // 4, dtype=w.dtype)
+    result.defaults.append(f"{', '.join(absent)}: not in the file, zeros (unused without peepholes)")
