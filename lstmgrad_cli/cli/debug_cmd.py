@@ -12,6 +12,7 @@ import click
 from rich.table import Table
 
 from .. import __version__
+from ..diagnose import CAUSES, CheckOptions, CheckReport, run_check
 from ..errors import InvalidArgumentError
 from ..forward_job import ForwardOptions, ForwardResult, parse_grads, run_forward_file
 from ._common import handle_errors, print_json, stdout_console
@@ -19,6 +20,10 @@ from ._common import handle_errors, print_json, stdout_console
 
 def _fmt(value) -> str:
     return "-" if value is None else f"{value:.6g}"
+
+
+def _fmt3(value) -> str:
+    return "-" if value is None else f"{value:.3g}"
 
 
 def _shape(shape) -> str:
@@ -135,9 +140,162 @@ def _render_forward(result: ForwardResult) -> None:
 # -- check ----------------------------------------------------------------------------------------
 
 @click.command("check")
-def check_command() -> None:
-    """Compare gradients with a reference file and explain differences."""
-    raise click.ClickException("not implemented yet")
+@click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
+@click.option("-r", "--reference", type=click.Path(path_type=Path),
+              help="Gradients to compare with (HDF5 or NPZ, TF's output names), e.g. dumped from TensorFlow.")
+@click.option("--kind", type=click.Choice(["seq", "cell"]), help="Op family (default: from the rank of x).")
+@click.option("--layout", type=click.Choice(["ifco", "icfo"]), default="ifco", show_default=True,
+              help="seq gate layout: ifco = BlockLSTMGradV2, icfo = BlockLSTMGrad (V1).")
+@click.option("--peephole/--no-peephole", "use_peephole", default=None,
+              help="Override use_peephole (default: from the file, else off).")
+@click.option("--seq-len-max", type=click.IntRange(min=0),
+              help="Override seq_len_max (default: from the file, else T).")
+@click.option("--group", metavar="PATH", help="HDF5 group (or NPZ key prefix) of the input tensors.")
+@click.option("--reference-group", metavar="PATH", help="HDF5 group (or NPZ key prefix) of the reference tensors.")
+@click.option("--backend", metavar="NAME", help="Compute backend (env LSTMGRAD_BACKEND; default numpy).")
+@click.option("--compute-dtype", type=click.Choice(["float16", "float32", "float64"]),
+              help="Arithmetic precision (float16: TF CPU's per-step half rounding).")
+@click.option("--rtol", type=click.FloatRange(min=0), help="Relative tolerance, times max|reference| "
+              "(default by dtype: float16 1e-2, float32 1e-5, float64 1e-10).")
+@click.option("--atol", type=click.FloatRange(min=0), help="Absolute tolerance (default by dtype: float16 1e-3, "
+              "float32 1e-6, float64 1e-12).")
+@click.option("--gradcheck", is_flag=True, help="Check that the stored activations fit the weights (float64 "
+              "forward pass) and the gradient against central finite differences.")
+@click.option("--samples", type=click.IntRange(min=1), default=24, show_default=True,
+              help="Entries checked by finite differences.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for choosing those entries.")
+@click.option("--forget-bias", type=float, help="Forward forget_bias for --gradcheck (default: inferred from f).")
+@click.option("--cell-clip", type=float, help="Forward cell_clip for --gradcheck (default: inferred from cs).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+@handle_errors
+def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max, group, reference_group, backend,
+                  compute_dtype, rtol, atol, gradcheck, samples, seed, forget_bias, cell_clip, as_json):
+    """Compare INPUT's gradients with --reference and explain the differences.
+
+    Computes the gradients of INPUT (as `seq`/`cell` would), compares each tensor that is also in
+    the reference (max absolute and relative error, error in ulps of the dtype) and, when some
+    disagree, tries the known causes and says which one reproduces the reference: TF's
+    BlockLSTMV2 autodiff gradient using the ICFO kernel, peepholes on/off, another seq_len_max,
+    TF's GPU LSTMBlockCellGrad peephole double count, half precision op by op.
+
+    Exit status 0 when everything passes, 1 otherwise.
+    """
+    if reference is None and not gradcheck:
+        raise click.UsageError("give --reference REF, --gradcheck, or both")
+    options = CheckOptions(kind, layout, backend, use_peephole, seq_len_max, group, reference_group, compute_dtype,
+                           rtol, atol, gradcheck, samples, seed, forget_bias, cell_clip)
+    report = run_check(input_path, reference, options)
+    if as_json:
+        print_json({"lstmgrad": __version__, "command": "check", "result": report.to_json()})
+    else:
+        _render_check(report)
+    if not report.passed:
+        raise SystemExit(1)
+
+
+def _render_check(report: CheckReport) -> None:
+    console = stdout_console()
+    where = f"{report.input} vs {report.reference}" if report.reference else report.input
+    head = [f"{report.op} (layout {report.layout})", f"{report.dtype} (computed in {report.compute_dtype})",
+            f"use_peephole={str(report.use_peephole).lower()} ({report.sources.get('use_peephole')})"]
+    if report.seq_len_max is not None:
+        head.append(f"seq_len_max={report.seq_len_max} ({report.sources.get('seq_len_max')})")
+    if report.reference is not None:
+        table = Table(title=where, title_justify="left")
+        for name, justify in (("tensor", "left"), ("shape", "left"), ("max abs err", "right"),
+                              ("max rel err", "right"), ("ulps", "right"), ("tolerance", "right"),
+                              ("result", "center")):
+            table.add_column(name, justify=justify)
+        for c in report.comparisons:
+            result = "[green]pass[/]" if c.passed else "[bold red]FAIL[/]"
+            table.add_row(c.name, _shape(c.shape), _fmt3(c.max_abs_error), _fmt3(c.max_rel_error),
+                          _fmt3(c.ulps), _fmt3(c.tolerance), result)
+        console.print(table)
+    else:
+        console.print(where, highlight=False)
+    console.print(" · ".join(head) + f" · rtol={report.rtol:g} atol={report.atol:g}", highlight=False)
+    for c in report.comparisons:
+        if c.note:
+            console.print(f"{c.name}: {c.note}", highlight=False)
+    if report.not_in_reference:
+        console.print(f"not in the reference (not compared): {', '.join(report.not_in_reference)}",
+                      highlight=False, style="dim")
+    for note in report.defaults:
+        console.print(f"default used: {note}", highlight=False, style="dim")
+    if report.reference is not None:
+        _render_explanation(console, report)
+    if report.forward is not None:
+        _render_gradcheck(console, report)
+    console.print("[bold green]PASS[/]" if report.passed else "[bold red]FAIL[/]")
+
+
+def _causes(variant) -> str:
+    return " + ".join(CAUSES[c] for c in variant.causes)
+
+
+def _render_explanation(console, report: CheckReport) -> None:
+    if report.comparisons_passed:
+        console.print(f"All {len(report.comparisons)} compared tensors agree within tolerance.", highlight=False)
+        return
+    if report.explanations:
+        console.print("[bold]Why they differ[/]")
+        for text in report.explanations:
+            console.print(f"  {text}", highlight=False)
+        return
+    singles = list(dict.fromkeys(CAUSES[v.causes[0]] for v in report.variants if len(v.causes) == 1))
+    pairs = any(len(v.causes) > 1 for v in report.variants)
+    if not singles:
+        console.print("[bold]No known cause applies:[/] the reference's tensors do not have this input's shapes; "
+                      "it belongs to another problem (or another --group / --reference-group).", highlight=False)
+        return
+    console.print("[bold]No known cause reproduces the reference.[/] Tried: " + ", ".join(singles)
+                  + (", and pairs of them." if pairs else "."), highlight=False)
+    closest = next((v for v in report.variants if v.worst is not None), None)
+    if closest is not None:
+        console.print(f"  closest: {_causes(closest)} {closest.changes} ({closest.tensors_matching} of "
+                      f"{closest.tensors_compared} tensors match, worst error {closest.worst:.3g}x the tolerance)",
+                      highlight=False)
+    console.print("  If the reference comes from TensorFlow, check that it was computed from exactly these "
+                  "activations and output gradients (--gradcheck tests the activations).", highlight=False)
+
+
+def _render_gradcheck(console, report: CheckReport) -> None:
+    fit, fd = report.forward, report.gradcheck
+    console.print("[bold]Gradient check[/]")
+    params = (f"forget_bias={fit.forget_bias:g} ({fit.forget_bias_source}), "
+              f"cell_clip={fit.cell_clip:g} ({fit.cell_clip_source})")
+    if fit.consistent:
+        console.print(f"  stored activations: [green]consistent[/] with x, h_prev, w, b over {fit.steps} step(s) "
+                      f"({params}; max deviation {fit.score * fit.tolerance:.2g})", highlight=False)
+    else:
+        console.print("  stored activations: [bold red]NOT consistent[/] with the inputs and weights "
+                      f"({params}, tolerance {fit.tolerance:g}):", highlight=False)
+        for t in fit.inconsistent():
+            step = "" if t.first_bad_step is None else f", first at step {t.first_bad_step}"
+            console.print(f"    {t.name}: {t.bad_entries} entries off, max deviation {t.max_deviation:.3g}{step}",
+                          highlight=False)
+        alt = report.forward_alternative
+        if alt is not None:
+            console.print(f"  they do fit layout {alt.layout} with use_peephole={str(alt.use_peephole).lower()}: "
+                          "check --layout and --peephole.", highlight=False)
+        else:
+            console.print("  The activations were not computed from these weights and inputs (saved at a different "
+                          "step, or from a different checkpoint?). The gradient ops use only the stored "
+                          "activations, so every gradient here is the gradient of some other network.",
+                          highlight=False)
+        worst = sorted(fd.stored_vs_recomputed.items(), key=lambda kv: -kv[1])[:3]
+        if worst:
+            console.print("  gradients from the stored activations vs from recomputed ones (max diff / max value): "
+                          + ", ".join(f"{n} {v:.3g}" for n, v in worst), highlight=False)
+    if fit.nonzero_beyond_seq_len_max:
+        console.print(f"  {', '.join(fit.nonzero_beyond_seq_len_max)} nonzero beyond seq_len_max={fit.steps}: "
+                      "TF zeroes them; was the sequence run longer?", highlight=False)
+    status = "[green]pass[/]" if fd.ok else "[bold red]FAIL[/]"
+    bad = [e for e in fd.entries if not e.ok]
+    console.print(f"  finite differences (float64, {len(fd.entries)} entries): max rel error {fd.max_rel_error:.2g} "
+                  f"{status}", highlight=False)
+    for e in bad[:5]:
+        console.print(f"    {e.tensor}{e.index}: analytic {e.analytic:.6g}, numeric {e.numeric:.6g}", highlight=False)
 
 
 # -- inspect --------------------------------------------------------------------------------------

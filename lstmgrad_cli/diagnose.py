@@ -1,0 +1,588 @@
+"""``lstmgrad check``: compare our gradients with a reference file and explain why they differ.
+
+The library behind the command (no click here).  ``run_check`` loads an input file as ``seq``/``cell``
+would, computes its gradients, compares them tensor by tensor with a reference (for example
+gradients dumped from TensorFlow) and, when they disagree, recomputes the gradients under each
+known cause of disagreement to see which one reproduces the reference:
+
+* TF's autodiff gradient of BlockLSTMV2 runs the ICFO kernel BlockLSTMGrad (tf-semantics.md 4.2),
+  or more generally the other gate layout;
+* peepholes on instead of off, or off instead of on;
+* another ``seq_len_max`` (candidates from where the reference's x_grad stops being zero);
+* TF's GPU LSTMBlockCellGrad, which counts the peephole term of cs_prev_grad twice (section 7 row 2);
+* half precision rounded op by op (TF's CPU float16 kernels), the reverse, or float32 tensors run in
+  half by mixed precision.
+
+Single causes are tried first, then pairs of them.  ``--gradcheck`` adds gradcheck.py's forward
+consistency and finite-difference checks.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from . import gradcheck, io, validation
+from .backends import get_backend, resolve_name
+from .backends._xp import LAYOUTS
+from .errors import InputFileError, InvalidArgumentError
+from .ops import BlockLSTMGradOutputs, LSTMBlockCellGradFullOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full
+
+SEQ_GRADS = BlockLSTMGradOutputs._fields
+CELL_GRADS = LSTMBlockCellGradFullOutputs._fields
+# (rtol, atol): passes when max|ours - ref| <= atol + rtol * max|ref|.  float32 and float16 as the
+# fixtures' README recommends against TF CPU; float64 is for references computed in double.
+TOLERANCES = {"float16": (1e-2, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-10, 1e-12)}
+OPS = {("seq", "ifco"): "BlockLSTMGradV2", ("seq", "icfo"): "BlockLSTMGrad", ("cell", "icfo"): "LSTMBlockCellGrad"}
+MAX_SEQ_LEN_CANDIDATES = 16
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+# -- loading --------------------------------------------------------------------------------------
+
+@dataclass
+class Problem:
+    """A gradient problem read from a file and validated, with where each parameter came from."""
+
+    path: str
+    kind: str  # "seq" | "cell"
+    layout: str
+    arrays: dict
+    dims: validation.Dims
+    seq_len_max: int  # 1 for the cell op
+    use_peephole: bool
+    sources: dict = field(default_factory=dict)
+    defaults: list[str] = field(default_factory=list)
+
+    @property
+    def dtype(self) -> str:
+        return str(self.arrays["x"].dtype)
+
+    @property
+    def op(self) -> str:
+        return OPS[(self.kind, self.layout)]
+
+
+def load_problem(path, *, kind: str | None = None, layout: str = "ifco", use_peephole: bool | None = None,
+                 seq_len_max: int | None = None, group: str | None = None) -> Problem:
+    """Read and validate a seq or cell input; ``kind=None`` decides from the rank of x (3: seq, 2: cell)."""
+    path = Path(path)
+    loaded = io.read_inputs(path, validation.SEQ_TENSORS, ("seq_len_max", "use_peephole"), group)
+    if kind is None:
+        x = loaded.tensors.get("x")
+        if x is None:
+            raise InvalidArgumentError(f"{path}: missing tensor x (needed to tell seq from cell; or pass --kind)")
+        kind = {3: "seq", 2: "cell"}.get(np.ndim(x))
+        if kind is None:
+            raise InvalidArgumentError(f"{path}: x has rank {np.ndim(x)}; expected 3 (seq) or 2 (cell)")
+    layout = layout if kind == "seq" else "icfo"
+    names = validation.SEQ_TENSORS if kind == "seq" else validation.CELL_TENSORS
+    problem = Problem(str(path), kind, layout, {}, validation.Dims(0, 0, 0, 0), 1, False)
+
+    def param(name, flag, default, text):
+        if flag is not None:
+            problem.sources[name] = "flag"
+            return flag
+        if name in loaded.scalars:
+            problem.sources[name] = loaded.scalars[name][1]
+            return loaded.scalars[name][0]
+        problem.sources[name] = "default"
+        problem.defaults.append(f"{name}: not in the file, {text}")
+        return default
+
+    try:
+        problem.use_peephole = validation.check_use_peephole(
+            param("use_peephole", use_peephole, False, "no peepholes (false)"))
+        w = loaded.tensors.get("w")
+        absent = [n for n in validation.PEEPHOLES if n not in loaded.tensors]
+        if absent and not problem.use_peephole and w is not None and np.ndim(w) == 2:
+            for name in absent:
+                loaded.tensors[name] = np.zeros(np.shape(w)[1] // 4, dtype=np.asarray(w).dtype)
+            problem.defaults.append(f"{', '.join(absent)}: not in the file, zeros (unused without peepholes)")
+        missing = [n for n in names if n not in loaded.tensors]
+        if missing:
+            raise InvalidArgumentError(
+                f"missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)} ({problem.op} needs "
+                f"{', '.join(names)}; the file has {', '.join(loaded.keys) or 'nothing'})")
+        arrays = validation.as_float_arrays({n: loaded.tensors[n] for n in names})
+        if kind == "seq":
+            problem.dims = validation.check_block_lstm_grad(arrays)
+            T = problem.dims.T
+            problem.seq_len_max = validation.check_seq_len_max(
+                param("seq_len_max", seq_len_max, T, f"using T = {T}"), T)
+        else:
+            problem.dims = validation.check_lstm_block_cell_grad(arrays)
+    except InvalidArgumentError as err:
+        raise InvalidArgumentError(f"{path}: {err}") from None
+    problem.arrays = arrays
+    return problem
+
+
+def load_reference(path, kind: str, group: str | None = None) -> tuple[dict, list[str]]:
+    """The gradient tensors of a reference file (snake_case or camelCase names) and its other keys."""
+    names = SEQ_GRADS if kind == "seq" else CELL_GRADS
+    aliases = {_camel(n): n for n in names if _camel(n) != n}
+    loaded = io.read_inputs(path, [*names, *aliases], (), group)
+    grads = {}
+    for key, value in loaded.tensors.items():
+        name = aliases.get(key, key)
+        grads.setdefault(name, value)
+    if not grads:
+        raise InputFileError(
+            f"{path}: no gradient tensors (expected some of {', '.join(names)}; the file has "
+            f"{', '.join(loaded.keys) or 'nothing'})")
+    known = set(names) | set(aliases)
+    others = [k for k in loaded.keys if k not in known and k != io.METADATA_KEY]
+    return {n: grads[n] for n in names if n in grads}, others
+
+
+# -- computing ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Setting:
+    """How a set of gradients is computed; the variants of ``explain`` change one or two fields."""
+
+    layout: str
+    use_peephole: bool
+    seq_len_max: int
+    compute_dtype: str | None = None
+    double_count: bool = False  # TF's GPU LSTMBlockCellGrad peephole bug
+    half_inputs: bool = False  # float32 tensors run in half (mixed precision)
+
+
+def compute(problem: Problem, setting: Setting, backend) -> dict[str, np.ndarray]:
+    """The gradients of ``problem`` under ``setting``, under the op's output names."""
+    arrays = problem.arrays
+    out_dtype = arrays["x"].dtype
+    compute_dtype = setting.compute_dtype
+    if setting.half_inputs:
+        arrays = {n: a.astype(np.float16) for n, a in arrays.items()}
+        compute_dtype = "float16"
+    if setting.double_count:
+        grads = _double_counted(problem, arrays, setting)
+    elif problem.kind == "seq":
+        cdt = validation.resolve_compute_dtype(arrays["x"].dtype, compute_dtype)
+        grads = block_lstm_grad_checked(backend, setting.layout, setting.seq_len_max, arrays,
+                                        setting.use_peephole, cdt)._asdict()
+    else:
+        grads = lstm_block_cell_grad_full(**arrays, use_peephole=setting.use_peephole, backend=backend,
+                                          compute_dtype=compute_dtype)._asdict()
+    return {n: np.asarray(g).astype(out_dtype, copy=False) for n, g in grads.items()}
+
+
+def _double_counted(problem: Problem, arrays: dict, setting: Setting) -> dict[str, np.ndarray]:
+    """Gradients as TF's GPU LSTMBlockCellGrad gives them: cs_prev_grad = dcs f + 2 (di wci + df wcf).
+
+    For a sequence, the cell gradient applied step by step (a TF1 LSTMBlockCell in a loop), so the
+    wrong cs_prev_grad is carried into the earlier steps.  Computed in float64.
+    """
+    a = {n: np.asarray(v, dtype=np.float64) for n, v in gradcheck.as_sequence(arrays, problem.kind).items()}
+    T, B, I = a["x"].shape  # noqa: E741
+    C = a["w"].shape[1] // 4
+    L = setting.seq_len_max if problem.kind == "seq" else 1
+    k = {g: slice(n * C, (n + 1) * C) for g, n in LAYOUTS[setting.layout].items()}
+    peep = setting.use_peephole
+    x_grad = np.zeros((T, B, I))
+    w_grad, b_grad = np.zeros_like(a["w"]), np.zeros_like(a["b"])
+    wci_grad, wcf_grad, wco_grad = (np.zeros(C) for _ in range(3))
+    carried_cs, carried_h = np.zeros((B, C)), np.zeros((B, C))
+    dicfo = np.zeros((B, 4 * C))
+    for t in reversed(range(L)):
+        cs_prev = a["cs_prev"] if t == 0 else a["cs"][t - 1]
+        h_prev = a["h_prev"] if t == 0 else a["h"][t - 1]
+        i, cs, f, o, ci, co = (a[n][t] for n in ("i", "cs", "f", "o", "ci", "co"))
+        dc, dh = carried_cs + a["cs_grad"][t], carried_h + a["h_grad"][t]
+        do = o * (1 - o) * dh * co
+        dcs = (1 - co * co) * dh * o + dc
+        if peep:
+            dcs = dcs + do * a["wco"]
+        dci = (1 - ci * ci) * dcs * i
+        df = f * (1 - f) * dcs * cs_prev
+        di = i * (1 - i) * dcs * ci
+        carried_cs = dcs * f
+        if peep:
+            carried_cs = carried_cs + 2 * (di * a["wci"] + df * a["wcf"])
+            wci_grad += (di * cs_prev).sum(0)
+            wcf_grad += (df * cs_prev).sum(0)
+            wco_grad += (do * cs).sum(0)
+        dgates = np.zeros((B, 4 * C))
+        for name, value in (("i", di), ("c", dci), ("f", df), ("o", do)):
+            dgates[:, k[name]] = value
+        xh_grad = dgates @ a["w"].T
+        x_grad[t], carried_h = xh_grad[:, :I], xh_grad[:, I:]
+        w_grad += np.concatenate([a["x"][t], h_prev], axis=1).T @ dgates
+        b_grad += dgates.sum(0)
+        dicfo = dgates
+    grads = dict(x_grad=x_grad, cs_prev_grad=carried_cs, h_prev_grad=carried_h, w_grad=w_grad, wci_grad=wci_grad,
+                 wcf_grad=wcf_grad, wco_grad=wco_grad, b_grad=b_grad)
+    if problem.kind == "cell":
+        grads["x_grad"] = x_grad[0]
+        grads = {n: (dicfo if n == "dicfo" else grads[n]) for n in CELL_GRADS}
+    return grads
+
+
+# -- comparing ------------------------------------------------------------------------------------
+
+@dataclass
+class Comparison:
+    name: str
+    shape: list[int]
+    reference_shape: list[int]
+    max_abs_error: float | None
+    max_rel_error: float | None  # max |ours - ref| / max |ref|
+    ulps: float | None  # max_rel_error in units of the dtype's machine epsilon
+    reference_max_abs: float | None
+    tolerance: float | None  # atol + rtol * max |ref|
+    passed: bool
+    note: str = ""
+
+
+def compare(ours: dict, reference: dict, rtol: float, atol: float, dtype) -> list[Comparison]:
+    """Per tensor in both: max absolute/relative error, error in ulps, pass/fail against the tolerance."""
+    eps = float(np.finfo(np.dtype(dtype)).eps)
+    results = []
+    for name, ref in reference.items():
+        if name not in ours:
+            continue
+        mine = np.asarray(ours[name], dtype=np.float64)
+        ref64 = np.asarray(ref).astype(np.float64) if np.asarray(ref).dtype.kind in "fiub" else None
+        if ref64 is None:
+            results.append(Comparison(name, list(mine.shape), list(np.shape(ref)), None, None, None, None, None, False,
+                                      f"reference is not numeric (dtype {np.asarray(ref).dtype})"))
+            continue
+        if ref64.shape != mine.shape:
+            note = f"shape {list(ref64.shape)} in the reference, {list(mine.shape)} here"
+            if ref64.shape == mine.shape[::-1] or (ref64.ndim == 2 and ref64.T.shape == mine.shape):
+                note += " (transposed?)"
+            results.append(Comparison(name, list(mine.shape), list(ref64.shape), None, None, None, None, None, False,
+                                      note))
+            continue
+        finite_ref, finite_mine = np.isfinite(ref64), np.isfinite(mine)
+        note = ""
+        if not np.array_equal(finite_ref, finite_mine) or not np.array_equal(ref64[~finite_ref], mine[~finite_mine]):
+            note = (f"NaN/Inf differ: {int((~finite_ref).sum())} in the reference, "
+                    f"{int((~finite_mine).sum())} here")
+        both = finite_ref & finite_mine
+        err = float(np.max(np.abs(mine[both] - ref64[both]))) if both.any() else 0.0
+        scale = float(np.max(np.abs(ref64[both]))) if both.any() else 0.0
+        tol = atol + rtol * scale
+        rel = err / scale if scale else (0.0 if err == 0 else float("inf"))
+        ulps = rel / eps if np.isfinite(rel) else None
+        results.append(Comparison(name, list(mine.shape), list(ref64.shape), err, rel, ulps, scale, tol,
+                                  err <= tol and not note, note))
+    return results
+
+
+# -- explaining -----------------------------------------------------------------------------------
+
+@dataclass
+class Variant:
+    """One hypothesis: the reference was computed with ``changes`` instead of our setting."""
+
+    causes: list[str]  # keys of CAUSES
+    changes: dict
+    reproduces: bool = False
+    tensors_matching: int = 0
+    tensors_compared: int = 0
+    worst: float | None = None  # largest error / tolerance over the tensors
+    explanation: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _variants(problem: Problem, base: Setting, reference: dict) -> list[tuple[str, dict]]:
+    """Single changes of ``base`` worth trying, as (cause, changes)."""
+    out: list[tuple[str, dict]] = []
+    if problem.kind == "seq":
+        out.append(("layout", {"layout": "icfo" if base.layout == "ifco" else "ifco"}))
+    peepholes_zero = all(not np.any(problem.arrays[n]) for n in validation.PEEPHOLES)
+    if base.use_peephole or not peepholes_zero:
+        out.append(("peephole", {"use_peephole": not base.use_peephole}))
+    if problem.kind == "seq":
+        for length in _seq_len_candidates(problem, base.seq_len_max, reference):
+            out.append(("seq_len_max", {"seq_len_max": length}))
+    if base.use_peephole and not peepholes_zero:
+        out.append(("gpu_double_count", {"double_count": True}))
+    dtype = problem.dtype
+    if dtype == "float16":
+        if base.compute_dtype == "float16":
+            out.append(("float32_once", {"compute_dtype": "float32"}))
+        else:
+            out.append(("half_op_by_op", {"compute_dtype": "float16"}))
+    elif dtype == "float32":
+        out.append(("mixed_precision", {"half_inputs": True}))
+    return out
+
+
+def _seq_len_candidates(problem: Problem, current: int, reference: dict) -> list[int]:
+    T = problem.dims.T
+    candidates = []
+    x_grad = reference.get("x_grad")
+    if x_grad is not None and np.shape(x_grad) == tuple(problem.arrays["x"].shape):
+        nonzero = np.flatnonzero(np.any(np.asarray(x_grad).reshape(T, -1) != 0, axis=1))
+        candidates.append(int(nonzero[-1]) + 1 if nonzero.size else 0)  # x_grad is zero from seq_len_max on
+    if T <= MAX_SEQ_LEN_CANDIDATES:
+        candidates.extend(range(T + 1))
+    else:
+        candidates.append(T)
+    return [c for c in dict.fromkeys(candidates) if c != current]
+
+
+CAUSES = {
+    "layout": "gate layout",
+    "peephole": "use_peephole",
+    "seq_len_max": "seq_len_max",
+    "gpu_double_count": "GPU LSTMBlockCellGrad peephole double count",
+    "half_op_by_op": "half precision op by op",
+    "float32_once": "float32 arithmetic",
+    "mixed_precision": "half precision (mixed precision)",
+}
+
+
+def _explain(causes: list[str], problem: Problem, base: Setting, changes: dict) -> str:
+    texts = []
+    for cause in causes:
+        if cause == "layout" and base.layout == "ifco":
+            texts.append(
+                "The reference was computed with BlockLSTMGrad, the ICFO (V1) kernel, on these IFCO "
+                "(BlockLSTMV2) tensors. That is what TensorFlow's autodiff (tf.GradientTape) returns for "
+                "BlockLSTMV2: TF registers the V1 gradient for both ops (tf-semantics.md 4.2), so the c and f "
+                "gate blocks are swapped and x, cs_prev, h_prev, w and b gradients are wrong. lstmgrad's "
+                "BlockLSTMGradV2 result is the correct gradient; to reproduce TF's tape anyway, use --layout icfo.")
+        elif cause == "layout":
+            texts.append(
+                "The reference was computed with the IFCO layout (BlockLSTMGradV2): the tensors come from "
+                "BlockLSTMV2 (gate order i, f, c, o, as Keras and cuDNN), not BlockLSTM; use --layout ifco.")
+        elif cause == "peephole":
+            on = changes["use_peephole"]
+            texts.append(
+                f"The reference was computed with use_peephole={str(on).lower()}, here it is "
+                f"{str(not on).lower()} ({problem.sources.get('use_peephole', 'flag')}); use "
+                f"--{'' if on else 'no-'}peephole.")
+        elif cause == "seq_len_max":
+            texts.append(
+                f"The reference was computed with seq_len_max={changes['seq_len_max']}, here it is "
+                f"{base.seq_len_max} ({problem.sources.get('seq_len_max', 'flag')}); steps from seq_len_max on "
+                f"contribute nothing. Use --seq-len-max {changes['seq_len_max']}.")
+        elif cause == "gpu_double_count":
+            texts.append(
+                "The reference has TensorFlow's GPU LSTMBlockCellGrad peephole bug: cs_prev_grad counts the "
+                "peephole term twice, dcs*f + 2*(di*wci + df*wcf) (tensorflow/tensorflow#34171, tf-semantics.md "
+                "section 7 row 2). TF's CPU kernel, BlockLSTMGrad and lstmgrad are correct.")
+        elif cause == "half_op_by_op":
+            texts.append(
+                "The reference was computed in half precision op by op, as TF's CPU float16 kernels do "
+                "(every step rounded to half); lstmgrad computes float16 inputs in float32 and rounds once, "
+                "which is more accurate. Use --compute-dtype float16 to reproduce TF CPU.")
+        elif cause == "float32_once":
+            texts.append(
+                "The reference was computed in float32 and rounded to half once (lstmgrad's default, or a "
+                "GPU), not op by op in half; drop --compute-dtype float16.")
+        elif cause == "mixed_precision":
+            texts.append(
+                "The reference was computed in half precision from these float32 tensors, as TensorFlow's "
+                "automatic mixed precision does with these ops on GPU (tf-semantics.md 6.1); the difference is "
+                "half-precision rounding, not a bug in either result.")
+    return " ".join(texts)
+
+
+def _relative_errors(comps: list[Comparison]) -> float:
+    return sum(c.max_rel_error for c in comps if c.max_rel_error is not None and np.isfinite(c.max_rel_error))
+
+
+def explain(problem: Problem, base: Setting, reference: dict, rtol: float, atol: float, backend,
+            pairs: bool = True, base_comparisons: list[Comparison] | None = None) -> list[Variant]:
+    """Try each known cause (then pairs of causes) and say which reproduce the reference.
+
+    Half-precision inputs (mixed precision) are judged with float16 tolerances, so they must also
+    bring the reference closer than our own result is: a difference that half rounding merely
+    hides is not explained by it.  Several seq_len_max values can reproduce a reference when the
+    file's activations are zero beyond its seq_len_max (zero gates pass no gradient); the smallest
+    is kept.
+    """
+    singles = _variants(problem, base, reference)
+    tried: list[Variant] = []
+    base_error = _relative_errors(base_comparisons) if base_comparisons is not None else np.inf
+
+    def attempt(causes, changes):
+        setting = replace(base, **changes)
+        tol_r, tol_a = rtol, atol
+        if setting.half_inputs:
+            tol_r, tol_a = max(rtol, TOLERANCES["float16"][0]), max(atol, TOLERANCES["float16"][1])
+        try:
+            ours = compute(problem, setting, backend)
+        except InvalidArgumentError:
+            return
+        comps = compare(ours, reference, tol_r, tol_a, problem.dtype)
+        ratios = [c.max_abs_error / c.tolerance if c.tolerance else (0.0 if not c.max_abs_error else np.inf)
+                  for c in comps if c.max_abs_error is not None]
+        reproduces = bool(comps) and all(c.passed for c in comps)
+        if setting.half_inputs and reproduces:
+            reproduces = _relative_errors(comps) < base_error
+        variant = Variant(list(causes), changes, reproduces, sum(c.passed for c in comps), len(comps),
+                          float(max(ratios)) if ratios else None)
+        if variant.reproduces:
+            variant.explanation = _explain(list(causes), problem, base, changes)
+        tried.append(variant)
+
+    for cause, changes in singles:
+        attempt([cause], changes)
+    if pairs and not any(v.reproduces for v in tried):
+        for (c1, ch1), (c2, ch2) in itertools.combinations(singles, 2):
+            if c1 == c2 or set(ch1) & set(ch2):
+                continue
+            attempt([c1, c2], {**ch1, **ch2})
+    lengths = [v.changes["seq_len_max"] for v in tried if v.reproduces and v.causes == ["seq_len_max"]]
+    for v in tried:
+        if v.reproduces and v.causes == ["seq_len_max"] and v.changes["seq_len_max"] != min(lengths):
+            v.reproduces, v.explanation = False, ""
+    return sorted(tried, key=lambda v: (not v.reproduces, len(v.causes),
+                                        v.worst if v.worst is not None else np.inf))
+
+
+# -- the whole check ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CheckOptions:
+    kind: str | None = None  # None: from the rank of x
+    layout: str = "ifco"
+    backend: str | None = None
+    use_peephole: bool | None = None
+    seq_len_max: int | None = None
+    group: str | None = None
+    reference_group: str | None = None
+    compute_dtype: str | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    gradcheck: bool = False
+    samples: int = 24
+    seed: int = 0
+    forget_bias: float | None = None
+    cell_clip: float | None = None
+
+
+@dataclass
+class CheckReport:
+    input: str
+    reference: str | None
+    op: str
+    kind: str
+    layout: str
+    backend: str
+    dtype: str
+    compute_dtype: str | None
+    use_peephole: bool
+    seq_len_max: int | None
+    dims: dict
+    rtol: float
+    atol: float
+    sources: dict = field(default_factory=dict)
+    defaults: list[str] = field(default_factory=list)
+    comparisons: list[Comparison] = field(default_factory=list)
+    not_in_reference: list[str] = field(default_factory=list)
+    other_reference_keys: list[str] = field(default_factory=list)
+    variants: list[Variant] = field(default_factory=list)
+    explanations: list[str] = field(default_factory=list)
+    forward: gradcheck.ForwardFit | None = None
+    forward_alternative: gradcheck.ForwardFit | None = None  # a layout/peephole that fits better
+    gradcheck: gradcheck.GradcheckResult | None = None
+
+    @property
+    def comparisons_passed(self) -> bool:
+        return all(c.passed for c in self.comparisons)
+
+    @property
+    def passed(self) -> bool:
+        ok = self.comparisons_passed
+        if self.forward is not None:
+            ok = ok and self.forward.consistent
+        if self.gradcheck is not None:
+            ok = ok and self.gradcheck.ok
+        return ok
+
+    def to_json(self) -> dict:
+        """A JSON-safe document: infinite or NaN numbers become None."""
+        doc = asdict(self)
+        doc["passed"] = self.passed
+        doc["comparisons_passed"] = self.comparisons_passed
+        if self.forward is not None:
+            doc["forward"] = self.forward.to_json()
+        if self.forward_alternative is not None:
+            doc["forward_alternative"] = self.forward_alternative.to_json()
+        if self.gradcheck is not None:
+            doc["gradcheck"] = self.gradcheck.to_json()
+        return _json_safe(doc)
+
+
+def _json_safe(value):
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if np.isfinite(value) else None
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def run_check(input_path, reference_path, options: CheckOptions) -> CheckReport:
+    """Compare (and explain), and with ``options.gradcheck`` check the forward pass and the gradient."""
+    if reference_path is None and not options.gradcheck:
+        raise InvalidArgumentError("nothing to check: give a reference file or ask for the gradient check")
+    backend_name = resolve_name(options.backend)
+    backend = get_backend(backend_name)
+    problem = load_problem(input_path, kind=options.kind, layout=options.layout, use_peephole=options.use_peephole,
+                           seq_len_max=options.seq_len_max, group=options.group)
+    rtol, atol = TOLERANCES[problem.dtype]
+    rtol = options.rtol if options.rtol is not None else rtol
+    atol = options.atol if options.atol is not None else atol
+    base = Setting(problem.layout, problem.use_peephole, problem.seq_len_max, options.compute_dtype)
+    if options.compute_dtype is not None:
+        validation.resolve_compute_dtype(problem.arrays["x"].dtype, options.compute_dtype)
+    ours = compute(problem, base, backend)
+    report = CheckReport(
+        str(input_path), None if reference_path is None else str(reference_path), problem.op, problem.kind,
+        problem.layout, backend_name, problem.dtype,
+        str(validation.resolve_compute_dtype(problem.arrays["x"].dtype, options.compute_dtype)),
+        problem.use_peephole, problem.seq_len_max if problem.kind == "seq" else None, problem.dims._asdict(),
+        rtol, atol, problem.sources, problem.defaults)
+
+    if reference_path is not None:
+        reference, others = load_reference(reference_path, problem.kind, options.reference_group)
+        report.comparisons = compare(ours, reference, rtol, atol, problem.dtype)
+        report.not_in_reference = [n for n in ours if n not in reference]
+        report.other_reference_keys = others
+        if not report.comparisons_passed and any(c.max_abs_error is not None for c in report.comparisons):
+            report.variants = explain(problem, base, reference, rtol, atol, backend,
+                                      base_comparisons=report.comparisons)
+            report.explanations = [v.explanation for v in report.variants if v.reproduces]
+
+    if options.gradcheck:
+        _gradcheck(problem, options, backend, ours, report)
+    return report
+
+
+def _gradcheck(problem: Problem, options: CheckOptions, backend, ours: dict, report: CheckReport) -> None:
+    fit = gradcheck.forward_consistency(
+        problem.arrays, problem.kind, layout=problem.layout, use_peephole=problem.use_peephole,
+        seq_len_max=problem.seq_len_max, forget_bias=options.forget_bias, cell_clip=options.cell_clip)
+    report.forward = fit
+    if not fit.consistent:
+        best = gradcheck.forward_fits(problem.arrays, problem.kind, seq_len_max=problem.seq_len_max,
+                                      forget_bias=options.forget_bias, cell_clip=options.cell_clip)[0]
+        if best.consistent:
+            report.forward_alternative = best
+    stored = ours if problem.kind == "seq" else {n: g for n, g in ours.items() if n != "dicfo"}
+    report.gradcheck = gradcheck.finite_difference_check(
+        problem.arrays, problem.kind, layout=problem.layout, use_peephole=problem.use_peephole,
+        seq_len_max=problem.seq_len_max, forget_bias=fit.forget_bias, cell_clip=fit.cell_clip,
+        samples=options.samples, seed=options.seed, backend=backend, stored_grads=stored)
