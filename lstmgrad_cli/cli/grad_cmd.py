@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import signal
+import sys
 from pathlib import Path
 
 import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from .. import __version__
 from ..backends import get_backend, resolve_name
+from ..batch import plan_tasks, run_batch
 from ..errors import LstmGradError, UnknownBackendError
-from ..jobs import GradOptions, GradResult, run_grad_file
-from ._common import one_line, print_json, stdout_console
+from ..jobs import GradOptions, GradResult
+from ._common import is_terminal, one_line, print_json, stderr_console, stdout_console
 
 INPUT_SUFFIXES = (".h5", ".hdf5", ".npz")
 
@@ -36,8 +42,15 @@ def _shared_options(func):
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables."),
         click.option("-q", "--quiet", is_flag=True, help="Print nothing on success."),
         click.option("--force", is_flag=True, help="Overwrite existing output files."),
-        click.option("--keep-going", is_flag=True, help="Report a bad file and go on with the rest (exit 1 at the end)."),
+        click.option("--keep-going", is_flag=True,
+                     help="Report a bad file and go on with the rest (exit 1 at the end)."),
+        click.option("--skip-existing", is_flag=True,
+                     help="Skip inputs whose output is already complete (resumes an interrupted batch)."),
         click.option("--strict", is_flag=True, help="Treat NaN or Inf in inputs or gradients as a failure (exit 1)."),
+        click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Process files in N local processes (BLAS threads are divided among them)."),
+        click.option("--dask", "dask_address", metavar="ADDRESS",
+                     help="Send files to a Dask distributed scheduler (tcp://host:8786); needs lstmgrad[dask]."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -48,11 +61,11 @@ def _shared_options(func):
 @_shared_options
 @click.option("--layout", type=click.Choice(["ifco", "icfo"]), default="ifco", show_default=True,
               help="Gate layout: ifco = BlockLSTMGradV2, icfo = BlockLSTMGrad (V1).")
-@click.option("--seq-len-max", type=click.IntRange(min=0), help="Override seq_len_max (default: from the file, else T).")
-@click.option("--chunk-steps", type=click.IntRange(min=1), help="Time steps per batched matrix product "
-                                                                "(default: from a 64 MiB budget).")
-def seq_command(inputs, output, out_dir, backend, use_peephole, group, compute_dtype, as_json, quiet, force,
-                keep_going, strict, layout, seq_len_max, chunk_steps):
+@click.option("--seq-len-max", type=click.IntRange(min=0),
+              help="Override seq_len_max (default: from the file, else T).")
+@click.option("--chunk-steps", type=click.IntRange(min=1),
+              help="Time steps per batched matrix product (default: from a 64 MiB budget).")
+def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_len_max, chunk_steps, **flags):
     """BlockLSTMGradV2 (or BlockLSTMGrad with --layout icfo) of each INPUT (HDF5 or NPZ).
 
     Each INPUT holds the op's tensors under TF's names: x [T,B,I], cs_prev, h_prev [B,C], w [I+C,4C],
@@ -60,20 +73,19 @@ def seq_command(inputs, output, out_dir, backend, use_peephole, group, compute_d
     seq_len_max and use_peephole (scalars or HDF5 attributes).
     """
     options = GradOptions("seq", layout, backend, use_peephole, seq_len_max, group, compute_dtype, chunk_steps, force)
-    _run("seq", inputs, output, out_dir, options, as_json, quiet, keep_going, strict)
+    _run("seq", options, **flags)
 
 
 @click.command("cell")
 @_shared_options
-def cell_command(inputs, output, out_dir, backend, use_peephole, group, compute_dtype, as_json, quiet, force,
-                 keep_going, strict):
+def cell_command(backend, use_peephole, group, compute_dtype, force, **flags):
     """LSTMBlockCellGrad of each INPUT, plus x_grad, h_prev_grad, w_grad and b_grad.
 
     Each INPUT holds one step: x [B,I], cs_prev, h_prev [B,C], w [I+C,4C], wci, wcf, wco [C], b [4C],
     i, cs, f, o, ci, co, cs_grad, h_grad [B,C], and optionally use_peephole.  dicfo is in ICFO order.
     """
     options = GradOptions("cell", "icfo", backend, use_peephole, None, group, compute_dtype, None, force)
-    _run("cell", inputs, output, out_dir, options, as_json, quiet, keep_going, strict)
+    _run("cell", options, **flags)
 
 
 def expand_inputs(patterns) -> list[Path]:
@@ -94,10 +106,13 @@ def expand_inputs(patterns) -> list[Path]:
     return paths
 
 
-def _run(command, inputs, output, out_dir, options: GradOptions, as_json, quiet, keep_going, strict) -> None:
+def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, quiet, keep_going, skip_existing,
+         strict, workers, dask_address) -> None:
     paths = expand_inputs(inputs)
     if output is not None and (len(paths) != 1 or out_dir is not None):
         raise click.UsageError("-o/--output takes a single INPUT and no --out-dir; use --out-dir for several")
+    if workers > 1 and dask_address:
+        raise click.UsageError("--workers and --dask exclude each other")
     if not paths:
         raise click.UsageError("no input files found")
     try:
@@ -110,44 +125,78 @@ def _run(command, inputs, output, out_dir, options: GradOptions, as_json, quiet,
         raise click.ClickException(f"{out_dir}: output directory does not exist")
 
     console = stdout_console()
-    results: list[GradResult] = []
-    for path in paths:
-        target = output
-        if out_dir is not None:
-            target = out_dir / _default_name(path)
-        try:
-            result = run_grad_file(path, target, options)
-        except LstmGradError as err:
-            result = GradResult(str(path), None, options.op, status="failed", error=one_line(err))
-            click.echo(f"Error: {result.error}", err=True)
-        if strict and result.status == "ok" and _nonfinite_note(result):
-            result.status, result.error = "failed", f"{path}: {_nonfinite_note(result)} (--strict)"
-            click.echo(f"Error: {result.error}", err=True)
-        results.append(result)
-        if result.status == "ok" and not (as_json or quiet):
-            render(console, result)
-        if result.status != "ok" and not keep_going:
-            break
-    failed = sum(r.status != "ok" for r in results)
+    tasks = plan_tasks(paths, output, out_dir)
+    show_progress = len(tasks) > 1 and not (quiet or as_json) and is_terminal(sys.stderr)
+
+    with _progress(show_progress, len(tasks)) as advance:
+        def on_result(task, result: GradResult) -> None:
+            if strict and result.status == "ok" and _nonfinite_note(result):
+                result.status, result.error = "failed", f"{task.input}: {_nonfinite_note(result)} (--strict)"
+            if result.status == "failed":
+                click.echo(f"Error: {result.error}", err=True)
+            elif result.status == "ok" and not (as_json or quiet):
+                render(console, result)
+            advance()
+
+        with _terminate_as_interrupt():
+            try:
+                results = run_batch(tasks, options, workers=workers, dask_address=dask_address,
+                                    keep_going=keep_going, skip_existing=skip_existing, on_result=on_result)
+            except LstmGradError as err:
+                raise click.ClickException(one_line(err)) from None
+
+    ran = [r for r in results if r is not None]
+    counts = {status: sum(r.status == status for r in ran) for status in ("ok", "failed", "skipped")}
+    not_run = len(results) - len(ran)
     if as_json:
         print_json({
-            "lstmgrad": __version__, "command": command, "results": [r.to_json() for r in results],
-            "summary": {"done": len(results) - failed, "failed": failed,
-                        "not_run": len(paths) - len(results)},
+            "lstmgrad": __version__, "command": command, "results": [r.to_json() for r in ran],
+            "summary": {"done": counts["ok"], "failed": counts["failed"], "skipped": counts["skipped"],
+                        "not_run": not_run},
         })
-    elif len(paths) > 1 and not quiet:
-        console.print(f"{len(results) - failed} done, {failed} failed, {len(paths) - len(results)} not run")
-    if failed:
+    elif len(tasks) > 1 and not quiet:
+        table = Table(title="batch", title_justify="left")
+        for col in ("files", "done", "failed", "skipped", "not run"):
+            table.add_column(col, justify="right")
+        table.add_row(str(len(tasks)), str(counts["ok"]), str(counts["failed"]), str(counts["skipped"]), str(not_run))
+        console.print(table)
+    if counts["failed"]:
         raise SystemExit(1)
 
 
-def _default_name(path: Path) -> str:
-    from ..io import default_output, sniff_format  # noqa: PLC0415
+class _RateColumn(ProgressColumn):
+    def render(self, task) -> Text:
+        return Text("" if task.speed is None else f"{task.speed:.2f} files/s", style="progress.data.speed")
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool, total: int):
+    """A rich progress bar on stderr (files done, rate, time left); a no-op when disabled."""
+    if not enabled:
+        yield lambda: None
+        return
+    progress = Progress(TextColumn("lstmgrad"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
+                        _RateColumn(), TimeRemainingColumn(), console=stderr_console(), transient=True)
+    with progress:
+        job = progress.add_task("files", total=total)
+        yield lambda: progress.advance(job)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM unwinds like Ctrl-C, so temporary files are removed and no partial output stays."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
 
     try:
-        return default_output(path, sniff_format(path)).name
-    except LstmGradError:
-        return path.name + ".grads.npz"  # the run itself reports why the input is unreadable
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (e.g. embedded): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _nonfinite_note(result: GradResult) -> str:

@@ -1,0 +1,166 @@
+"""Running gradient jobs over many files: serially, in local worker processes, or on a Dask cluster.
+
+Parallel runs use one code path, a ``concurrent.futures`` executor: a process pool for
+``workers > 1`` or a ``distributed`` client's executor for a Dask scheduler address; a serial run
+calls the same task function in this process.  Every task is a call of ``run_task`` and returns a ``GradResult``
+(errors in a file are results, not exceptions), so results flow back the same way from anywhere.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import io
+from .errors import LstmGradError, OutputFileError
+from .jobs import GradOptions, GradResult, run_grad_file
+
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class Task:
+    input: Path
+    output: Path  # resolved before the run, so skipping and reporting know it up front
+
+
+def plan_tasks(inputs: Sequence[Path], output: Path | None, out_dir: Path | None) -> list[Task]:
+    """The output of each input: ``-o`` for a single input, else ``<stem>.grads.<ext>`` (in ``out_dir``)."""
+    tasks = []
+    for path in inputs:
+        if output is not None:
+            target = output
+        else:
+            try:
+                target = io.default_output(path, io.sniff_format(path))
+            except LstmGradError:
+                target = path.with_name(path.name + ".grads.npz")  # the run reports why the input is bad
+            if out_dir is not None:
+                target = out_dir / target.name
+        tasks.append(Task(path, target))
+    return tasks
+
+
+def is_complete_output(path: Path) -> bool:
+    """An lstmgrad output under its final name is complete: files are renamed into place when done."""
+    try:
+        return io.read_metadata(path).get("tool") == "lstmgrad"
+    except (LstmGradError, OSError, ValueError, KeyError):
+        return False
+
+
+def run_task(task: Task, options: GradOptions, blas_threads: int | None = None) -> GradResult:
+    """One file, never raising for a bad file: the error becomes a failed result."""
+    limits = _blas_limits(blas_threads)
+    try:
+        with limits:
+            return run_grad_file(task.input, task.output, options)
+    except LstmGradError as err:
+        return GradResult(str(task.input), None, options.op, status="failed", error=" ".join(str(err).split()))
+    except MemoryError:
+        return GradResult(str(task.input), None, options.op, status="failed", error=f"{task.input}: out of memory")
+
+
+def _blas_limits(threads: int | None):
+    if not threads:
+        return contextlib.nullcontext()
+    try:
+        from threadpoolctl import threadpool_limits  # noqa: PLC0415 - optional (dask and dev extras)
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=threads)
+
+
+@contextlib.contextmanager
+def _thread_env(threads: int) -> Iterator[None]:
+    """BLAS thread variables for worker processes started inside this block (they inherit the env)."""
+    saved = {var: os.environ.get(var) for var in BLAS_THREAD_VARS}
+    os.environ.update({var: str(threads) for var in BLAS_THREAD_VARS})
+    try:
+        yield
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
+@contextlib.contextmanager
+def make_executor(workers: int = 1, dask_address: str | None = None) -> Iterator[tuple[cf.Executor | None, int | None]]:
+    """(executor, BLAS threads per task) for the chosen way of running; no executor for a serial run."""
+    if dask_address:
+        try:
+            from distributed import Client  # noqa: PLC0415 - optional (the dask extra)
+        except ImportError:
+            raise LstmGradError("--dask needs the distributed package: pip install 'lstmgrad[dask]'") from None
+        try:
+            timeout = os.environ.get("LSTMGRAD_DASK_TIMEOUT", "10s")
+            client = Client(dask_address, timeout=timeout, set_as_default=False)
+        except (OSError, TimeoutError) as err:
+            raise LstmGradError(f"cannot reach the Dask scheduler at {dask_address}: {err}") from None
+        with client:
+            nthreads = client.nthreads()
+            per_worker = min(nthreads.values()) if nthreads else 1
+            yield client.get_executor(pure=False), max(1, per_worker)
+        return
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        with _thread_env(threads):
+            pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+            with pool:
+                yield pool, threads
+        return
+    yield None, None  # serial: tasks run in this process, one after another
+
+
+def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, dask_address: str | None = None,
+              keep_going: bool = False, skip_existing: bool = False,
+              on_result: Callable[[Task, GradResult], None] | None = None) -> list[GradResult | None]:
+    """Run every task; results in task order (None for tasks not run after a failure without keep_going)."""
+    results: list[GradResult | None] = [None] * len(tasks)
+
+    def finish(index: int, result: GradResult) -> None:
+        results[index] = result
+        if on_result is not None:
+            on_result(tasks[index], result)
+
+    pending = []
+    for index, task in enumerate(tasks):
+        if skip_existing and task.output.exists():
+            if is_complete_output(task.output):
+                finish(index, GradResult(str(task.input), str(task.output), options.op, status="skipped"))
+                continue
+            if not options.force:
+                error = OutputFileError(f"{task.output}: exists but is not a complete lstmgrad output; "
+                                        "use --force to replace it")
+                finish(index, GradResult(str(task.input), None, options.op, status="failed", error=str(error)))
+                if not keep_going:
+                    return results
+                continue
+        pending.append(index)
+    if not pending:
+        return results
+    with make_executor(workers, dask_address) as (executor, threads):
+        if executor is None:
+            for index in pending:
+                finish(index, run_task(tasks[index], options, threads))
+                if results[index].status == "failed" and not keep_going:
+                    break
+            return results
+        futures = {executor.submit(run_task, tasks[index], options, threads): index for index in pending}
+        try:
+            for future in cf.as_completed(futures):
+                index = futures[future]
+                finish(index, future.result())
+                if results[index].status == "failed" and not keep_going:
+                    break
+        finally:
+            for future in futures:  # after a failure or an interrupt: start nothing new
+                future.cancel()
+    return results

@@ -1,0 +1,211 @@
+"""Many files: worker processes, a real Dask LocalCluster, resuming, interruption, progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import FIXTURES, load_case, write_h5, write_npz
+
+from lstmgrad_cli.cli import main
+
+NAMES = ["seq_v2_peep", "seq_v2_nopeep", "seq_v2_partial", "seq_v2_larger", "seq_tiny", "seq_v2_clip"]
+
+
+def make_inputs(folder: Path) -> list[Path]:
+    folder.mkdir(exist_ok=True)
+    paths = []
+    for k, name in enumerate(NAMES):
+        inputs = load_case(name)[0]
+        writer = write_npz if k % 2 else write_h5
+        paths.append(writer(folder / f"{name}{'.npz' if k % 2 else '.h5'}", inputs))
+    return paths
+
+
+def outputs_of(folder: Path) -> dict[str, dict]:
+    found = {}
+    for path in sorted(folder.glob("*.grads.*")):
+        if path.suffix == ".npz":
+            with np.load(path) as data:
+                found[path.name] = {k: data[k] for k in data.files if not k.startswith("__")}
+        else:
+            import h5py
+
+            with h5py.File(path, "r") as fh:
+                found[path.name] = {k: fh[k][()] for k in fh}
+    return found
+
+
+def assert_same_outputs(a: dict, b: dict):
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert sorted(a[name]) == sorted(b[name])
+        for key in a[name]:
+            np.testing.assert_array_equal(a[name][key], b[name][key], err_msg=f"{name}:{key}")
+
+
+@pytest.fixture(scope="module")
+def serial_outputs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("serial")
+    make_inputs(folder / "in")
+    (folder / "out").mkdir()
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(main, ["seq", str(folder / "in"), "--out-dir", str(folder / "out"), "-q"])
+    assert result.exit_code == 0, result.stderr
+    outs = outputs_of(folder / "out")
+    assert len(outs) == len(NAMES)
+    for name in NAMES:
+        got = next(v for k, v in outs.items() if k.startswith(name + ".grads"))
+        expected = load_case(name)[1]
+        for key, value in expected.items():
+            np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6)
+    return outs
+
+
+def test_worker_processes_give_the_serial_results(runner, tmp_path, serial_outputs):
+    make_inputs(tmp_path / "in")
+    (tmp_path / "out").mkdir()
+    result = runner.invoke(main, ["seq", str(tmp_path / "in"), "--out-dir", str(tmp_path / "out"), "--workers", "2",
+                                  "--json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["summary"] == {"done": 6, "failed": 0, "skipped": 0, "not_run": 0}
+    assert [Path(r["input"]).name for r in doc["results"]] == sorted(p.name for p in (tmp_path / "in").iterdir())
+    assert_same_outputs(outputs_of(tmp_path / "out"), serial_outputs)
+
+
+def test_worker_processes_divide_blas_threads():
+    from lstmgrad_cli.batch import make_executor
+
+    with make_executor(workers=2) as (executor, threads):
+        assert threads == max(1, (os.cpu_count() or 1) // 2)
+        seen = executor.submit(_blas_threads_in_worker).result(timeout=120)
+    assert seen == threads
+
+
+def _blas_threads_in_worker() -> int:
+    from threadpoolctl import threadpool_info
+
+    return min(info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas")
+
+
+def test_dask_local_cluster_gives_the_serial_results(runner, tmp_path, serial_outputs):
+    distributed = pytest.importorskip("distributed")
+    make_inputs(tmp_path / "in")
+    (tmp_path / "out").mkdir()
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", processes=True,
+                                  dashboard_address=None) as cluster:
+        result = runner.invoke(main, ["seq", str(tmp_path / "in"), "--out-dir", str(tmp_path / "out"), "--dask",
+                                      cluster.scheduler_address, "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["summary"]["done"] == 6
+    assert_same_outputs(outputs_of(tmp_path / "out"), serial_outputs)
+
+
+def test_unreachable_dask_scheduler_is_a_clean_error(runner, tmp_path):
+    pytest.importorskip("distributed")
+    src = write_npz(tmp_path / "a.npz", load_case("seq_v2_peep")[0])
+    result = runner.invoke(main, ["seq", str(src), "--dask", "tcp://127.0.0.1:9", "-q"],
+                           env={"LSTMGRAD_DASK_TIMEOUT": "1s"})
+    assert result.exit_code == 1 and result.stderr.startswith("Error: cannot reach the Dask scheduler")
+
+
+def test_skip_existing_resumes_and_refuses_foreign_files(runner, tmp_path):
+    paths = make_inputs(tmp_path / "in")
+    first = runner.invoke(main, ["seq", str(paths[0]), "-q"])
+    assert first.exit_code == 0
+    done = paths[0].with_name(paths[0].name.replace(".h5", ".grads.h5"))
+    stamp = done.stat().st_mtime_ns
+    result = runner.invoke(main, ["seq", str(tmp_path / "in"), "--skip-existing", "--json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["summary"] == {"done": 5, "failed": 0, "skipped": 1, "not_run": 0}
+    assert done.stat().st_mtime_ns == stamp
+    foreign = paths[1].with_name(paths[1].name.replace(".npz", ".grads.npz"))
+    foreign.write_bytes(b"not ours")
+    again = runner.invoke(main, ["seq", str(paths[1]), "--skip-existing"])
+    assert again.exit_code == 1 and "exists but is not a complete lstmgrad output" in again.stderr
+    assert foreign.read_bytes() == b"not ours"
+
+
+def _long_inputs(folder: Path, count: int) -> list[Path]:
+    """Files with many small time steps: each takes a while (the sequential loop) on little data."""
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    T, B, I, C = 3000, 4, 4, 8
+    base = {
+        "x": rng.normal(size=(T, B, I)), "cs_prev": rng.normal(size=(B, C)), "h_prev": rng.normal(size=(B, C)),
+        "w": rng.normal(size=(I + C, 4 * C)) * 0.1, "wci": rng.normal(size=C), "wcf": rng.normal(size=C),
+        "wco": rng.normal(size=C), "b": rng.normal(size=4 * C),
+        **{k: rng.uniform(size=(T, B, C)) for k in ("i", "cs", "f", "o", "ci", "co", "h", "cs_grad", "h_grad")},
+    }
+    base = {k: v.astype(np.float32) for k, v in base.items()}
+    return [write_h5(folder / f"run{k:03d}.h5", base) for k in range(count)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_interrupted_batch_leaves_no_partial_output_and_resumes(tmp_path, sig):
+    inputs = _long_inputs(tmp_path / "in", 20)
+    digests = {p: p.read_bytes() for p in inputs[:3]}
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "lstmgrad_cli", "seq", str(tmp_path / "in"), "--out-dir", str(out), "-q"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not list(out.glob("*.grads.h5")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    finished = sorted(out.glob("*.grads.h5"))
+    assert 0 < len(finished) < len(inputs), "the run must be interrupted mid-batch"
+    from lstmgrad_cli.batch import is_complete_output
+
+    assert all(is_complete_output(p) for p in finished)
+    leftovers = [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    if sig != signal.SIGKILL:  # a killed process cannot clean up; its temp file is hidden and harmless
+        assert leftovers == []
+    resumed = subprocess.run(cmd + ["--skip-existing", "--json"], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads(resumed.stdout)["summary"]
+    assert summary["skipped"] == len(finished) and summary["done"] == len(inputs) - len(finished)
+    assert len(list(out.glob("*.grads.h5"))) == len(inputs)
+    assert all(p.read_bytes() == data for p, data in digests.items())
+
+
+def _stderr_on_a_terminal(args: list[str]) -> tuple[int, bytes]:
+    """Run the CLI with stderr on a pseudo-terminal; (exit code, what the terminal showed)."""
+    leader, follower = pty.openpty()
+    env = {**os.environ, "COLUMNS": "120", "TERM": "xterm"}
+    proc = subprocess.Popen([sys.executable, "-m", "lstmgrad_cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=follower, env=env)
+    os.close(follower)
+    seen = b""
+    while select.select([leader], [], [], 60)[0]:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    return proc.wait(timeout=60), seen
+
+
+def test_progress_bar_on_a_terminal_only_for_humans(tmp_path):
+    make_inputs(tmp_path / "in")
+    code, seen = _stderr_on_a_terminal(["seq", str(tmp_path / "in"), "--json"])
+    assert code == 0 and b"files" not in seen  # --json: no progress bar, even on a terminal
+    code, seen = _stderr_on_a_terminal(["seq", str(tmp_path / "in"), "--force"])
+    assert code == 0 and b"6/6" in seen and b"files" in seen
