@@ -16,9 +16,11 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import subprocess
+import sys
 import warnings
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from ..errors import BackendUnavailableError, UnknownBackendError
 
@@ -35,6 +37,7 @@ class BackendSpec:
     requires: tuple[str, ...] = ()  # importable top-level modules it needs
     hint: str = ""  # how to install what it needs
     source: str = "built-in"
+    version: str | None = None  # a plugin's distribution version (built-ins: their library's)
 
 
 BUILTIN = (
@@ -55,7 +58,7 @@ class BackendStatus:
     source: str
 
 
-@lru_cache(maxsize=None)
+@cache
 def registry() -> dict[str, BackendSpec]:
     """Built-ins first, then entry points; a broken or clashing plugin is a warning, not a crash."""
     specs = {spec.name: spec for spec in BUILTIN}
@@ -69,8 +72,14 @@ def registry() -> dict[str, BackendSpec]:
             warnings.warn(f"backend plugin {ep.name!r} ({ep.value}) ignored: the name is taken by "
                           f"the {specs[ep.name].source} backend", RuntimeWarning, stacklevel=2)
             continue
-        dist = getattr(ep.dist, "name", None) if getattr(ep, "dist", None) else None
-        specs[ep.name] = BackendSpec(ep.name, ep.value, source=f"plugin ({dist or ep.value})")
+        if ":" not in ep.value:
+            warnings.warn(f"backend plugin {ep.name!r} ignored: its target {ep.value!r} is not "
+                          "'module:attribute'", RuntimeWarning, stacklevel=2)
+            continue
+        dist = getattr(ep, "dist", None)
+        dist_name, dist_version = getattr(dist, "name", None), getattr(dist, "version", None)
+        specs[ep.name] = BackendSpec(ep.name, ep.value, source=f"plugin ({dist_name or ep.value})",
+                                     version=dist_version)
     return specs
 
 
@@ -78,6 +87,7 @@ def refresh() -> None:
     """Forget the registry and loaded backends (after installing a plugin, and in tests)."""
     registry.cache_clear()
     _load.cache_clear()
+    _cuda_usable.cache_clear()
 
 
 def _library_version(module: str) -> str | None:
@@ -98,15 +108,31 @@ def _missing(spec: BackendSpec) -> list[str]:
     return [m for m in spec.requires if importlib.util.find_spec(m) is None]
 
 
-def status(name: str) -> BackendStatus:
-    """Whether a backend can be used, without importing optional libraries."""
+def _plugin_missing(spec: BackendSpec) -> str | None:
+    """Why a plugin's module cannot be found (top-level package only: nothing is imported)."""
+    module = spec.target.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module.split(".")[0]) is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else f"plugin module {module!r} is not installed"
+
+
+def status(name: str, probe_device: bool = True) -> BackendStatus:
+    """Whether a backend can be used, without importing optional libraries.
+
+    For cupy, ``probe_device`` asks a child process whether a CUDA device is usable.
+    """
     spec = _spec(name)
+    if spec.source != "built-in":
+        why = _plugin_missing(spec)
+        return BackendStatus(name, why is None, why or "", spec.version, spec.source)
     missing = _missing(spec)
     version = _library_version(spec.requires[0]) if spec.requires and not missing else None
     if missing:
         reason = f"needs {', '.join(missing)}" + (f": {spec.hint}" if spec.hint else "")
         return BackendStatus(name, False, reason, None, spec.source)
-    if name == "cupy" and not _cuda_usable():
+    if name == "cupy" and probe_device and not _cuda_usable():
         return BackendStatus(name, False, "cupy is installed but no CUDA device is usable", version, spec.source)
     return BackendStatus(name, True, "", version, spec.source)
 
@@ -115,13 +141,20 @@ def statuses() -> list[BackendStatus]:
     return [status(name) for name in registry()]
 
 
+# cupy.is_available() needs ``import cupy`` (slow, and it initialises CUDA), so the listing and
+# ``auto`` ask a child process once; the backend itself checks again in-process when it loads.
+_CUDA_CHECK = "import cupy, sys; sys.exit(0 if cupy.is_available() else 3)"
+CUDA_CHECK_TIMEOUT = 60.0
+
+
+@lru_cache(maxsize=1)
 def _cuda_usable() -> bool:
     try:
-        import cupy  # noqa: PLC0415 - only when asked about cupy
-
-        return bool(cupy.is_available())
-    except Exception:  # noqa: BLE001 - any failure means not usable
+        proc = subprocess.run([sys.executable, "-c", _CUDA_CHECK], capture_output=True,
+                              timeout=CUDA_CHECK_TIMEOUT, check=False)
+    except (OSError, subprocess.SubprocessError):
         return False
+    return proc.returncode == 0
 
 
 def _spec(name: str) -> BackendSpec:
@@ -152,10 +185,10 @@ def get_backend(backend=None):
     return _load(resolve_name(backend))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(name: str):
     spec = _spec(name)
-    state = status(name)
+    state = status(name, probe_device=False)  # the cupy backend checks its device itself
     if not state.available:
         raise BackendUnavailableError(f"backend {name!r} is not available: {state.reason}")
     module_name, _, attr = spec.target.partition(":")

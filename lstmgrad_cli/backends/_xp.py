@@ -1,19 +1,24 @@
 """The backward pass of TensorFlow's block-LSTM ops, written once against an array module ``xp``.
 
 numpy and cupy spell everything used here the same way, so both backends run this code; the numba
-backend replaces only the per-step elementwise kernel (``step``).
+and cupy backends replace only the per-step elementwise kernel (``XpGradient.step``).
 
 Structure (tf-semantics.md 3.3, reorganised for speed, same maths):
 
 * Only the recurrent product ``dgates[t] @ w_h^T`` has to be done step by step.  The gate gradients
   of a chunk of K time steps are collected in one ``[K, B, 4C]`` buffer; after the chunk,
-  ``x_grad = dgates @ w_x^T``, ``w_grad += [x; h_prev]^T @ dgates``, ``b_grad`` and the peephole
-  gradients are done as a few large products over all K steps at once.
-* The factors of the elementwise formula that do not depend on the carried gradients
-  (``o(1-o)``, ``1-co^2``, ``1-ci^2``, ``f(1-f)``, ``i(1-i)``) are computed for the whole chunk in
-  one vectorised pass each, so the sequential loop does only what must be sequential.  The
-  bracketing of every product is TensorFlow's, so with ``compute_dtype=float16`` every operation
-  rounds to half exactly where TF's CPU kernel does.
+  ``x_grad = dgates @ w_x^T``, ``w_grad += [x; h_prev]^T @ dgates`` and ``b_grad`` are a few large
+  products over all K steps at once (16*T*B*C*(I+C) flops in all, three quarters of them here).
+* The elementwise work of a step runs on ``[B, C]`` slices that stay in cache, in preallocated
+  buffers with in-place ufuncs: no temporaries are allocated inside the time loop.  The generic
+  step makes 24 passes over ``[B, C]`` (no peephole; 13 of them are the formula's own operations,
+  10 the derivative factors, 1 the gradient carried into h): the minimum for one ufunc per
+  operation, since every operation must round on its own (below).
+* The bracketing of every operation is TensorFlow's (tf-semantics.md 3.1), so with
+  ``compute_dtype=float16`` every operation rounds to half exactly where TF's CPU kernel does, and
+  in float32 the gate gradients are bit-identical to TF's.
+* Inputs whose dtype differs from the compute dtype (float16 files computed in float32) are cast
+  one chunk at a time into preallocated buffers; the chunk length bounds the memory.
 """
 
 from __future__ import annotations
@@ -28,8 +33,11 @@ LAYOUTS = {
     "icfo": {"i": 0, "c": 1, "f": 2, "o": 3},  # BlockLSTM / BlockLSTMGrad / LSTMBlockCell(Grad)
 }
 
-# Budget for one chunk's gate-gradient buffer and its precomputed factors.
+# Budget for one chunk's buffers (gate gradients, and the cast inputs when casting).
 CHUNK_BYTES = 64 * 2**20
+
+# Per-step activations, in the order the step kernels take them.
+STEP_NAMES = ("i", "f", "o", "ci", "co", "h_grad", "cs_grad")
 
 
 class BlockLSTMGradOutputs(NamedTuple):
@@ -67,10 +75,28 @@ class SeqTensors(NamedTuple):
     h_grad: object
 
 
-def default_chunk_steps(L: int, B: int, C: int, itemsize: int) -> int:
-    """Time steps per chunk so that the chunk's buffers stay near ``CHUNK_BYTES``."""
-    per_step = 9 * B * C * max(itemsize, 1)  # dgates (4) + five factors
-    return max(1, min(max(L, 1), CHUNK_BYTES // max(per_step, 1)))
+def default_chunk_steps(L: int, B: int, C: int, itemsize: int, I: int = 0, casting: bool = False) -> int:  # noqa: E741
+    """Time steps per chunk so the chunk's buffers stay near ``CHUNK_BYTES``; chunks of equal length."""
+    if L <= 0:
+        return 1
+    per_step = (4 * C + ((len(STEP_NAMES) + 2) * C + I if casting else 0)) * B * max(itemsize, 1)
+    k_max = max(1, CHUNK_BYTES // max(per_step, 1))
+    chunks = -(-L // k_max)
+    return -(-L // chunks)
+
+
+class Step(NamedTuple):
+    """What one time step's elementwise kernel reads: ``[B, C]`` arrays in the compute dtype."""
+
+    i: object
+    f: object
+    o: object
+    ci: object
+    co: object
+    h_grad: object
+    cs_grad: object
+    cs_prev: object  # cs of the step before (cs_prev at t = 0)
+    cs: object
 
 
 class XpGradient:
@@ -80,36 +106,58 @@ class XpGradient:
         self.xp = xp
 
     # -- the per-step elementwise kernel ------------------------------------------------------
-    def step(self, fac, t, dh, dc, cs_prev_t, dgates_t, cs_prev_grad, peep, layout, tmp):
-        """One step of tf-semantics.md 3.1, in place.
+    def step(self, a: Step, carried_h, carried_cs, gates, new_cs, peep, acc, offsets, ws):
+        """One step of tf-semantics.md 3.1, in place, with TF's bracketing.
 
-        ``fac`` holds the chunk's precomputed factors and activations (all ``[K, B, C]``),
-        ``dh``/``dc`` the total gradients arriving at h and cs of this step; the gate gradients
-        go into ``dgates_t`` ([B, 4C]) and the carried cell gradient into ``cs_prev_grad``.
+        ``carried_h``/``carried_cs`` are the gradients carried from the step after; the gate
+        gradients go into ``gates`` ([B, 4C]) and the gradient carried to the step before into
+        ``new_cs``.  With peepholes, ``peep`` is (wci, wcf, wco) and ``acc`` three [B, C]
+        accumulators of di*cs_prev, df*cs_prev, do*cs (summed over the batch at the end).
+        ``ws`` holds the [B, C] scratch buffers dh, dc, dcs, tmp.
         """
         xp = self.xp
-        C = dh.shape[1]
-        blk = {g: dgates_t[:, k * C:(k + 1) * C] for g, k in layout.items()}
-        do, dci, df, di = blk["o"], blk["c"], blk["f"], blk["i"]
-        dcs = tmp
-        xp.multiply(fac.po[t], dh, out=do)          # (o(1-o)) dh
-        xp.multiply(do, fac.co[t], out=do)           # ... co
-        xp.multiply(fac.pco[t], dh, out=dcs)         # (1-co^2) dh
-        xp.multiply(dcs, fac.o[t], out=dcs)          # ... o
-        xp.add(dcs, dc, out=dcs)                     # ... + dc
+        C = carried_h.shape[1]
+        do, dci, df, di = (gates[:, offsets[g] * C:(offsets[g] + 1) * C] for g in "ocfi")
+        dh, dc, dcs, tmp = ws
+        xp.add(carried_h, a.h_grad, out=dh)          # dh = carried + incoming
+        xp.add(carried_cs, a.cs_grad, out=dc)        # dc = carried + incoming
+        xp.subtract(1, a.o, out=tmp)                 # do = ((o (1-o)) dh) co
+        xp.multiply(a.o, tmp, out=tmp)
+        xp.multiply(tmp, dh, out=tmp)
+        xp.multiply(tmp, a.co, out=do)
+        xp.multiply(a.co, a.co, out=tmp)             # dcs = (((1 - co co) dh) o) + dc
+        xp.subtract(1, tmp, out=tmp)
+        xp.multiply(tmp, dh, out=tmp)
+        xp.multiply(tmp, a.o, out=tmp)
+        xp.add(tmp, dc, out=dcs)
         if peep is not None:
             wci, wcf, wco = peep
-            xp.add(dcs, do * wco, out=dcs)
-        xp.multiply(fac.pci[t], dcs, out=dci)        # (1-ci^2) dcs
-        xp.multiply(dci, fac.i[t], out=dci)          # ... i
-        xp.multiply(fac.pf[t], dcs, out=df)          # (f(1-f)) dcs
-        xp.multiply(df, cs_prev_t, out=df)           # ... cs_prev
-        xp.multiply(fac.pi[t], dcs, out=di)          # (i(1-i)) dcs
-        xp.multiply(di, fac.ci[t], out=di)           # ... ci
-        xp.multiply(dcs, fac.f[t], out=cs_prev_grad)  # dcs f
+            xp.multiply(do, wco, out=tmp)            # dcs += do wco
+            xp.add(dcs, tmp, out=dcs)
+        xp.multiply(a.ci, a.ci, out=tmp)             # dci = ((1 - ci ci) dcs) i
+        xp.subtract(1, tmp, out=tmp)
+        xp.multiply(tmp, dcs, out=tmp)
+        xp.multiply(tmp, a.i, out=dci)
+        xp.subtract(1, a.f, out=tmp)                 # df = ((f (1-f)) dcs) cs_prev
+        xp.multiply(a.f, tmp, out=tmp)
+        xp.multiply(tmp, dcs, out=tmp)
+        xp.multiply(tmp, a.cs_prev, out=df)
+        xp.subtract(1, a.i, out=tmp)                 # di = ((i (1-i)) dcs) ci
+        xp.multiply(a.i, tmp, out=tmp)
+        xp.multiply(tmp, dcs, out=tmp)
+        xp.multiply(tmp, a.ci, out=di)
+        xp.multiply(dcs, a.f, out=new_cs)            # cs_prev_grad = dcs f
         if peep is not None:
-            xp.add(cs_prev_grad, di * wci, out=cs_prev_grad)
-            xp.add(cs_prev_grad, df * wcf, out=cs_prev_grad)
+            xp.multiply(di, wci, out=tmp)            # ... + di wci
+            xp.add(new_cs, tmp, out=new_cs)
+            xp.multiply(df, wcf, out=tmp)            # ... + df wcf
+            xp.add(new_cs, tmp, out=new_cs)
+            xp.multiply(di, a.cs_prev, out=tmp)
+            xp.add(acc[0], tmp, out=acc[0])
+            xp.multiply(df, a.cs_prev, out=tmp)
+            xp.add(acc[1], tmp, out=acc[1])
+            xp.multiply(do, a.cs, out=tmp)
+            xp.add(acc[2], tmp, out=acc[2])
 
     # -- the whole backward pass --------------------------------------------------------------
     def block_lstm_grad(self, t: SeqTensors, seq_len_max: int, use_peephole: bool, layout: str,
@@ -120,9 +168,10 @@ class XpGradient:
         when ``return_dgates``, used for LSTMBlockCellGrad's ``dicfo``).
         """
         xp = self.xp
-        out_dtype = t.x.dtype
+        out_dtype = np.dtype(t.x.dtype)
         cdt = np.dtype(compute_dtype)
-        T, B, I = t.x.shape
+        casting = out_dtype != cdt
+        T, B, I = t.x.shape  # noqa: E741
         C = t.w.shape[1] // 4
         L = seq_len_max
         offsets = LAYOUTS[layout]
@@ -131,84 +180,81 @@ class XpGradient:
             return a if a.dtype == cdt else a.astype(cdt)
 
         w = cast(t.w)
-        w_x_t, w_h_t = w[:I].T, w[I:].T  # [4C, I], [4C, C]: BLAS reads the transposes in place
-        peep = tuple(cast(t_) for t_ in (t.wci, t.wcf, t.wco)) if use_peephole else None
+        w_x_t = w[:I].T                                    # [4C, I]: BLAS reads the transpose in place
+        w_h_t = xp.ascontiguousarray(w[I:].T)              # [4C, C]: the per-step product, kept compact
+        peep = tuple(cast(p) for p in (t.wci, t.wcf, t.wco)) if use_peephole else None
+        acc = tuple(xp.zeros((B, C), dtype=cdt) for _ in range(3)) if use_peephole else None
+        cs_prev, h_prev = cast(t.cs_prev), cast(t.h_prev)
 
         x_grad = xp.zeros((T, B, I), dtype=out_dtype)
         w_grad = xp.zeros((I + C, 4 * C), dtype=cdt)
         b_grad = xp.zeros(4 * C, dtype=cdt)
-        peep_grads = [xp.zeros(C, dtype=cdt) for _ in range(3)]
         carried_cs = xp.zeros((B, C), dtype=cdt)
-        carried_h = xp.zeros((B, C), dtype=cdt)
-        dgates_all = xp.zeros((L, B, 4 * C), dtype=cdt) if return_dgates else None
-
-        K = chunk_steps or default_chunk_steps(L, B, C, cdt.itemsize)
-        dgates_buf = xp.empty((min(K, max(L, 1)), B, 4 * C), dtype=cdt)
-        dh, dc, tmp = (xp.empty((B, C), dtype=cdt) for _ in range(3))
         new_cs = xp.empty((B, C), dtype=cdt)
+        carried_h = xp.zeros((B, C), dtype=cdt)
+        ws = tuple(xp.empty((B, C), dtype=cdt) for _ in range(4))
+
+        K = max(1, min(chunk_steps or default_chunk_steps(L, B, C, cdt.itemsize, I, casting), max(L, 1)))
+        if return_dgates:
+            dgates_all = xp.empty((L, B, 4 * C), dtype=cdt)
+        else:
+            dgates_buf = xp.empty((K, B, 4 * C), dtype=cdt)
+        cast_bufs = {}  # name -> [K(+1), B, ...] buffer in the compute dtype, made on first use
+
+        def chunk(name, a, b):
+            """``t.<name>[a:b]`` in the compute dtype (a view when no cast is needed)."""
+            src = getattr(t, name)[a:b]
+            if src.dtype == cdt:
+                return src
+            buf = cast_bufs.get(name)
+            if buf is None:
+                buf = cast_bufs[name] = xp.empty((K + 1, *src.shape[1:]), dtype=cdt)
+            dst = buf[:b - a]
+            dst[...] = src
+            return dst
 
         hi = L
         while hi > 0:
             lo = max(0, hi - K)
             n = hi - lo
-            fac = _Factors(xp, t, lo, hi, cast)
-            cs_prevs = _previous(xp, t.cs, t.cs_prev, lo, hi, cast)   # cs[t-1], cs_prev at t=0
-            dgates = dgates_buf[:n]
+            gates = dgates_all[lo:hi] if return_dgates else dgates_buf[:n]
+            acts = {name: chunk(name, lo, hi) for name in STEP_NAMES}
+            first = 1 if lo > 0 else 0                     # cs_ext[k + first] is cs of step lo + k
+            cs_ext = chunk("cs", lo - first, hi)
             for k in range(n - 1, -1, -1):
-                step_t = lo + k
-                xp.add(carried_h, cast(t.h_grad[step_t]), out=dh)
-                xp.add(carried_cs, cast(t.cs_grad[step_t]), out=dc)
-                self.step(fac, k, dh, dc, cs_prevs[k], dgates[k], new_cs, peep, offsets, tmp)
+                step_in = Step(*(acts[name][k] for name in STEP_NAMES),
+                               cs_ext[k + first - 1] if lo + k > 0 else cs_prev, cs_ext[k + first])
+                self.step(step_in, carried_h, carried_cs, gates[k], new_cs, peep, acc, offsets, ws)
                 carried_cs, new_cs = new_cs, carried_cs
-                xp.matmul(dgates[k], w_h_t, out=carried_h)
-            flat = dgates.reshape(n * B, 4 * C)
-            x_grad[lo:hi] = (flat @ w_x_t).reshape(n, B, I)
-            h_prevs = _previous(xp, t.h, t.h_prev, lo, hi, cast)
-            w_grad[:I] += cast(t.x[lo:hi]).reshape(n * B, I).T @ flat
-            w_grad[I:] += h_prevs.reshape(n * B, C).T @ flat
-            b_grad += flat.sum(axis=0)
-            if use_peephole:
-                o, f, i = (offsets[g] * C for g in "ofi")
-                peep_grads[0] += _dot_sum(xp, dgates[..., i:i + C], cs_prevs)
-                peep_grads[1] += _dot_sum(xp, dgates[..., f:f + C], cs_prevs)
-                peep_grads[2] += _dot_sum(xp, dgates[..., o:o + C], fac.cs)
-            if return_dgates:
-                dgates_all[lo:hi] = dgates
+                xp.matmul(gates[k], w_h_t, out=carried_h)
+            self._chunk_products(t, lo, hi, gates, w_x_t, x_grad, w_grad, b_grad, h_prev, chunk, cdt)
             hi = lo
 
+        peep_grads = [a.sum(axis=0) for a in acc] if use_peephole else [xp.zeros(C, dtype=cdt)] * 3
         outs = BlockLSTMGradOutputs(
-            x_grad, carried_cs.astype(out_dtype), carried_h.astype(out_dtype),
-            w_grad.astype(out_dtype), *(g.astype(out_dtype) for g in peep_grads), b_grad.astype(out_dtype),
+            x_grad, carried_cs.astype(out_dtype), carried_h.astype(out_dtype), w_grad.astype(out_dtype),
+            *(g.astype(out_dtype) for g in peep_grads), b_grad.astype(out_dtype),
         )
         if return_dgates:
             return outs, dgates_all.astype(out_dtype)
         return outs
 
-
-class _Factors:
-    """Activations of time steps [lo, hi) in the compute dtype, and the derivative factors."""
-
-    def __init__(self, xp, t: SeqTensors, lo: int, hi: int, cast):
-        one = 1
-        self.i, self.f, self.o = cast(t.i[lo:hi]), cast(t.f[lo:hi]), cast(t.o[lo:hi])
-        self.ci, self.co, self.cs = cast(t.ci[lo:hi]), cast(t.co[lo:hi]), cast(t.cs[lo:hi])
-        self.po = self.o * (one - self.o)          # sigmoid'(o) = o(1-o)
-        self.pco = one - self.co * self.co         # tanh'(cs) = 1 - co^2
-        self.pci = one - self.ci * self.ci         # tanh'    = 1 - ci^2
-        self.pf = self.f * (one - self.f)
-        self.pi = self.i * (one - self.i)
-
-
-def _previous(xp, seq, first, lo: int, hi: int, cast):
-    """``seq[t-1]`` for t in [lo, hi), with ``first`` standing for ``seq[-1]``."""
-    if lo > 0:
-        return cast(seq[lo - 1:hi - 1])
-    head = cast(first)[None]
-    if hi == 1:
-        return head
-    return xp.concatenate([head, cast(seq[:hi - 1])], axis=0)
-
-
-def _dot_sum(xp, a, b):
-    """Sum over time and batch of ``a * b`` ([K, B, C] each) -> [C]."""
-    return (a * b).sum(axis=(0, 1))
+    def _chunk_products(self, t, lo, hi, gates, w_x_t, x_grad, w_grad, b_grad, h_prev, chunk, cdt):
+        """x_grad, w_grad and b_grad of steps [lo, hi) as a few large matrix products."""
+        xp = self.xp
+        n, B, G4 = gates.shape
+        I = w_x_t.shape[1]  # noqa: E741
+        flat = gates.reshape(n * B, G4)
+        if x_grad.dtype == cdt:
+            xp.matmul(flat, w_x_t, out=x_grad[lo:hi].reshape(n * B, I))
+        else:
+            x_grad[lo:hi] = xp.matmul(flat, w_x_t).reshape(n, B, I)
+        w_grad[:I] += chunk("x", lo, hi).reshape(n * B, I).T @ flat
+        # h_prev of step s is h[s-1], and the input h_prev at s = 0 (never read h at t = L-1).
+        if lo > 0:
+            w_grad[I:] += chunk("h", lo - 1, hi - 1).reshape(n * B, -1).T @ flat
+        else:
+            w_grad[I:] += h_prev.T @ gates[0]
+            if n > 1:
+                w_grad[I:] += chunk("h", 0, hi - 1).reshape((n - 1) * B, -1).T @ flat[B:]
+        b_grad += flat.sum(axis=0)

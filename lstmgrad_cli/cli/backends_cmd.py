@@ -13,11 +13,17 @@ from ._common import handle_errors, print_json, stdout_console
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @handle_errors
 def backends_command(as_json: bool) -> None:
-    """List compute backends: availability, library version, source, install hints."""
+    """List compute backends: availability, library version, source, install hints.
+
+    Nothing is imported to find out: numba and cupy are looked up, not loaded (whether a CUDA
+    device is usable is asked of a child process).  Choose one with --backend NAME or
+    LSTMGRAD_BACKEND; `auto` means cupy with a usable GPU, else numba, else numpy.
+    """
     rows = registry.statuses()
     default = registry.resolve_name(None)
+    auto = registry.resolve_name("auto")
     if as_json:
-        print_json({"default": default, "backends": [
+        print_json({"default": default, "auto": auto, "backends": [
             {"name": r.name, "available": r.available, "reason": r.reason or None, "version": r.version,
              "source": r.source} for r in rows]})
         return
@@ -26,6 +32,7 @@ def backends_command(as_json: bool) -> None:
         table.add_column(col)
     for r in rows:
         mark = "[green]yes[/]" if r.available else "[red]no[/]"
-        name = f"{r.name} (default)" if r.name == default else r.name
+        tags = [t for t, on in (("default", r.name == default), ("auto", r.name == auto)) if on]
+        name = f"{r.name} ({', '.join(tags)})" if tags else r.name
         table.add_row(name, mark, r.version or "-", r.source, r.reason)
     stdout_console().print(table)

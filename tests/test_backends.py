@@ -1,0 +1,407 @@
+"""Backends: the registry (names, env, auto, plugins, hints) and every backend giving numpy's answer.
+
+Parity runs on the TF golden fixtures and on random shapes (hypothesis).  Nothing here is timed.
+Tests that need a CUDA device are marked ``gpu`` and skip without one; the cupy backend's shared
+array code is exercised on the CPU through a numpy stand-in for the cupy module.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+import warnings
+
+import numpy as np
+import pytest
+from conftest import CELL_CASES, SEQ_CASES, assert_close_scaled, load_case
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import lstmgrad_cli as lg
+from lstmgrad_cli import backends as reg
+from lstmgrad_cli.backends._numpy import NumpyBackend
+from lstmgrad_cli.backends._xp import SeqTensors, XpGradient, default_chunk_steps
+from lstmgrad_cli.errors import BackendUnavailableError, UnknownBackendError
+
+HAVE_NUMBA = reg.status("numba").available
+
+
+def _gpu_usable() -> bool:
+    return reg.status("cupy").available
+
+
+needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry():
+    reg.refresh()
+    yield
+    reg.refresh()
+
+
+def cpu_backends():
+    """The CPU backends to check against numpy (numba twice: serial and parallel kernels)."""
+    out = [("numpy", NumpyBackend())]
+    if HAVE_NUMBA:
+        from lstmgrad_cli.backends._numba import NumbaBackend
+
+        out += [("numba", NumbaBackend()), ("numba-parallel", NumbaBackend(parallel_min_elements=0))]
+    out.append(("xp-restricted", _RestrictedXpBackend()))
+    return out
+
+
+# -- the registry -----------------------------------------------------------------------------------
+
+def test_builtins_are_listed_in_order():
+    assert list(reg.registry())[:3] == ["numpy", "numba", "cupy"]
+    numpy_status = reg.status("numpy")
+    assert numpy_status.available and numpy_status.version == np.__version__ and numpy_status.source == "built-in"
+
+
+def test_unknown_name_lists_the_known_ones():
+    with pytest.raises(UnknownBackendError, match=r"unknown backend 'nmba'; known backends: numpy, numba, cupy, auto"):
+        reg.get_backend("nmba")
+
+
+def test_selection_precedence(monkeypatch):
+    assert reg.resolve_name(None) == "numpy"
+    monkeypatch.setenv("LSTMGRAD_BACKEND", "numba")
+    assert reg.resolve_name(None) == "numba"
+    assert reg.resolve_name("numpy") == "numpy"
+    monkeypatch.setenv("LSTMGRAD_BACKEND", "bogus")
+    with pytest.raises(UnknownBackendError):
+        reg.resolve_name(None)
+
+
+@pytest.mark.parametrize(("usable", "expected"), [
+    ({"cupy", "numba"}, "cupy"), ({"numba"}, "numba"), (set(), "numpy"),
+])
+def test_auto_prefers_cupy_then_numba_then_numpy(monkeypatch, usable, expected):
+    real = reg.status
+
+    def fake(name, probe_device=True):
+        s = real("numpy")
+        return reg.BackendStatus(name, name in usable or name == "numpy", "", s.version, "built-in")
+
+    monkeypatch.setattr(reg, "status", fake)
+    assert reg.resolve_name("auto") == expected
+
+
+def test_missing_library_gives_the_install_hint(monkeypatch):
+    real_find_spec = reg.importlib.util.find_spec
+    monkeypatch.setattr(reg.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "numba" else real_find_spec(name, *a))
+    state = reg.status("numba")
+    assert not state.available and "pip install 'lstmgrad[numba]'" in state.reason
+    with pytest.raises(BackendUnavailableError, match=r"backend 'numba' is not available: needs numba: "
+                                                      r"pip install 'lstmgrad\[numba\]'"):
+        reg.get_backend("numba")
+
+
+def test_cupy_without_a_device_is_unavailable_with_a_reason(monkeypatch):
+    monkeypatch.setattr(reg, "_missing", lambda spec: [])
+    monkeypatch.setattr(reg, "_CUDA_CHECK", "import sys; sys.exit(3)")  # what the child says without a GPU
+    state = reg.status("cupy")
+    assert not state.available and "no CUDA device" in state.reason
+    reg.refresh()
+    monkeypatch.setattr(reg, "_CUDA_CHECK", "import sys; sys.exit(0)")
+    assert reg.status("cupy").available
+
+
+def test_cupy_backend_refuses_without_a_device():
+    from lstmgrad_cli.backends._cupy import CupyBackend
+
+    with pytest.raises(BackendUnavailableError, match="no CUDA device"):
+        CupyBackend(cp=_fake_cupy(available=False))
+
+
+# -- plugins ----------------------------------------------------------------------------------------
+
+class _EP:
+    def __init__(self, name, value, dist=None):
+        self.name, self.value, self.dist = name, value, dist
+
+
+PLUGIN_SOURCE = '''
+from lstmgrad_cli.backends._numpy import NumpyBackend
+
+class Plugin(NumpyBackend):
+    name = "myplug"
+    version = "9.9"
+
+def broken():
+    raise RuntimeError("plugin exploded")
+'''
+
+
+@pytest.fixture
+def plugins(monkeypatch, tmp_path):
+    (tmp_path / "lstmgrad_test_plugin.py").write_text(PLUGIN_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    dist = types.SimpleNamespace(name="lstmgrad-test-plugin", version="9.9")
+    eps = [_EP("myplug", "lstmgrad_test_plugin:Plugin", dist), _EP("boom", "lstmgrad_test_plugin:broken"),
+           _EP("gone", "no_such_module_xyz:Backend"), _EP("numpy", "evil:Backend"), _EP("bad", "nocolon")]
+
+    def entry_points(group):
+        assert group == "lstmgrad.backends"
+        return eps
+
+    monkeypatch.setattr(reg.importlib.metadata, "entry_points", entry_points)
+    reg.refresh()
+
+
+def test_plugins_are_registered_without_being_imported(plugins):
+    with pytest.warns(RuntimeWarning) as record:
+        names = list(reg.registry())
+    messages = " ".join(str(w.message) for w in record)
+    assert "'numpy'" in messages and "taken by the built-in backend" in messages  # no hijacking a built-in
+    assert "'bad'" in messages
+    assert names == ["numpy", "numba", "cupy", "myplug", "boom", "gone"]
+    assert reg.registry()["numpy"].target.startswith("lstmgrad_cli.")
+    assert "lstmgrad_test_plugin" not in sys.modules
+    mine = reg.status("myplug")
+    assert mine.available and mine.version == "9.9" and mine.source == "plugin (lstmgrad-test-plugin)"
+    gone = reg.status("gone")
+    assert not gone.available and "not installed" in gone.reason
+
+
+def test_a_plugin_is_used_by_name(plugins):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        backend = reg.get_backend("myplug")
+        inputs, expected, case = load_case("seq_v2_peep")
+        got = lg.block_lstm_grad_v2(**inputs, backend="myplug")
+    assert backend.name == "myplug"
+    assert_close_scaled(got.x_grad, expected["x_grad"])
+
+
+def test_a_broken_plugin_is_an_error_not_a_crash(plugins):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(BackendUnavailableError, match="backend 'boom' failed to load: plugin exploded"):
+            reg.get_backend("boom")
+        with pytest.raises(BackendUnavailableError, match="'gone'.*not installed"):
+            reg.get_backend("gone")
+        assert reg.get_backend("numpy").name == "numpy"
+
+
+def test_unreadable_entry_points_are_a_warning(monkeypatch):
+    def entry_points(group):
+        raise OSError("metadata is broken")
+
+    monkeypatch.setattr(reg.importlib.metadata, "entry_points", entry_points)
+    with pytest.warns(RuntimeWarning, match="metadata is broken"):
+        assert list(reg.registry()) == ["numpy", "numba", "cupy"]
+
+
+# -- the command line -------------------------------------------------------------------------------
+
+def test_backends_command_json(runner):
+    from lstmgrad_cli.cli import main
+
+    result = runner.invoke(main, ["backends", "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    rows = {r["name"]: r for r in doc["backends"]}
+    assert doc["default"] == "numpy" and doc["auto"] in rows
+    assert rows["numpy"]["available"] and rows["numpy"]["version"] == np.__version__
+    assert rows["numpy"]["source"] == "built-in"
+    assert rows["cupy"]["available"] or rows["cupy"]["reason"]
+
+
+def test_backends_command_table(runner):
+    from lstmgrad_cli.cli import main
+
+    result = runner.invoke(main, ["backends"], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert "numpy" in result.stdout and "cupy" in result.stdout
+
+
+IMPORT_CHECK = """
+import sys
+from lstmgrad_cli.cli import main
+try:
+    main(sys.argv[1:], prog_name="lstmgrad")
+except SystemExit as e:
+    code = e.code
+print("LOADED", sorted(m for m in ("numba", "cupy", "llvmlite") if m in sys.modules), code)
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["backends"], ["backends", "--json"], ["bench", "--help"]])
+def test_help_and_backends_import_neither_numba_nor_cupy(args):
+    proc = subprocess.run([sys.executable, "-c", IMPORT_CHECK, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "LOADED [] 0"
+
+
+# -- parity with numpy ------------------------------------------------------------------------------
+
+def _run_seq(backend, inputs, layout, **kw):
+    fn = lg.block_lstm_grad_v2 if layout == "ifco" else lg.block_lstm_grad
+    return fn(**inputs, backend=backend, **kw)
+
+
+@pytest.mark.parametrize("name", SEQ_CASES)
+def test_seq_fixtures_every_backend(name):
+    inputs, expected, case = load_case(name)
+    reference = _run_seq("numpy", inputs, case["layout"])
+    for label, backend in cpu_backends():
+        got = _run_seq(backend, inputs, case["layout"])
+        for field, want in expected.items():
+            assert_close_scaled(getattr(got, field), want, name=f"{label} {field}")
+            # Same algorithm, same bracketing: the CPU backends agree with numpy to float rounding.
+            np.testing.assert_allclose(getattr(got, field), getattr(reference, field), rtol=0, atol=_ulps(reference))
+
+
+@pytest.mark.parametrize("name", CELL_CASES)
+@pytest.mark.parametrize("compute_dtype", [None, "float16"])
+def test_cell_fixtures_dicfo_bit_exact(name, compute_dtype):
+    """The elementwise outputs equal TF's bit for bit: float32, and float16 with per-op half rounding."""
+    inputs, expected, case = load_case(name)
+    if compute_dtype and case["dtype"] != "float16":
+        pytest.skip("float16 emulation only applies to float16 inputs")
+    inputs = {k: v for k, v in inputs.items() if k != "h"}
+    for label, backend in cpu_backends():
+        got = lg.lstm_block_cell_grad_full(**inputs, backend=backend, compute_dtype=compute_dtype)
+        for field in ("cs_prev_grad", "dicfo", "wci_grad", "wcf_grad", "wco_grad"):
+            if case["dtype"] == "float16" and compute_dtype is None:
+                assert_close_scaled(getattr(got, field), expected[field], name=f"{label} {field}")
+            else:
+                np.testing.assert_array_equal(getattr(got, field), expected[field], err_msg=f"{label} {field}")
+        for field in ("x_grad", "h_prev_grad", "w_grad", "b_grad"):
+            assert_close_scaled(getattr(got, field), expected[field], name=f"{label} {field}")
+
+
+def _ulps(outputs, n=8):
+    scale = max(float(np.max(np.abs(np.asarray(a, np.float64)), initial=0)) for a in outputs)
+    return n * scale * float(np.finfo(outputs[0].dtype).eps)
+
+
+def _random_inputs(rng, T, B, I, C, dtype):  # noqa: E741
+    def n(*shape):
+        return rng.standard_normal(shape).astype(dtype)
+
+    def u(lo, hi, *shape):
+        return rng.uniform(lo, hi, shape).astype(dtype)
+
+    return dict(x=n(T, B, I), cs_prev=n(B, C), h_prev=n(B, C), w=n(I + C, 4 * C), wci=n(C), wcf=n(C), wco=n(C),
+                b=n(4 * C), i=u(0, 1, T, B, C), cs=n(T, B, C), f=u(0, 1, T, B, C), o=u(0, 1, T, B, C),
+                ci=u(-1, 1, T, B, C), co=u(-1, 1, T, B, C), h=u(-1, 1, T, B, C), cs_grad=n(T, B, C),
+                h_grad=n(T, B, C))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(T=st.integers(0, 6), B=st.integers(1, 5), I=st.integers(1, 5), C=st.integers(1, 6),  # noqa: E741
+       data=st.data(), peephole=st.booleans(), layout=st.sampled_from(["ifco", "icfo"]),
+       dtype=st.sampled_from(["float32", "float64", "float16"]), seed=st.integers(0, 2**16))
+def test_random_shapes_every_backend_matches_numpy(T, B, I, C, data, peephole, layout, dtype, seed):  # noqa: E741
+    L = data.draw(st.integers(0, T), label="seq_len_max")
+    chunk = data.draw(st.one_of(st.none(), st.integers(1, max(T, 1))), label="chunk_steps")
+    compute = data.draw(st.sampled_from([None, "float16"] if dtype == "float16" else [None]), label="compute")
+    inputs = _random_inputs(np.random.default_rng(seed), T, B, I, C, np.dtype(dtype))
+    tensors = SeqTensors(**inputs)
+    cdt = np.dtype(compute or ("float32" if dtype == "float16" else dtype))
+    kw = dict(seq_len_max=L, use_peephole=peephole, layout=layout, compute_dtype=cdt)
+    reference = NumpyBackend().block_lstm_grad(tensors, **kw)  # one chunk
+    for label, backend in cpu_backends():
+        got = backend.block_lstm_grad(tensors, **kw, chunk_steps=chunk)
+        for field, want, have in zip(reference._fields, reference, got, strict=True):
+            assert have.dtype == np.dtype(dtype) and have.shape == want.shape, (label, field)
+            tol = 2e-3 if cdt == np.float16 else 8 * float(np.finfo(cdt).eps)
+            scale = max(float(np.max(np.abs(want.astype(np.float64)), initial=0)), 1.0)
+            err = float(np.max(np.abs(have.astype(np.float64) - want), initial=0))
+            assert err <= tol * scale * (2 + L), (label, field, err)
+        if L < T:
+            assert not np.any(got.x_grad[L:]), label
+
+
+def test_chunk_steps_default_bounds_memory():
+    assert default_chunk_steps(0, 4, 4, 4) == 1
+    assert default_chunk_steps(10, 4, 4, 4) == 10
+    k = default_chunk_steps(200, 128, 512, 4)  # 1 MiB of gate gradients per step
+    assert k * 128 * 4 * 512 * 4 <= 64 * 2**20 and -(-200 // k) * k - 200 < -(-200 // k)  # equal-length chunks
+
+
+# -- cupy's array code on the CPU -------------------------------------------------------------------
+
+# The array-module functions the shared code may use: all of them exist in cupy with numpy's meaning.
+CUPY_COMMON = ("zeros", "empty", "add", "subtract", "multiply", "matmul", "ascontiguousarray")
+
+
+class _RestrictedNamespace:
+    """numpy, but only the functions cupy has too: the shared code must not use anything else."""
+
+    def __getattr__(self, name):
+        if name not in CUPY_COMMON:
+            raise AttributeError(f"the shared array code used xp.{name}, which is not in CUPY_COMMON")
+        return getattr(np, name)
+
+
+class _RestrictedXpBackend(NumpyBackend):
+    name = "xp-restricted"
+
+    def __init__(self):
+        self._gradient = XpGradient(_RestrictedNamespace())
+
+
+def _fake_cupy(available=True):
+    """A numpy-backed stand-in for the cupy module (host arrays; no kernels)."""
+    fake = types.SimpleNamespace(**{name: getattr(np, name) for name in CUPY_COMMON})
+    fake.__version__ = "0.0-fake"
+    fake.is_available = lambda: available
+    fake.asarray = lambda a: np.array(a, copy=True)   # "device" copies
+    fake.asnumpy = lambda a: np.array(a, copy=True)
+    return fake
+
+
+@pytest.mark.parametrize("name", ["seq_v2_peep", "seq_v1_clip", "seq_v2_half", "seq_v2_partial"])
+def test_cupy_backend_shared_path_on_cpu(name):
+    from lstmgrad_cli.backends._cupy import CupyBackend
+
+    inputs, expected, case = load_case(name)
+    backend = CupyBackend(cp=_fake_cupy(), fused=False)
+    got = _run_seq(backend, inputs, case["layout"])
+    reference = _run_seq("numpy", inputs, case["layout"])
+    for field in expected:
+        np.testing.assert_array_equal(getattr(got, field), getattr(reference, field))
+        assert type(getattr(got, field)) is np.ndarray
+
+
+def test_cupy_kernel_source_keeps_tf_bracketing():
+    from lstmgrad_cli.backends import _cupy
+
+    assert "--fmad=false" in _cupy.KERNEL_OPTIONS  # no contraction into fused multiply-adds
+    for src in (_cupy.STEP_SOURCE, _cupy.STEP_PEEPHOLE_SOURCE):
+        assert "T d_o = ((o * (one - o)) * dh) * co;" in src
+        assert "T dcs = (((one - co * co) * dh) * o) + dc;" in src
+    assert "new_cs = ((dcs * f) + d_i * wci) + d_f * wcf;" in _cupy.STEP_PEEPHOLE_SOURCE
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _gpu_usable()", reason="needs cupy and a CUDA device")
+@pytest.mark.parametrize("name", SEQ_CASES + CELL_CASES)
+def test_cupy_on_gpu_matches_the_fixtures(name):
+    inputs, expected, case = load_case(name)
+    if case["kind"] == "seq":
+        got = _run_seq("cupy", inputs, case["layout"])
+    else:
+        got = lg.lstm_block_cell_grad_full(**{k: v for k, v in inputs.items() if k != "h"}, backend="cupy")
+    for field, want in expected.items():
+        assert_close_scaled(getattr(got, field), want, name=field)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _gpu_usable()", reason="needs cupy and a CUDA device")
+@pytest.mark.parametrize("peephole", [False, True])
+def test_cupy_on_gpu_matches_numpy_on_a_larger_shape(peephole):
+    inputs = _random_inputs(np.random.default_rng(5), 7, 33, 17, 40, np.float32)
+    kw = dict(seq_len_max=6, use_peephole=peephole, layout="ifco", compute_dtype=np.dtype("float32"))
+    want = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw)
+    got = reg.get_backend("cupy").block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=4)
+    for field, a, b in zip(want._fields, want, got, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(a).max(initial=0))),
+                                   err_msg=field)
