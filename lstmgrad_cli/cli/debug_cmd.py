@@ -15,6 +15,7 @@ from .. import __version__
 from ..diagnose import CAUSES, CheckOptions, CheckReport, run_check
 from ..errors import InvalidArgumentError
 from ..forward_job import ForwardOptions, ForwardResult, parse_grads, run_forward_file
+from ..inspection import InspectReport, inspect_file
 from ._common import handle_errors, print_json, stdout_console
 
 
@@ -301,6 +302,68 @@ def _render_gradcheck(console, report: CheckReport) -> None:
 # -- inspect --------------------------------------------------------------------------------------
 
 @click.command("inspect")
-def inspect_command() -> None:
-    """What is in a file, which op it fits, what is wrong with it."""
-    raise click.ClickException("not implemented yet")
+@click.argument("input_path", metavar="FILE", type=click.Path(path_type=Path))
+@click.option("--group", metavar="PATH", help="HDF5 group (or NPZ key prefix) holding the tensors.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+@handle_errors
+def inspect_command(input_path, group, as_json):
+    """What is in FILE, which op it fits, and every problem with it (no gradients computed).
+
+    Lists the tensors (shape, dtype, min, max, finite), tells seq from cell by the rank of x,
+    finds the gate layout from the file's metadata or by recomputing the gates in both layouts,
+    names missing and unused tensors, and reports every validation problem at once.
+
+    Exit status 1 when the gradient commands would refuse the file, else 0 (warnings included).
+    """
+    report = inspect_file(input_path, group)
+    if as_json:
+        print_json({"lstmgrad": __version__, "command": "inspect", "result": report.to_json()})
+    else:
+        _render_inspect(report)
+    if report.errors:
+        raise SystemExit(1)
+
+
+def _render_inspect(report: InspectReport) -> None:
+    console = stdout_console()
+    title = f"{report.path} ({report.format}{', group ' + report.group if report.group else ''})"
+    table = Table(title=title, title_justify="left")
+    for name, justify in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("min", "right"),
+                          ("max", "right"), ("finite", "center"), ("role", "left")):
+        table.add_column(name, justify=justify)
+    for t in report.tensors:
+        finite = "-" if t.finite is None else ("yes" if t.finite else f"[bold red]no ({t.nonfinite})[/]")
+        role = t.role if t.role in ("used", "scalar") else f"[yellow]{t.role}[/]"
+        key = t.key if t.name in (None, t.key.removeprefix("@")) else f"{t.key} ({t.name})"
+        table.add_row(key, "-" if t.shape is None else _shape(t.shape), t.dtype or "-", _fmt3(t.min), _fmt3(t.max),
+                      finite, role)
+    console.print(table)
+    for g in report.groups:
+        console.print(f"group {g}/ (inspect it with --group {g})", highlight=False)
+    if report.kind is not None:
+        fits = {"seq": "sequence", "cell": "one cell step", "forward-seq": "forward input (sequence)",
+                "forward-cell": "forward input (one cell step)", "gradients": "gradients"}[report.kind]
+        line = f"fits: {report.op or fits}" if report.op else f"fits: {fits}"
+        if report.layout:
+            line += f" · layout {report.layout} ({report.layout_source})"
+        if report.dims:
+            line += " · " + ", ".join(f"{k}={v}" for k, v in report.dims.items())
+        if report.use_peephole is not None and report.kind != "gradients":
+            line += f" · use_peephole={str(report.use_peephole).lower()} ({report.use_peephole_source})"
+        if report.seq_len_max is not None:
+            line += f" · seq_len_max={report.seq_len_max}"
+        console.print(line, highlight=False)
+    if report.metadata:
+        console.print("lstmgrad metadata: " + ", ".join(f"{k}={v}" for k, v in report.metadata.items()),
+                      highlight=False, style="dim")
+    if report.missing:
+        console.print(f"missing: {', '.join(report.missing)}", highlight=False, style="bold red")
+    if report.unused:
+        console.print(f"unused: {', '.join(report.unused)}", highlight=False)
+    for p in report.problems:
+        style = "bold red" if p.severity == "error" else "yellow"
+        console.print(f"{p.severity}: {p.message}", highlight=False, style=style)
+    for note in report.notes:
+        console.print(f"note: {note}", highlight=False, style="dim")
+    n_err, n_warn = len(report.errors), len(report.problems) - len(report.errors)
+    console.print(f"{n_err} error{'s' * (n_err != 1)}, {n_warn} warning{'s' * (n_warn != 1)}", highlight=False)

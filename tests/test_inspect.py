@@ -1,0 +1,127 @@
+"""``lstmgrad inspect``: tensors, op and layout fit, missing/unused tensors, and every problem at once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from lstmgrad_cli.cli import main
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+MANIFEST = {c["name"]: c for c in json.loads((FIXTURES / "manifest.json").read_text())}
+
+
+def inspect(*args):
+    result = CliRunner().invoke(main, ["inspect", *[str(a) for a in args], "--json"])
+    assert result.exit_code in (0, 1), (result.exit_code, result.stderr)
+    return result.exit_code, json.loads(result.stdout)["result"]
+
+
+def problems(doc, severity=None):
+    return [p for p in doc["problems"] if severity is None or p["severity"] == severity]
+
+
+@pytest.mark.parametrize("name", ["seq_v2_peep", "seq_v1_nopeep", "seq_v1_clip", "seq_v2_half", "cell_peep"])
+def test_fixtures_fit_their_op_and_layout(name):
+    case = MANIFEST[name]
+    code, doc = inspect(FIXTURES / f"{name}.in.npz")
+    assert code == 0 and doc["ok"] and problems(doc) == []
+    assert doc["kind"] == case["kind"] and doc["layout"] == case["layout"]
+    expected_op = {"ifco": "BlockLSTMGradV2", "icfo": "BlockLSTMGrad"}[case["layout"]] if case["kind"] == "seq" \
+        else "LSTMBlockCellGrad"
+    assert doc["op"] == expected_op
+    if case["kind"] == "seq":
+        assert doc["layout_source"] == "recomputed gates" and doc["seq_len_max"] == case["seq_len_max"]
+    assert doc["use_peephole"] == case["use_peephole"] and doc["missing"] == []
+    x = next(t for t in doc["tensors"] if t["key"] == "x")
+    arr = np.load(FIXTURES / f"{name}.in.npz")["x"]
+    assert x["shape"] == list(arr.shape) and x["dtype"] == case["dtype"]
+    assert x["min"] == pytest.approx(float(arr.min())) and x["max"] == pytest.approx(float(arr.max()))
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    t = dict(np.load(FIXTURES / "seq_v2_peep.in.npz"))  # T=5, B=3, I=4, C=6, peepholes on
+    t["w"] = t["w"].astype(np.float64)  # dtype mismatch
+    t["cs_prev"] = np.zeros((4, 6), np.float32)  # wrong batch
+    del t["wco"]  # missing, needed with peepholes
+    t["f"] = t["f"] * 10 - 5  # pre-activation values, not sigmoid outputs
+    t["seq_len_max"] = np.array(9)  # > T
+    t["h"] = t["h"].copy()
+    t["h"][1, 0, 0] = np.nan
+    t["b"] = t["b"][None]  # wrong rank
+    t["comment"] = np.arange(3)  # not an op input
+    path = tmp_path / "bad.npz"
+    np.savez(path, **t)
+    code, doc = inspect(path)
+    assert code == 1 and not doc["ok"]
+    by_tensor = {}
+    for p in problems(doc):
+        by_tensor.setdefault(p["tensor"], []).append(p)
+    assert "float64 but x is float32" in by_tensor["w"][0]["message"]
+    assert "cs_prev has shape [4, 6], expected [B, C] = [3, 6]" in by_tensor["cs_prev"][0]["message"]
+    assert by_tensor["wco"][0]["message"].startswith("missing tensor wco")
+    assert "outside [0, 1]" in by_tensor["f"][0]["message"]
+    assert "seq_len_max must be between 0 and 5 but is 9" in by_tensor["seq_len_max"][0]["message"]
+    assert "b must be rank 1 but is rank 2" in by_tensor["b"][0]["message"]
+    assert by_tensor["h"][0]["severity"] == "warning" and "1 NaN/Inf entry" in by_tensor["h"][0]["message"]
+    assert doc["missing"] == ["wco"] and doc["unused"] == ["comment"]
+    assert len(problems(doc, "error")) == 6
+    text = CliRunner().invoke(main, ["inspect", str(path)]).stdout
+    assert "6 errors, 1 warning" in text
+
+
+def test_forward_file_layout_from_metadata_and_weights_only(tmp_path):
+    t = dict(np.load(FIXTURES / "seq_v1_peep.in.npz"))
+    weights = tmp_path / "weights.npz"
+    np.savez(weights, **{k: t[k] for k in ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b", "use_peephole")})
+    code, doc = inspect(weights)
+    assert code == 0 and doc["kind"] == "forward-seq" and "lstmgrad forward seq" in doc["notes"][0]
+    run = tmp_path / "run.h5"
+    result = CliRunner().invoke(main, ["forward", "seq", str(weights), "--layout", "icfo", "-o", str(run), "-q"])
+    assert result.exit_code == 0, result.stderr
+    code, doc = inspect(run)
+    assert code == 0 and doc["layout"] == "icfo" and doc["layout_source"] == "metadata"
+    assert doc["op"] == "BlockLSTMGrad" and doc["metadata"]["op"] == "BlockLSTM"
+
+
+def test_gradient_file_and_groups(tmp_path):
+    code, doc = inspect(FIXTURES / "seq_v2_peep.expected.npz")
+    assert code == 0 and doc["kind"] == "gradients"
+    code, doc = inspect(FIXTURES / "demo.h5")
+    assert code == 1 and doc["groups"] == ["lstm"] and "use --group" in problems(doc)[0]["message"]
+    code, doc = inspect(FIXTURES / "demo.h5", "--group", "lstm")
+    assert code == 0 and doc["use_peephole"] is True and doc["use_peephole_source"] == "attribute"
+    assert doc["seq_len_max"] == 12 and doc["layout"] == "ifco"
+
+
+def test_camelcase_unreadable_entry_and_peephole_hint(tmp_path):
+    t = dict(np.load(FIXTURES / "seq_v2_peep.in.npz"))
+    del t["use_peephole"]  # the activations were computed with peepholes; the file does not say so
+    t["csPrev"] = t.pop("cs_prev")
+    t["blob"] = np.array([{"a": 1}], dtype=object)  # a pickle: never loaded
+    path = tmp_path / "dump.npz"
+    np.savez(path, **t)
+    code, doc = inspect(path)
+    assert code == 1
+    assert any(p["tensor"] == "blob" and "cannot be read" in p["message"] for p in problems(doc, "error"))
+    assert next(t for t in doc["tensors"] if t["key"] == "csPrev")["name"] == "cs_prev"
+    hint = [p for p in problems(doc, "warning") if p["tensor"] == "use_peephole"]
+    assert hint and "--peephole" in hint[0]["message"]
+
+
+def test_inconsistent_activations_are_flagged(tmp_path):
+    t = dict(np.load(FIXTURES / "cell_peep.in.npz"))
+    t["x"] = t["x"] + np.float32(0.5)  # inputs of another step
+    path = tmp_path / "cell.h5"
+    with h5py.File(path, "w") as fh:
+        for k, v in t.items():
+            fh[k] = v
+    code, doc = inspect(path)
+    assert code == 0 and doc["kind"] == "cell"
+    warning = [p["message"] for p in problems(doc, "warning")]
+    assert any("do not fit x, h_prev, w, b" in m for m in warning)
