@@ -23,7 +23,7 @@ import numpy as np
 
 from . import gradcheck, io, validation
 from .diagnose import CELL_GRADS, SEQ_GRADS, _json_safe
-from .errors import InputFileError, LstmGradError
+from .errors import LstmGradError
 
 SCALARS = ("seq_len_max", "use_peephole")
 GRAD_NAMES = tuple(dict.fromkeys((*SEQ_GRADS, *CELL_GRADS)))
@@ -198,7 +198,6 @@ def inspect_file(path, group: str | None = None) -> InspectReport:
         return report
     seq = x.ndim == 3
     names = validation.SEQ_TENSORS if seq else validation.CELL_TENSORS
-    activations = [n for n in (*validation.ACTIVATIONS, "cs_grad", "h_grad") if n in by_name]
     forward_only = not any(n in by_name for n in validation.ACTIVATIONS)
     peephole = _use_peephole(by_name, report)
     if forward_only:
@@ -209,7 +208,6 @@ def inspect_file(path, group: str | None = None) -> InspectReport:
     else:
         report.kind = "seq" if seq else "cell"
         report.op = "BlockLSTMGradV2 / BlockLSTMGrad" if seq else "LSTMBlockCellGrad"
-    del activations
     needed = [n for n in names if peephole or n not in validation.PEEPHOLES]
     report.missing = [n for n in needed if n not in by_name]
     for name in report.missing:
@@ -408,5 +406,3 @@ def _layout(by_name, names, seq, dims, length, peephole, meta, report) -> None:
         report.warn(None, f"the stored activations do not fit x, h_prev, w, b in either layout: {bad}; saved at "
                           "a different step, or from a different checkpoint? (lstmgrad check --gradcheck)")
 
-
-__all__ = ["InspectReport", "InputFileError", "inspect_file"]
