@@ -1,11 +1,78 @@
-"""``lstmgrad bench``: time the backends on standard shapes (placeholder until the benchmark lands)."""
+"""``lstmgrad bench``: time the backends on standard shapes against the machine's GEMM rate."""
 
 from __future__ import annotations
 
 import click
+from rich.table import Table
+
+from ._common import handle_errors, print_json, stderr_console, stdout_console
+
+
+def _shape(ctx, param, values):
+    from ..bench import parse_shape
+    from ..errors import InvalidArgumentError
+
+    try:
+        return tuple(parse_shape(v) for v in values)
+    except InvalidArgumentError as err:
+        raise click.BadParameter(str(err)) from None
 
 
 @click.command("bench")
-def bench_command() -> None:
-    """Time each usable backend on standard shapes."""
-    raise click.ClickException("the benchmark is not implemented yet")
+@click.option("--backend", "backends", multiple=True, metavar="NAME",
+              help="Backend to time (repeatable; default: every usable built-in backend).")
+@click.option("--shape", "shapes", multiple=True, callback=_shape, metavar="T,B,I,C",
+              help="Problem size (repeatable; default: 50,32,128,128  100,64,256,256  200,128,512,512).")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "float64"]), default="float32", show_default=True,
+              help="Input dtype (float16 computes in float32).")
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Timed rounds per engine, after one untimed warm-up call.")
+@click.option("--peephole/--no-peephole", default=False, show_default=True, help="Time with peephole connections.")
+@click.option("--compare/--no-compare", default=True, show_default=True,
+              help="Also time TensorFlow and PyTorch when they are importable (never required).")
+@click.option("--compare-python", multiple=True, metavar="PYTHON",
+              help="Another interpreter that has TensorFlow or PyTorch, to time them on the same arrays.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option("--markdown", is_flag=True, help="Print a Markdown table (for a README) instead of the rich table.")
+@handle_errors
+def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_python, as_json, markdown) -> None:
+    """Time each backend on standard shapes: median, GFLOP/s and the ratio to the GEMM limit.
+
+    The backward pass is 16*T*B*C*(I+C) flops of matrix products; the GEMM limit is the time of
+    those flops as two large products on this machine's BLAS, measured in the same run.  Engines
+    are timed round-robin so machine noise hits them alike.  For stable numbers on OpenBLAS, run
+    with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset.
+
+    \b
+    lstmgrad bench
+    lstmgrad bench --backend numba --shape 100,64,256,256 --repeats 9 --json
+    lstmgrad bench --compare-python /path/to/torch-venv/bin/python
+    """
+    from .. import bench
+
+    err = stderr_console()
+    progress = None if as_json else (lambda msg: err.print(f"[dim]{msg}[/]", highlight=False))
+    report = bench.run(list(backends) or None, shapes or bench.SHAPES, dtype, repeats, peephole, compare,
+                       tuple(compare_python), progress)
+    if as_json:
+        print_json(report.to_json())
+        return
+    m = report.machine
+    if markdown:
+        click.echo(f"{m['cpu']}, {m['cores']} cores, numpy {m['numpy']} ({m['blas']}); {dtype}, "
+                   f"{'peephole' if peephole else 'no peephole'}, median of {repeats} rounds\n")
+        click.echo(bench.markdown_table(report))
+        return
+    table = Table(title=f"lstmgrad bench: {dtype}, {'peephole' if peephole else 'no peephole'}, median of {repeats}",
+                  caption=f"{m['cpu']}, {m['cores']} cores, numpy {m['numpy']} ({m['blas']})")
+    for col, justify in (("T,B,I,C", "left"), ("engine", "left"), ("version", "left"), ("median", "right"),
+                         ("GFLOP/s", "right"), ("x GEMM limit", "right"), ("note", "left")):
+        table.add_column(col, justify=justify)
+    previous = None
+    for r in report.results:
+        shape = ",".join(map(str, r.shape))
+        med = f"{r.median * 1e3:.1f} ms" if r.median < 1 else f"{r.median:.2f} s"
+        table.add_row(shape if shape != previous else "", r.engine, r.version or "-", med, f"{r.gflops:.0f}",
+                      f"{r.ratio_to_gemm:.2f}", r.note, end_section=False)
+        previous = shape
+    stdout_console().print(table)

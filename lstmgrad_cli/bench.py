@@ -1,0 +1,330 @@
+"""Timing the backends on standard shapes (library code: returns results, prints nothing).
+
+For each shape (T, B, I, C) the backward pass does 16*T*B*C*(I+C) flops of matrix products.  Its
+*GEMM limit* is the time of the same flops done as the two big products ``[T*B, 4C] @ [4C, I+C]``
+and ``[I+C, T*B] @ [T*B, 4C]``, measured in the same run on the same BLAS: the ratio of a
+backend's time to it says how close the backend gets to the machine's matrix-product rate.
+
+TensorFlow (``BlockLSTMGradV2``) and PyTorch (the autograd backward of ``nn.LSTM``, the same
+products without peepholes) are timed on the same arrays when they are importable, here or in
+another interpreter given as ``compare_python`` (this file runs there as a script with numpy
+only; neither library is ever a dependency).
+
+Engines are timed round-robin, one call each per round, so a noisy machine slows all of them
+alike; the median of the rounds is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+SHAPES = ((50, 32, 128, 128), (100, 64, 256, 256), (200, 128, 512, 512))
+DTYPES = ("float32", "float16", "float64")
+SCHEMA = 1
+FRAMEWORKS = ("tensorflow", "torch")
+CHILD_TIMEOUT = 3600.0
+
+
+@dataclass
+class Timing:
+    engine: str  # backend name, "gemm-limit", "tensorflow" or "torch"
+    version: str | None
+    shape: tuple[int, int, int, int]
+    dtype: str
+    seconds: list[float] = field(default_factory=list)
+    median: float | None = None
+    gflops: float | None = None
+    ratio_to_gemm: float | None = None
+    note: str = ""
+
+
+@dataclass
+class BenchReport:
+    machine: dict
+    settings: dict
+    results: list[Timing]
+
+    def to_json(self) -> dict:
+        from . import __version__
+
+        return {"lstmgrad": __version__, "schema": SCHEMA, "machine": self.machine, "settings": self.settings,
+                "results": [asdict(r) for r in self.results]}
+
+
+def flops(shape) -> int:
+    T, B, I, C = shape  # noqa: E741
+    return 16 * T * B * C * (I + C)
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int]:
+    """``"T,B,I,C"`` -> a tuple of four positive ints."""
+    from .errors import InvalidArgumentError
+
+    parts = [p.strip() for p in str(text).replace("x", ",").split(",")]
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        dims = ()
+    if len(dims) != 4 or min(dims) < 1:
+        raise InvalidArgumentError(f"shape must be four positive integers T,B,I,C, got {text!r}")
+    return dims
+
+
+def make_inputs(shape, dtype="float32", seed: int = 0) -> dict[str, np.ndarray]:
+    """Random BlockLSTMGradV2 inputs of plausible magnitudes (gates in (0,1), tanh values in (-1,1))."""
+    T, B, I, C = shape  # noqa: E741
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+
+    def n(*s, scale=1.0):
+        return (rng.standard_normal(s, dtype=np.float32) * scale).astype(dt)
+
+    def u(lo, hi, *s):
+        return rng.uniform(lo, hi, s).astype(dt)
+
+    return dict(x=n(T, B, I), cs_prev=n(B, C), h_prev=u(-1, 1, B, C), w=n(I + C, 4 * C, scale=(I + C) ** -0.5),
+                wci=n(C, scale=0.5), wcf=n(C, scale=0.5), wco=n(C, scale=0.5), b=n(4 * C, scale=0.5),
+                i=u(0, 1, T, B, C), cs=n(T, B, C), f=u(0, 1, T, B, C), o=u(0, 1, T, B, C), ci=u(-1, 1, T, B, C),
+                co=u(-1, 1, T, B, C), h=u(-1, 1, T, B, C), cs_grad=n(T, B, C), h_grad=n(T, B, C))
+
+
+def machine_info() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    blas = None
+    try:
+        cfg = np.show_config(mode="dicts")
+        info = cfg.get("Build Dependencies", {}).get("blas", {})
+        blas = f"{info.get('name')} {info.get('version')}".strip()
+    except Exception:  # noqa: BLE001 - informational only
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
+            "blas": blas, "platform": platform.platform(),
+            "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
+                                                   "OMP_NUM_THREADS", "NUMBA_NUM_THREADS")
+                    if os.environ.get(k) is not None}}
+
+
+# -- engines: each is a zero-argument callable timed round-robin ---------------------------------
+
+def _gemm_limit_call(shape, dtype):
+    T, B, I, C = shape  # noqa: E741
+    cdt = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    rng = np.random.default_rng(1)
+    dg = rng.standard_normal((T * B, 4 * C)).astype(cdt)
+    w = rng.standard_normal((I + C, 4 * C)).astype(cdt)
+    xh = rng.standard_normal((T * B, I + C)).astype(cdt)
+    out1, out2 = np.empty((T * B, I + C), cdt), np.empty((I + C, 4 * C), cdt)
+
+    def call():
+        np.matmul(dg, w.T, out=out1)
+        np.matmul(xh.T, dg, out=out2)
+
+    return call
+
+
+def _backend_call(backend, inputs, use_peephole):
+    from .backends._xp import SeqTensors
+    from .validation import resolve_compute_dtype
+
+    T = inputs["x"].shape[0]
+    tensors = SeqTensors(**inputs)
+    cdt = resolve_compute_dtype(inputs["x"].dtype, None)
+
+    def call():
+        backend.block_lstm_grad(tensors, seq_len_max=T, use_peephole=use_peephole, layout="ifco", compute_dtype=cdt)
+
+    return call
+
+
+def framework_call(name: str, inputs: dict, use_peephole: bool):
+    """(callable, version, note) timing TensorFlow or PyTorch on ``inputs``; ImportError if absent."""
+    T, B, I = inputs["x"].shape  # noqa: E741
+    C = inputs["w"].shape[1] // 4
+    if name == "tensorflow":
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import tensorflow as tf  # noqa: PLC0415 - optional, never a dependency
+
+        args = {k: tf.constant(v) for k, v in inputs.items()}
+        seq_len_max = tf.constant(T, dtype=tf.int64)
+
+        def call():
+            out = tf.raw_ops.BlockLSTMGradV2(seq_len_max=seq_len_max, use_peephole=use_peephole, **args)
+            out[0].numpy()
+
+        return call, tf.__version__, "BlockLSTMGradV2"
+    if name == "torch":
+        import torch  # noqa: PLC0415 - optional, never a dependency
+
+        dt = getattr(torch, str(inputs["x"].dtype))
+        lstm = torch.nn.LSTM(I, C).to(dt)
+        with torch.no_grad():  # IFCO is torch's gate order (i, f, g, o)
+            lstm.weight_ih_l0.copy_(torch.from_numpy(np.ascontiguousarray(inputs["w"][:I].T)))
+            lstm.weight_hh_l0.copy_(torch.from_numpy(np.ascontiguousarray(inputs["w"][I:].T)))
+            lstm.bias_ih_l0.copy_(torch.from_numpy(inputs["b"]))
+            lstm.bias_hh_l0.zero_()
+        x = torch.from_numpy(inputs["x"]).requires_grad_()
+        h0 = torch.from_numpy(inputs["h_prev"])[None].clone().requires_grad_()
+        c0 = torch.from_numpy(inputs["cs_prev"])[None].clone().requires_grad_()
+        out, _ = lstm(x, (h0, c0))
+        grad_out = torch.from_numpy(inputs["h_grad"])
+        wrt = [x, h0, c0, *lstm.parameters()]
+
+        def call():
+            torch.autograd.grad(out, wrt, grad_out, retain_graph=True)
+
+        return call, torch.__version__, "nn.LSTM backward, no peepholes"
+    raise ValueError(f"unknown framework {name!r}")
+
+
+def _round_robin(calls: dict, repeats: int, progress=None) -> dict[str, list[float]]:
+    times = {name: [] for name in calls}
+    for call in calls.values():  # warm up: first-call costs (compiles, allocations) are not timed
+        call()
+    for r in range(repeats):
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+        if progress:
+            progress(f"round {r + 1}/{repeats}")
+    return times
+
+
+def _child_times(python: str, inputs: dict, frameworks, repeats: int, use_peephole: bool) -> dict:
+    """Time frameworks in another interpreter (this file as a script there) on the same arrays."""
+    with tempfile.TemporaryDirectory(prefix="lstmgrad-bench-") as tmp:
+        path = os.path.join(tmp, "inputs.npz")
+        np.savez(path, **inputs)
+        cmd = [python, os.path.abspath(__file__), "--child", path, "--repeats", str(repeats),
+               "--frameworks", ",".join(frameworks)] + (["--peephole"] if use_peephole else [])
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=False)
+        except (OSError, subprocess.SubprocessError) as err:
+            return {"error": f"{python}: {err}"}
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            return {"error": f"{python}: {tail}"}
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, use_peephole: bool = False,
+        compare: bool = True, compare_python=(), progress=None) -> BenchReport:
+    """Time backends (names or objects; default: every usable one) on ``shapes``.
+
+    Returns a ``BenchReport``; each shape has a ``gemm-limit`` row and one row per engine.
+    ``progress`` (optional) is called with short status strings.
+    """
+    from . import backends as registry
+
+    if dtype not in DTYPES:
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if repeats < 1:
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"repeats must be at least 1, got {repeats}")
+    if backends is None:
+        backends = [s.name for s in registry.statuses() if s.available and s.source == "built-in"]
+    loaded = [registry.get_backend(b) for b in backends]  # unknown/unavailable names fail here, first
+    frameworks = []
+    if compare:
+        for name in FRAMEWORKS:
+            try:
+                __import__(name)
+            except Exception:  # noqa: BLE001 - absent or broken: just not compared in-process
+                continue
+            frameworks.append(name)
+    results: list[Timing] = []
+    for shape in shapes:
+        shape = tuple(int(d) for d in shape)
+        say = (lambda msg, s=shape: progress(f"{s}: {msg}")) if progress else None
+        inputs = make_inputs(shape, dtype)
+        calls, versions, notes = {"gemm-limit": _gemm_limit_call(shape, dtype)}, {"gemm-limit": None}, {}
+        for backend in loaded:
+            calls[backend.name] = _backend_call(backend, inputs, use_peephole)
+            versions[backend.name] = backend.version
+        for name in frameworks:
+            try:
+                call, versions[name], notes[name] = framework_call(name, inputs, use_peephole)
+                call()  # fails here rather than in the timed rounds
+                calls[name] = call
+            except Exception as err:  # noqa: BLE001 - a comparison never breaks the benchmark
+                notes[name] = f"failed: {err}"
+        times = _round_robin(calls, repeats, say)
+        for python in compare_python if compare else ():
+            missing = [f for f in FRAMEWORKS if f not in calls]
+            if not missing:
+                break
+            if say:
+                say(f"timing {', '.join(missing)} with {python}")
+            child = _child_times(python, inputs, missing, repeats, use_peephole)
+            for name, entry in child.items():
+                if name == "error" or "seconds" not in entry:
+                    continue
+                times[name] = entry["seconds"]
+                versions[name], notes[name] = entry["version"], entry["note"]
+        limit = float(np.median(times["gemm-limit"]))
+        for name, secs in times.items():
+            med = float(np.median(secs))
+            results.append(Timing(name, versions.get(name), shape, dtype, secs, med, flops(shape) / med / 1e9,
+                                  med / limit, notes.get(name, "")))
+    settings = {"dtype": dtype, "repeats": repeats, "use_peephole": use_peephole, "layout": "ifco",
+                "shapes": [list(s) for s in shapes]}
+    return BenchReport(machine_info(), settings, results)
+
+
+def markdown_table(report: BenchReport) -> str:
+    """The results as a Markdown table (for the README)."""
+    lines = ["| shape T,B,I,C | engine | version | median | GFLOP/s | x GEMM limit |",
+             "| --- | --- | --- | ---: | ---: | ---: |"]
+    for r in report.results:
+        med = f"{r.median * 1e3:.1f} ms" if r.median < 1 else f"{r.median:.2f} s"
+        lines.append(f"| {','.join(map(str, r.shape))} | {r.engine} | {r.version or '-'} | {med} | "
+                     f"{r.gflops:.0f} | {r.ratio_to_gemm:.2f} |")
+    return "\n".join(lines)
+
+
+def _child_main(argv) -> int:
+    """``python bench.py --child INPUTS.npz --repeats N --frameworks a,b [--peephole]``: JSON on stdout."""
+    path = argv[argv.index("--child") + 1]
+    repeats = int(argv[argv.index("--repeats") + 1])
+    names = argv[argv.index("--frameworks") + 1].split(",")
+    peephole = "--peephole" in argv
+    with np.load(path) as src:
+        inputs = {k: src[k] for k in src.files}
+    calls, out = {}, {}
+    for name in names:
+        try:
+            call, version, note = framework_call(name, inputs, peephole)
+            call()
+        except Exception as err:  # noqa: BLE001 - report, do not fail the parent
+            out[name] = {"error": str(err)}
+            continue
+        calls[name] = call
+        out[name] = {"version": version, "note": note}
+    for name, secs in _round_robin(calls, repeats).items():
+        out[name]["seconds"] = secs
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__" and "--child" in sys.argv:
+    sys.exit(_child_main(sys.argv))

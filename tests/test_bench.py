@@ -1,0 +1,121 @@
+"""The benchmark's plumbing (not timed): shapes, results, JSON, the command and the make-bench script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lstmgrad_cli import bench
+from lstmgrad_cli.backends import refresh
+from lstmgrad_cli.cli import main
+from lstmgrad_cli.errors import InvalidArgumentError, UnknownBackendError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry():
+    refresh()
+
+
+def test_flops_and_shapes():
+    assert bench.flops((50, 32, 128, 128)) == 16 * 50 * 32 * 128 * 256
+    assert bench.parse_shape("3, 2,5,4") == (3, 2, 5, 4)
+    for bad in ("1,2,3", "1,2,3,0", "a,b,c,d", ""):
+        with pytest.raises(InvalidArgumentError, match="T,B,I,C"):
+            bench.parse_shape(bad)
+
+
+def test_inputs_are_plausible():
+    inputs = bench.make_inputs((3, 2, 5, 4), "float16")
+    assert inputs["x"].shape == (3, 2, 5) and inputs["w"].shape == (9, 16) and inputs["i"].dtype == np.float16
+    assert 0 <= inputs["o"].min() and inputs["o"].max() <= 1
+
+
+def test_run_reports_every_engine_against_the_gemm_limit():
+    report = bench.run(["numpy"], shapes=[(3, 2, 5, 4), (2, 1, 1, 1)], repeats=2, compare=False)
+    engines = [(r.shape, r.engine) for r in report.results]
+    assert engines == [((3, 2, 5, 4), "gemm-limit"), ((3, 2, 5, 4), "numpy"),
+                       ((2, 1, 1, 1), "gemm-limit"), ((2, 1, 1, 1), "numpy")]
+    for r in report.results:
+        assert len(r.seconds) == 2 and r.median > 0 and r.gflops > 0
+        assert r.ratio_to_gemm == pytest.approx(r.median / report.results[0 if r.shape[0] == 3 else 2].median)
+    doc = report.to_json()
+    assert doc["schema"] == 1 and doc["machine"]["cores"] >= 1 and doc["settings"]["repeats"] == 2
+    json.dumps(doc, allow_nan=False)
+    assert "| 3,2,5,4 | numpy |" in bench.markdown_table(report)
+
+
+def test_run_checks_its_arguments():
+    with pytest.raises(UnknownBackendError):
+        bench.run(["nope"], shapes=[(1, 1, 1, 1)], repeats=1, compare=False)
+    with pytest.raises(InvalidArgumentError, match="dtype"):
+        bench.run(["numpy"], shapes=[(1, 1, 1, 1)], dtype="int8", repeats=1, compare=False)
+
+
+def test_a_missing_comparison_interpreter_is_not_fatal(tmp_path):
+    report = bench.run(["numpy"], shapes=[(2, 1, 2, 2)], repeats=1, compare_python=[str(tmp_path / "no-python")])
+    assert {r.engine for r in report.results} >= {"gemm-limit", "numpy"}
+
+
+def test_child_mode_reports_missing_frameworks(tmp_path):
+    path = tmp_path / "in.npz"
+    np.savez(path, **bench.make_inputs((2, 1, 2, 2)))
+    script = ROOT / "lstmgrad_cli" / "bench.py"
+    proc = subprocess.run([sys.executable, str(script), "--child", str(path), "--repeats", "1",
+                           "--frameworks", "no_such_framework"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "error" in json.loads(proc.stdout)["no_such_framework"]
+
+
+def test_bench_command_json(runner):
+    result = runner.invoke(main, ["bench", "--backend", "numpy", "--shape", "3,2,5,4", "--repeats", "1",
+                                  "--no-compare", "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert [r["engine"] for r in doc["results"]] == ["gemm-limit", "numpy"]
+    assert doc["results"][1]["version"] == np.__version__ and doc["results"][1]["shape"] == [3, 2, 5, 4]
+
+
+def test_bench_command_table_and_markdown(runner):
+    result = runner.invoke(main, ["bench", "--backend", "numpy", "--shape", "3,2,5,4", "--repeats", "1",
+                                  "--no-compare"], catch_exceptions=False)
+    assert result.exit_code == 0 and "gemm-limit" in result.stdout and "numpy" in result.stdout
+    assert "round 1/1" in result.stderr
+    result = runner.invoke(main, ["bench", "--backend", "numpy", "--shape", "3,2,5,4", "--repeats", "1",
+                                  "--no-compare", "--markdown"], catch_exceptions=False)
+    assert "| 3,2,5,4 | numpy |" in result.stdout
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["--backend", "nmba"], 2, "unknown backend 'nmba'"),
+    (["--shape", "1,2"], 2, "T,B,I,C"),
+    (["--repeats", "0"], 2, "repeats"),
+    (["--dtype", "int8"], 2, "dtype"),
+])
+def test_bench_command_usage_errors(runner, args, code, message):
+    result = runner.invoke(main, ["bench", *args, "--no-compare"])
+    assert result.exit_code == code and message in result.stderr
+
+
+def test_bench_command_unavailable_backend_is_exit_1(runner, monkeypatch):
+    from lstmgrad_cli import backends as reg
+
+    monkeypatch.setattr(reg, "_missing", lambda spec: list(spec.requires) if spec.name == "numba" else [])
+    result = runner.invoke(main, ["bench", "--backend", "numba", "--shape", "1,1,1,1", "--no-compare"])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == ("Error: backend 'numba' is not available: needs numba: "
+                                     "pip install 'lstmgrad[numba]'")
+
+
+def test_make_bench_script_runs():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_backends.py"), "--backend", "numpy",
+                           "--shape", "2,1,2,2", "--repeats", "1", "--no-compare", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["results"][1]["engine"] == "numpy"
