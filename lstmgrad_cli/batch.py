@@ -121,8 +121,10 @@ def make_executor(workers: int = 1, dask_address: str | None = None) -> Iterator
 
 def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, dask_address: str | None = None,
               keep_going: bool = False, skip_existing: bool = False,
-              on_result: Callable[[Task, GradResult], None] | None = None) -> list[GradResult | None]:
-    """Run every task; results in task order (None for tasks not run after a failure without keep_going)."""
+              on_result: Callable[[Task, GradResult], None] | None = None,
+              stop: Callable[[], bool] = lambda: False) -> list[GradResult | None]:
+    """Run every task; results in task order (None for tasks not run after a failure without keep_going,
+    or after ``stop()`` turned true, e.g. on an interrupt)."""
     results: list[GradResult | None] = [None] * len(tasks)
 
     def finish(index: int, result: GradResult) -> None:
@@ -149,6 +151,8 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
     with make_executor(workers, dask_address) as (executor, threads):
         if executor is None:
             for index in pending:
+                if stop():
+                    break
                 finish(index, run_task(tasks[index], options, threads))
                 if results[index].status == "failed" and not keep_going:
                     break
@@ -158,7 +162,7 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
             for future in cf.as_completed(futures):
                 index = futures[future]
                 finish(index, future.result())
-                if results[index].status == "failed" and not keep_going:
+                if stop() or (results[index].status == "failed" and not keep_going):
                     break
         finally:
             for future in futures:  # after a failure or an interrupt: start nothing new

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 
@@ -30,13 +29,13 @@ from .backends import get_backend, resolve_name
 from .backends._xp import LAYOUTS
 from .errors import InputFileError, InvalidArgumentError
 from .ops import BlockLSTMGradOutputs, LSTMBlockCellGradFullOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full
+from .problem import Problem, load_problem
 
 SEQ_GRADS = BlockLSTMGradOutputs._fields
 CELL_GRADS = LSTMBlockCellGradFullOutputs._fields
 # (rtol, atol): passes when max|ours - ref| <= atol + rtol * max|ref|.  float32 and float16 as the
 # fixtures' README recommends against TF CPU; float64 is for references computed in double.
 TOLERANCES = {"float16": (1e-2, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-10, 1e-12)}
-OPS = {("seq", "ifco"): "BlockLSTMGradV2", ("seq", "icfo"): "BlockLSTMGrad", ("cell", "icfo"): "LSTMBlockCellGrad"}
 MAX_SEQ_LEN_CANDIDATES = 16
 
 
@@ -46,84 +45,6 @@ def _camel(name: str) -> str:
 
 
 # -- loading --------------------------------------------------------------------------------------
-
-@dataclass
-class Problem:
-    """A gradient problem read from a file and validated, with where each parameter came from."""
-
-    path: str
-    kind: str  # "seq" | "cell"
-    layout: str
-    arrays: dict
-    dims: validation.Dims
-    seq_len_max: int  # 1 for the cell op
-    use_peephole: bool
-    sources: dict = field(default_factory=dict)
-    defaults: list[str] = field(default_factory=list)
-
-    @property
-    def dtype(self) -> str:
-        return str(self.arrays["x"].dtype)
-
-    @property
-    def op(self) -> str:
-        return OPS[(self.kind, self.layout)]
-
-
-def load_problem(path, *, kind: str | None = None, layout: str = "ifco", use_peephole: bool | None = None,
-                 seq_len_max: int | None = None, group: str | None = None) -> Problem:
-    """Read and validate a seq or cell input; ``kind=None`` decides from the rank of x (3: seq, 2: cell)."""
-    path = Path(path)
-    loaded = io.read_inputs(path, validation.SEQ_TENSORS, ("seq_len_max", "use_peephole"), group)
-    if kind is None:
-        x = loaded.tensors.get("x")
-        if x is None:
-            raise InvalidArgumentError(f"{path}: missing tensor x (needed to tell seq from cell; or pass --kind)")
-        kind = {3: "seq", 2: "cell"}.get(np.ndim(x))
-        if kind is None:
-            raise InvalidArgumentError(f"{path}: x has rank {np.ndim(x)}; expected 3 (seq) or 2 (cell)")
-    layout = layout if kind == "seq" else "icfo"
-    names = validation.SEQ_TENSORS if kind == "seq" else validation.CELL_TENSORS
-    problem = Problem(str(path), kind, layout, {}, validation.Dims(0, 0, 0, 0), 1, False)
-
-    def param(name, flag, default, text):
-        if flag is not None:
-            problem.sources[name] = "flag"
-            return flag
-        if name in loaded.scalars:
-            problem.sources[name] = loaded.scalars[name][1]
-            return loaded.scalars[name][0]
-        problem.sources[name] = "default"
-        problem.defaults.append(f"{name}: not in the file, {text}")
-        return default
-
-    try:
-        problem.use_peephole = validation.check_use_peephole(
-            param("use_peephole", use_peephole, False, "no peepholes (false)"))
-        w = loaded.tensors.get("w")
-        absent = [n for n in validation.PEEPHOLES if n not in loaded.tensors]
-        if absent and not problem.use_peephole and w is not None and np.ndim(w) == 2:
-            for name in absent:
-                loaded.tensors[name] = np.zeros(np.shape(w)[1] // 4, dtype=np.asarray(w).dtype)
-            problem.defaults.append(f"{', '.join(absent)}: not in the file, zeros (unused without peepholes)")
-        missing = [n for n in names if n not in loaded.tensors]
-        if missing:
-            raise InvalidArgumentError(
-                f"missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)} ({problem.op} needs "
-                f"{', '.join(names)}; the file has {', '.join(loaded.keys) or 'nothing'})")
-        arrays = validation.as_float_arrays({n: loaded.tensors[n] for n in names})
-        if kind == "seq":
-            problem.dims = validation.check_block_lstm_grad(arrays)
-            T = problem.dims.T
-            problem.seq_len_max = validation.check_seq_len_max(
-                param("seq_len_max", seq_len_max, T, f"using T = {T}"), T)
-        else:
-            problem.dims = validation.check_lstm_block_cell_grad(arrays)
-    except InvalidArgumentError as err:
-        raise InvalidArgumentError(f"{path}: {err}") from None
-    problem.arrays = arrays
-    return problem
-
 
 def load_reference(path, kind: str, group: str | None = None) -> tuple[dict, list[str]]:
     """The gradient tensors of a reference file (snake_case or camelCase names) and its other keys."""

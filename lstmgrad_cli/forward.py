@@ -51,7 +51,7 @@ def block_lstm_forward(seq_len_max: int, x, cs_prev, h_prev, w, wci, wcf, wco, b
             co = np.tanh(cs)
             o = sigmoid(zo + cs * wco) if use_peephole else sigmoid(zo)
             h = o * co
-            for store, value in zip(outs, (i, cs, f, o, ci, co, h)):
+            for store, value in zip(outs, (i, cs, f, o, ci, co, h), strict=True):
                 store[t] = value
             cs_t, h_t = cs_o[t].astype(cdt), h_o[t].astype(cdt)
     return tuple(outs)

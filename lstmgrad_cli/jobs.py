@@ -14,11 +14,9 @@ import numpy as np
 
 from . import __version__, io, validation
 from .backends import get_backend, resolve_name
-from .errors import InvalidArgumentError
 from .ops import block_lstm_grad_checked, lstm_block_cell_grad_full
+from .problem import OPS, load_problem
 from .summary import TensorSummary, summarise
-
-OPS = {("seq", "ifco"): "BlockLSTMGradV2", ("seq", "icfo"): "BlockLSTMGrad", ("cell", "icfo"): "LSTMBlockCellGrad"}
 
 
 @dataclass(frozen=True)
@@ -67,25 +65,10 @@ class GradResult:
         return asdict(self)
 
 
-def _param(name, flag_value, loaded: io.LoadedFile, default, default_text, result: GradResult):
-    if flag_value is not None:
-        result.sources[name] = "flag"
-        return flag_value
-    if name in loaded.scalars:
-        value, origin = loaded.scalars[name]
-        result.sources[name] = origin
-        return value
-    result.sources[name] = "default"
-    result.defaults.append(f"{name}: not in the file, {default_text}")
-    return default
-
-
 def run_grad_file(input_path: str | Path, output_path: str | Path | None, options: GradOptions) -> GradResult:
     """Compute one file's gradients and write them; raises LstmGradError on any problem, writing nothing."""
     start = time.perf_counter()
     input_path = Path(input_path)
-    names = validation.SEQ_TENSORS if options.kind == "seq" else validation.CELL_TENSORS
-    scalars = ("seq_len_max", "use_peephole") if options.kind == "seq" else ("use_peephole",)
     layout = options.layout if options.kind == "seq" else "icfo"
     result = GradResult(str(input_path), None, options.op, layout=layout)
 
@@ -95,42 +78,27 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
     out = Path(output_path) if output_path is not None else io.default_output(input_path, fmt)
     io.check_output(out, options.force, [input_path])
 
-    loaded = io.read_inputs(input_path, names, scalars, options.group)
-    use_peephole = validation.check_use_peephole(
-        _param("use_peephole", options.use_peephole, loaded, False, "no peepholes (false)", result))
-    _fill_absent_peepholes(loaded, use_peephole, result)
-    missing = [n for n in names if n not in loaded.tensors]
-    if missing:
-        raise InvalidArgumentError(
-            f"{input_path}: missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-            f"({options.op} needs {', '.join(names)}; the file has {', '.join(loaded.keys) or 'nothing'})")
-    try:
-        arrays = validation.as_float_arrays(loaded.tensors)
-        if options.kind == "seq":
-            dims = validation.check_block_lstm_grad(arrays)
-            seq_len_max = validation.check_seq_len_max(
-                _param("seq_len_max", options.seq_len_max, loaded, dims.T, f"using T = {dims.T}", result), dims.T)
-        else:
-            dims = validation.check_lstm_block_cell_grad(arrays)
-            seq_len_max = None
-        cdt = validation.resolve_compute_dtype(arrays["x"].dtype, options.compute_dtype)
-    except InvalidArgumentError as err:
-        raise InvalidArgumentError(f"{input_path}: {err}") from None
-
+    problem = load_problem(input_path, kind=options.kind, layout=layout, use_peephole=options.use_peephole,
+                           seq_len_max=options.seq_len_max, group=options.group)
+    arrays = problem.arrays
+    cdt = validation.resolve_compute_dtype(arrays["x"].dtype, options.compute_dtype)
     if options.kind == "seq":
-        outputs = block_lstm_grad_checked(backend, layout, seq_len_max, arrays, use_peephole, cdt, options.chunk_steps)
+        outputs = block_lstm_grad_checked(backend, layout, problem.seq_len_max, arrays, problem.use_peephole, cdt,
+                                          options.chunk_steps)
     else:
-        outputs = lstm_block_cell_grad_full(**arrays, use_peephole=use_peephole, backend=backend,
+        outputs = lstm_block_cell_grad_full(**arrays, use_peephole=problem.use_peephole, backend=backend,
                                             compute_dtype=cdt)
     tensors = outputs._asdict()
+    seq_len_max = problem.seq_len_max if options.kind == "seq" else None
 
     result.backend, result.backend_version = backend_name, getattr(backend, "version", None)
-    result.dtype, result.compute_dtype = str(arrays["x"].dtype), str(cdt)
-    result.use_peephole, result.seq_len_max, result.dims = use_peephole, seq_len_max, dims._asdict()
+    result.dtype, result.compute_dtype = problem.dtype, str(cdt)
+    result.use_peephole, result.seq_len_max, result.dims = problem.use_peephole, seq_len_max, problem.dims._asdict()
+    result.sources, result.defaults = problem.sources, problem.defaults
     metadata = {
         "tool": "lstmgrad", "version": __version__, "op": options.op, "layout": layout,
         "backend": backend_name, "backend_version": result.backend_version or "",
-        "use_peephole": use_peephole, "seq_len_max": -1 if seq_len_max is None else seq_len_max,
+        "use_peephole": problem.use_peephole, "seq_len_max": -1 if seq_len_max is None else seq_len_max,
         "dtype": result.dtype, "compute_dtype": result.compute_dtype,
         "source": str(input_path.resolve()), "group": options.group or "",
     }
@@ -146,16 +114,3 @@ def _count_nonfinite(arrays: dict[str, np.ndarray]) -> dict[str, int]:
     """NaN/Inf entries per input tensor (they are computed through, as TF does, and reported)."""
     counts = {name: int(a.size - np.count_nonzero(np.isfinite(a))) for name, a in arrays.items()}
     return {name: n for name, n in counts.items() if n}
-
-
-def _fill_absent_peepholes(loaded: io.LoadedFile, use_peephole: bool, result: GradResult) -> None:
-    """Without peepholes, wci/wcf/wco are never read: a file may leave them out (zeros are used)."""
-    absent = [n for n in validation.PEEPHOLES if n not in loaded.tensors]
-    if use_peephole or not absent or "w" not in loaded.tensors:
-        return
-    w = np.asarray(loaded.tensors["w"])
-    if w.ndim != 2 or w.dtype.kind != "f":
-        return  # validation will explain w
-    for name in absent:
-        loaded.tensors[name] = np.zeros(w.shape[1] // 4, dtype=w.dtype)
-    result.defaults.append(f"{', '.join(absent)}: not in the file, zeros (unused without peepholes)")

@@ -29,7 +29,7 @@ class Dims(NamedTuple):
 
     T: int
     B: int
-    I: int  # noqa: E741 - TensorFlow's name for the input size
+    I: int  # TensorFlow's name for the input size
     C: int
 
 
@@ -61,7 +61,7 @@ def as_float_arrays(tensors: Mapping[str, object]) -> dict[str, np.ndarray]:
 
 
 def _dtype_name(dtype: np.dtype) -> str:
-    return "object" if dtype == object else str(dtype)
+    return "object" if dtype.kind == "O" else str(dtype)
 
 
 def check_seq_len_max(value: object, T: int) -> int:
@@ -101,7 +101,7 @@ def _check_ranks(arrays: Mapping[str, np.ndarray], ranks: Mapping[str, int]) -> 
 def _check_shape(name: str, array: np.ndarray, expected: dict[str, int]) -> None:
     labels, sizes = list(expected), list(expected.values())
     got = list(array.shape)
-    for axis, (label, size) in enumerate(zip(labels, sizes)):
+    for axis, (label, size) in enumerate(zip(labels, sizes, strict=True)):
         if got[axis] != size:
             raise InvalidArgumentError(
                 f"{name}.dims({axis}) != {label}: {got[axis]} vs. {size} "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, load_case, write_h5, write_npz
+from conftest import load_case, write_h5, write_npz
 
 from lstmgrad_cli.cli import main
 
@@ -165,8 +165,8 @@ def test_interrupted_batch_leaves_no_partial_output_and_resumes(tmp_path, sig):
     while not list(out.glob("*.grads.h5")) and time.monotonic() < deadline:
         time.sleep(0.02)
     proc.send_signal(sig)
-    proc.communicate(timeout=60)
-    assert proc.returncode != 0
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode != 0, stderr.decode()
     finished = sorted(out.glob("*.grads.h5"))
     assert 0 < len(finished) < len(inputs), "the run must be interrupted mid-batch"
     from lstmgrad_cli.batch import is_complete_output

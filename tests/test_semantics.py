@@ -29,7 +29,7 @@ def test_beyond_seq_len_max_x_grad_is_zero_and_incoming_grads_are_ignored():
     # h[seq_len_max-1] is never read either (only as h_prev of a step that is not run)
     noisy["h"][length - 1] = 7.0
     again = lg.block_lstm_grad_v2(**noisy, use_peephole=peep)
-    for a, b in zip(base, again):
+    for a, b in zip(base, again, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -44,7 +44,7 @@ def test_bias_is_never_read():
     args, peep, _ = seq_inputs("seq_v2_peep")
     base = lg.block_lstm_grad_v2(**args, use_peephole=peep)
     args["b"] = args["b"] + 5.0
-    for a, b in zip(base, lg.block_lstm_grad_v2(**args, use_peephole=peep)):
+    for a, b in zip(base, lg.block_lstm_grad_v2(**args, use_peephole=peep), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -54,7 +54,7 @@ def test_without_peepholes_their_gradients_are_zero_and_their_values_unused():
     assert not np.any(base.wci_grad) and not np.any(base.wcf_grad) and not np.any(base.wco_grad)
     for key in ("wci", "wcf", "wco"):
         args[key] = args[key] * 3.0
-    for a, b in zip(base, lg.block_lstm_grad_v2(**args, use_peephole=False)):
+    for a, b in zip(base, lg.block_lstm_grad_v2(**args, use_peephole=False), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -78,7 +78,7 @@ def test_time_chunking_does_not_change_the_result(chunk_steps):
     args, peep, _ = seq_inputs("seq_v2_larger")
     whole = lg.block_lstm_grad_v2(**args, use_peephole=peep)
     chunked = lg.block_lstm_grad_v2(**args, use_peephole=peep, chunk_steps=chunk_steps)
-    for a, b in zip(whole, chunked):
+    for a, b in zip(whole, chunked, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 

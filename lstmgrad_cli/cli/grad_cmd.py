@@ -138,12 +138,16 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
                 render(console, result)
             advance()
 
-        with _terminate_as_interrupt():
+        with _interruptible() as received:
             try:
                 results = run_batch(tasks, options, workers=workers, dask_address=dask_address,
-                                    keep_going=keep_going, skip_existing=skip_existing, on_result=on_result)
+                                    keep_going=keep_going, skip_existing=skip_existing, on_result=on_result,
+                                    stop=lambda: bool(received))
             except LstmGradError as err:
                 raise click.ClickException(one_line(err)) from None
+        if received:
+            click.echo("Aborted!", err=True)
+            raise SystemExit(128 + received[0])
 
     ran = [r for r in results if r is not None]
     counts = {status: sum(r.status == status for r in ran) for status in ("ok", "failed", "skipped")}
@@ -183,20 +187,25 @@ def _progress(enabled: bool, total: int):
 
 
 @contextlib.contextmanager
-def _terminate_as_interrupt():
-    """SIGTERM unwinds like Ctrl-C, so temporary files are removed and no partial output stays."""
+def _interruptible():
+    """Ctrl-C and SIGTERM unwind as KeyboardInterrupt (temporary files are removed, no partial output
+    stays) and are remembered, so a batch stops even if the interrupt lands where Python drops it."""
+    received: list[int] = []
+
     def handler(signum, frame):
+        received.append(signum)
         raise KeyboardInterrupt
 
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread (e.g. embedded): leave signals alone
-        yield
+        yield received
         return
     try:
-        yield
+        yield received
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _nonfinite_note(result: GradResult) -> str:
