@@ -30,6 +30,7 @@ from .backends._xp import LAYOUTS
 from .errors import InputFileError, InvalidArgumentError
 from .ops import BlockLSTMGradOutputs, LSTMBlockCellGradFullOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full
 from .problem import Problem, load_problem
+from .summary import json_safe
 
 SEQ_GRADS = BlockLSTMGradOutputs._fields
 CELL_GRADS = LSTMBlockCellGradFullOutputs._fields
@@ -440,19 +441,7 @@ class CheckReport:
             doc["forward_alternative"] = self.forward_alternative.to_json()
         if self.gradcheck is not None:
             doc["gradcheck"] = self.gradcheck.to_json()
-        return _json_safe(doc)
-
-
-def _json_safe(value):
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, (float, np.floating)):
-        return float(value) if np.isfinite(value) else None
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+        return json_safe(doc)
 
 
 def run_check(input_path, reference_path, options: CheckOptions) -> CheckReport:

@@ -22,8 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from . import gradcheck, io, validation
-from .diagnose import CELL_GRADS, SEQ_GRADS, _json_safe
+from .diagnose import CELL_GRADS, SEQ_GRADS
 from .errors import LstmGradError
+from .summary import json_safe
 
 SCALARS = ("seq_len_max", "use_peephole")
 GRAD_NAMES = tuple(dict.fromkeys((*SEQ_GRADS, *CELL_GRADS)))
@@ -82,7 +83,7 @@ class InspectReport:
     def to_json(self) -> dict:
         doc = asdict(self)
         doc["ok"] = not self.errors
-        return _json_safe(doc)
+        return json_safe(doc)
 
     def error(self, tensor, message):
         self.problems.append(Problem("error", tensor, message))

@@ -30,3 +30,16 @@ def summarise(name: str, value: np.ndarray) -> TensorSummary:
         l2 = float(math.sqrt(float(np.dot(wide.ravel(), wide.ravel())))) if value.size else 0.0
         max_abs = float(np.max(np.abs(wide))) if value.size else 0.0
     return TensorSummary(name, list(value.shape), str(value.dtype), l2, max_abs, nonfinite == 0, nonfinite)
+
+
+def json_safe(value):
+    """A structure JSON can encode strictly: NaN/Inf become null, numpy scalars Python numbers."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, float | np.floating):
+        return float(value) if np.isfinite(value) else None
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

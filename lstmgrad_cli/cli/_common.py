@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 
 from ..errors import LstmGradError, UnknownBackendError
+from ..summary import json_safe
 
 
 def stdout_console() -> Console:
@@ -22,7 +23,7 @@ def stderr_console() -> Console:
 
 
 def print_json(document) -> None:
-    click.echo(json.dumps(document, indent=2, allow_nan=False, default=_jsonable))
+    click.echo(json.dumps(json_safe(document), indent=2, allow_nan=False, default=_jsonable))
 
 
 def _jsonable(value):
