@@ -295,7 +295,7 @@ def _random_inputs(rng, T, B, I, C, dtype):  # noqa: E741
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(T=st.integers(0, 6), B=st.integers(1, 5), I=st.integers(1, 5), C=st.integers(1, 6),  # noqa: E741
+@given(T=st.integers(0, 6), B=st.integers(0, 5), I=st.integers(1, 5), C=st.integers(1, 6),  # noqa: E741
        data=st.data(), peephole=st.booleans(), layout=st.sampled_from(["ifco", "icfo"]),
        dtype=st.sampled_from(["float32", "float64", "float16"]), seed=st.integers(0, 2**16))
 def test_random_shapes_every_backend_matches_numpy(T, B, I, C, data, peephole, layout, dtype, seed):  # noqa: E741

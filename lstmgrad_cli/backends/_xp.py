@@ -244,6 +244,7 @@ class XpGradient:
         xp = self.xp
         n, B, G4 = gates.shape
         I = w_x_t.shape[1]  # noqa: E741
+        C = w_grad.shape[0] - I
         flat = gates.reshape(n * B, G4)
         if x_grad.dtype == cdt:
             xp.matmul(flat, w_x_t, out=x_grad[lo:hi].reshape(n * B, I))
@@ -252,9 +253,9 @@ class XpGradient:
         w_grad[:I] += chunk("x", lo, hi).reshape(n * B, I).T @ flat
         # h_prev of step s is h[s-1], and the input h_prev at s = 0 (never read h at t = L-1).
         if lo > 0:
-            w_grad[I:] += chunk("h", lo - 1, hi - 1).reshape(n * B, -1).T @ flat
+            w_grad[I:] += chunk("h", lo - 1, hi - 1).reshape(n * B, C).T @ flat
         else:
             w_grad[I:] += h_prev.T @ gates[0]
             if n > 1:
-                w_grad[I:] += chunk("h", 0, hi - 1).reshape((n - 1) * B, -1).T @ flat[B:]
+                w_grad[I:] += chunk("h", 0, hi - 1).reshape((n - 1) * B, C).T @ flat[B:]
         b_grad += flat.sum(axis=0)
