@@ -15,6 +15,7 @@ import numpy as np
 from . import __version__, io, validation
 from .backends import get_backend, resolve_name
 from .ops import block_lstm_grad_checked, lstm_block_cell_grad_full
+from .perstep import StepRecorder, per_step_report
 from .problem import OPS, load_problem
 from .summary import TensorSummary, summarise
 
@@ -32,6 +33,7 @@ class GradOptions:
     compute_dtype: str | None = None
     chunk_steps: int | None = None
     force: bool = False
+    per_step: bool = False  # seq only: norms of the gradients at every step (perstep.py)
 
     @property
     def op(self) -> str:
@@ -59,6 +61,7 @@ class GradResult:
     sources: dict = field(default_factory=dict)  # parameter -> "flag" | "tensor" | "attribute" | "default"
     tensors: list[TensorSummary] = field(default_factory=list)
     nonfinite_inputs: dict[str, int] = field(default_factory=dict)  # input tensor -> NaN/Inf entries
+    per_step: dict | None = None  # with GradOptions.per_step: perstep.per_step_report
     seconds: float | None = None
 
     def to_json(self) -> dict:
@@ -82,9 +85,10 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
                            seq_len_max=options.seq_len_max, group=options.group)
     arrays = problem.arrays
     cdt = validation.resolve_compute_dtype(arrays["x"].dtype, options.compute_dtype)
+    recorder = StepRecorder(problem.seq_len_max) if options.per_step and options.kind == "seq" else None
     if options.kind == "seq":
         outputs = block_lstm_grad_checked(backend, layout, problem.seq_len_max, arrays, problem.use_peephole, cdt,
-                                          options.chunk_steps)
+                                          options.chunk_steps, observe=recorder)
     else:
         outputs = lstm_block_cell_grad_full(**arrays, use_peephole=problem.use_peephole, backend=backend,
                                             compute_dtype=cdt)
@@ -106,6 +110,8 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
     result.output = str(out)
     result.tensors = [summarise(name, value) for name, value in tensors.items()]
     result.nonfinite_inputs = _count_nonfinite(arrays)
+    if recorder is not None:
+        result.per_step = per_step_report(outputs.x_grad, recorder, problem.seq_len_max)
     result.seconds = time.perf_counter() - start
     return result
 

@@ -68,11 +68,16 @@ def _seq_grad(layout, seq_len_max, tensors: dict, use_peephole, backend, compute
 
 
 def block_lstm_grad_checked(backend, layout: str, seq_len_max: int, arrays: dict, use_peephole: bool,
-                            compute_dtype, chunk_steps=None) -> BlockLSTMGradOutputs:
-    """BlockLSTMGrad(V2) on arrays that ``validation`` has already accepted (no second check)."""
+                            compute_dtype, chunk_steps=None, **extras) -> BlockLSTMGradOutputs:
+    """BlockLSTMGrad(V2) on arrays that ``validation`` has already accepted (no second check).
+
+    ``extras`` (``x_grad_out``, ``observe``) go to the backend only when given, so backends that
+    do not know them still serve every plain call.
+    """
     return backend.block_lstm_grad(
         SeqTensors(**arrays), seq_len_max=seq_len_max, use_peephole=use_peephole, layout=layout,
         compute_dtype=compute_dtype, chunk_steps=chunk_steps,
+        **{key: value for key, value in extras.items() if value is not None},
     )
 
 

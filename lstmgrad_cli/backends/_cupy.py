@@ -92,16 +92,21 @@ class CupyBackend:
         return self._cp.__version__
 
     def block_lstm_grad(self, tensors, *, seq_len_max, use_peephole, layout, compute_dtype,
-                        chunk_steps=None, return_dgates=False):
+                        chunk_steps=None, return_dgates=False, x_grad_out=None, observe=None):
         cp = self._cp
-        on_device = type(tensors)(*(None if a is None else cp.asarray(a) for a in tensors))  # one copy in
+        # One copy in (lazy inputs such as h5py datasets are read whole: the device holds them all).
+        on_device = type(tensors)(*(None if a is None else cp.asarray(a[()] if not hasattr(a, "__array__")
+                                                                       else a) for a in tensors))
         result = self._gradient.block_lstm_grad(
-            on_device, seq_len_max, use_peephole, layout, compute_dtype, chunk_steps, return_dgates
+            on_device, seq_len_max, use_peephole, layout, compute_dtype, chunk_steps, return_dgates,
+            observe=observe,
         )
-        if return_dgates:
-            outs, dgates = result
-            return _to_host(cp, outs), cp.asnumpy(dgates)
-        return _to_host(cp, result)
+        outs, dgates = result if return_dgates else (result, None)
+        outs = _to_host(cp, outs)
+        if x_grad_out is not None:  # one copy out, into the caller's lazy output
+            x_grad_out[...] = outs.x_grad
+            outs = outs._replace(x_grad=x_grad_out)
+        return (outs, cp.asnumpy(dgates)) if return_dgates else outs
 
 
 def _to_host(cp, outs):

@@ -124,8 +124,9 @@ class NumbaBackend:
         return numba.__version__
 
     def block_lstm_grad(self, tensors, *, seq_len_max, use_peephole, layout, compute_dtype,
-                        chunk_steps=None, return_dgates=False):
+                        chunk_steps=None, return_dgates=False, x_grad_out=None, observe=None):
         with np.errstate(all="ignore"):  # NaN/Inf in inputs are computed through, as TF does
             return self._gradient.block_lstm_grad(
-                tensors, seq_len_max, use_peephole, layout, compute_dtype, chunk_steps, return_dgates
+                tensors, seq_len_max, use_peephole, layout, compute_dtype, chunk_steps, return_dgates,
+                x_grad_out=x_grad_out, observe=observe,
             )

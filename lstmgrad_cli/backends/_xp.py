@@ -161,11 +161,19 @@ class XpGradient:
 
     # -- the whole backward pass --------------------------------------------------------------
     def block_lstm_grad(self, t: SeqTensors, seq_len_max: int, use_peephole: bool, layout: str,
-                        compute_dtype, chunk_steps: int | None = None, return_dgates: bool = False):
+                        compute_dtype, chunk_steps: int | None = None, return_dgates: bool = False, *,
+                        x_grad_out=None, observe=None):
         """BlockLSTMGrad(V2) on validated arrays already on this module's device.
 
         Returns ``BlockLSTMGradOutputs`` in the input dtype (and the gate gradients of all steps
         when ``return_dgates``, used for LSTMBlockCellGrad's ``dicfo``).
+
+        The time-major tensors are only ever read a chunk of steps at a time (``t.i[lo:hi]``), so
+        they may be lazy arrays such as h5py datasets: memory then stays bounded by the chunk.
+        ``x_grad_out``, a zero-filled writable ``[T, B, I]`` array-like (an h5py dataset, say),
+        receives ``x_grad`` chunk by chunk instead of an array in memory, and is returned as
+        ``x_grad``.  ``observe(t, carried_h, carried_cs)`` is called after each step with the
+        gradients carried into ``h`` and ``cs`` of step t-1 (for per-step diagnostics).
         """
         xp = self.xp
         out_dtype = np.dtype(t.x.dtype)
@@ -186,7 +194,7 @@ class XpGradient:
         acc = tuple(xp.zeros((B, C), dtype=cdt) for _ in range(3)) if use_peephole else None
         cs_prev, h_prev = cast(t.cs_prev), cast(t.h_prev)
 
-        x_grad = xp.zeros((T, B, I), dtype=out_dtype)
+        x_grad = xp.zeros((T, B, I), dtype=out_dtype) if x_grad_out is None else x_grad_out
         w_grad = xp.zeros((I + C, 4 * C), dtype=cdt)
         b_grad = xp.zeros(4 * C, dtype=cdt)
         carried_cs = xp.zeros((B, C), dtype=cdt)
@@ -227,6 +235,8 @@ class XpGradient:
                 self.step(step_in, carried_h, carried_cs, gates[k], new_cs, peep, acc, offsets, ws)
                 carried_cs, new_cs = new_cs, carried_cs
                 xp.matmul(gates[k], w_h_t, out=carried_h)
+                if observe is not None:
+                    observe(lo + k, carried_h, carried_cs)
             self._chunk_products(t, lo, hi, gates, w_x_t, x_grad, w_grad, b_grad, h_prev, chunk, cdt)
             hi = lo
 
@@ -246,10 +256,10 @@ class XpGradient:
         I = w_x_t.shape[1]  # noqa: E741
         C = w_grad.shape[0] - I
         flat = gates.reshape(n * B, G4)
-        if x_grad.dtype == cdt:
+        if x_grad.dtype == cdt and hasattr(x_grad, "reshape"):  # an array (not a lazy output) to write into
             xp.matmul(flat, w_x_t, out=x_grad[lo:hi].reshape(n * B, I))
-        else:
-            x_grad[lo:hi] = xp.matmul(flat, w_x_t).reshape(n, B, I)
+        else:  # another dtype, or a lazy output such as an h5py dataset
+            x_grad[lo:hi] = xp.matmul(flat, w_x_t).reshape(n, B, I).astype(x_grad.dtype)
         w_grad[:I] += chunk("x", lo, hi).reshape(n * B, I).T @ flat
         # h_prev of step s is h[s-1], and the input h_prev at s = 0 (never read h at t = L-1).
         if lo > 0:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.util
+import math
 import signal
 import sys
 from pathlib import Path
@@ -18,6 +20,7 @@ from ..backends import get_backend, resolve_name
 from ..batch import plan_tasks, run_batch
 from ..errors import LstmGradError, UnknownBackendError
 from ..jobs import GradOptions, GradResult
+from ..perstep import save_plot, sparkline
 from ._common import is_terminal, one_line, print_json, stderr_console, stdout_console
 
 INPUT_SUFFIXES = (".h5", ".hdf5", ".npz")
@@ -65,15 +68,26 @@ def _shared_options(func):
               help="Override seq_len_max (default: from the file, else T).")
 @click.option("--chunk-steps", type=click.IntRange(min=1),
               help="Time steps per batched matrix product (default: from a 64 MiB budget).")
-def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_len_max, chunk_steps, **flags):
+@click.option("--per-step", is_flag=True,
+              help="Add the gradient norms of every time step, a chart and the fastest growth/decay in words.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+              help="Save the per-step norms as a figure (PNG, PDF, SVG; needs lstmgrad[plot]); implies --per-step.")
+def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_len_max, chunk_steps, per_step, plot,
+                **flags):
     """BlockLSTMGradV2 (or BlockLSTMGrad with --layout icfo) of each INPUT (HDF5 or NPZ).
 
     Each INPUT holds the op's tensors under TF's names: x [T,B,I], cs_prev, h_prev [B,C], w [I+C,4C],
     wci, wcf, wco [C], b [4C], i, cs, f, o, ci, co, h, cs_grad, h_grad [T,B,C], and optionally
     seq_len_max and use_peephole (scalars or HDF5 attributes).
     """
-    options = GradOptions("seq", layout, backend, use_peephole, seq_len_max, group, compute_dtype, chunk_steps, force)
-    _run("seq", options, **flags)
+    if plot is not None:
+        if importlib.util.find_spec("matplotlib") is None:
+            raise click.ClickException("--plot needs matplotlib: pip install 'lstmgrad[plot]'")
+        if len(flags["inputs"]) != 1:
+            raise click.UsageError("--plot takes a single INPUT")
+    options = GradOptions("seq", layout, backend, use_peephole, seq_len_max, group, compute_dtype, chunk_steps, force,
+                          per_step=per_step or plot is not None)
+    _run("seq", options, plot=plot, **flags)
 
 
 @click.command("cell")
@@ -85,7 +99,7 @@ def cell_command(backend, use_peephole, group, compute_dtype, force, **flags):
     i, cs, f, o, ci, co, cs_grad, h_grad [B,C], and optionally use_peephole.  dicfo is in ICFO order.
     """
     options = GradOptions("cell", "icfo", backend, use_peephole, None, group, compute_dtype, None, force)
-    _run("cell", options, **flags)
+    _run("cell", options, plot=None, **flags)
 
 
 def expand_inputs(patterns) -> list[Path]:
@@ -107,7 +121,7 @@ def expand_inputs(patterns) -> list[Path]:
 
 
 def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, quiet, keep_going, skip_existing,
-         strict, workers, dask_address) -> None:
+         strict, workers, dask_address, plot) -> None:
     paths = expand_inputs(inputs)
     if output is not None and (len(paths) != 1 or out_dir is not None):
         raise click.UsageError("-o/--output takes a single INPUT and no --out-dir; use --out-dir for several")
@@ -136,6 +150,10 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
                 click.echo(f"Error: {result.error}", err=True)
             elif result.status == "ok" and not (as_json or quiet):
                 render(console, result)
+            if result.status == "ok" and plot is not None and result.per_step is not None:
+                save_plot(result.per_step, plot, f"{result.op}: {Path(result.input).name}")
+                if not (as_json or quiet):
+                    console.print(f"per-step plot: {plot}", highlight=False)
             advance()
 
         with _interruptible() as received:
@@ -248,3 +266,22 @@ def render(console, result: GradResult) -> None:
         console.print(f"warning: {_nonfinite_note(result)}", style="bold red", highlight=False)
     for note in result.defaults:
         console.print(f"default used: {note}", highlight=False, style="dim")
+    if result.per_step is not None:
+        render_per_step(console, result.per_step)
+
+
+def render_per_step(console, report: dict) -> None:
+    """Per-step norms as sparklines (log scale, step 0 on the left) and the growth/decay in words."""
+    names = {"x_grad": "|x_grad[t]|", "h_prev_grad": "|dh carried|", "cs_prev_grad": "|dcs carried|"}
+    width = max(10, min(80, console.width - 40))
+    table = Table(title=f"gradients through time ({report['steps']} steps, log scale, step 0 on the left)",
+                  title_justify="left", show_header=True)
+    for col, justify in (("norm", "left"), ("chart", "left"), ("min", "right"), ("max", "right")):
+        table.add_column(col, justify=justify, no_wrap=True)
+    for key, values in report["norms"].items():
+        finite = [v for v in values if math.isfinite(v)]
+        table.add_row(names[key], sparkline(values, width), _fmt(min(finite) if finite else None),
+                      _fmt(max(finite) if finite else None))
+    console.print(table)
+    for line in report["summary"]:
+        console.print(line, highlight=False)

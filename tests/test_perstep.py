@@ -1,0 +1,93 @@
+"""Gradients through time: --per-step norms, their description, the chart and the figure."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import FIXTURES, load_case, write_npz
+
+import lstmgrad_cli as lg
+from lstmgrad_cli.cli import main
+from lstmgrad_cli.perstep import sparkline
+
+
+def seq_args(name="seq_v2_larger"):
+    args = dict(load_case(name)[0])
+    args["use_peephole"] = bool(args["use_peephole"])
+    return args
+
+
+def test_carried_norms_equal_the_gradient_of_the_remaining_sequence(runner, tmp_path):
+    # What step t carries back into h[t-1] and cs[t-1] is exactly h_prev_grad / cs_prev_grad of the
+    # op run on steps t.. alone, starting from the stored state of step t-1: an independent check.
+    args = seq_args()
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_larger.in.npz"), "-o", str(out), "--per-step",
+                                  "--json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)["results"][0]["per_step"]
+    L = int(args["seq_len_max"])
+    assert report["steps"] == L
+    for t in (0, 3, L - 1):
+        tail = dict(args, seq_len_max=L - t, cs_prev=args["cs"][t - 1] if t else args["cs_prev"],
+                    h_prev=args["h"][t - 1] if t else args["h_prev"],
+                    **{k: args[k][t:] for k in ("x", "i", "cs", "f", "o", "ci", "co", "h", "cs_grad", "h_grad")})
+        sub = lg.block_lstm_grad_v2(**tail)
+        assert report["norms"]["h_prev_grad"][t] == pytest.approx(np.linalg.norm(sub.h_prev_grad), rel=1e-5)
+        assert report["norms"]["cs_prev_grad"][t] == pytest.approx(np.linalg.norm(sub.cs_prev_grad), rel=1e-5)
+    with np.load(out) as g:
+        want = [np.linalg.norm(g["x_grad"][t].astype(np.float64)) for t in range(L)]
+    np.testing.assert_allclose(report["norms"]["x_grad"], want, rtol=1e-6)
+    factors = report["growth_factors"]["h_prev_grad"]
+    hn = report["norms"]["h_prev_grad"]
+    assert factors[2] == pytest.approx(hn[2] / hn[3])
+
+
+def test_vanishing_gradient_is_named_with_its_worst_step(runner, tmp_path):
+    args = dict(load_case("seq_v2_larger")[0])
+    args["cs_grad"] = np.zeros_like(args["cs_grad"])
+    args["h_grad"] = np.zeros_like(args["h_grad"])
+    args["h_grad"][-1] = 1.0  # only the last output has a loss: its gradient fades going back
+    src = write_npz(tmp_path / "vanish.npz", args)
+    result = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.npz"), "--per-step"],
+                           env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "carried h gradient: vanishes going back in time" in text
+    assert "largest decay: x" in text and "gradients through time (12 steps" in text
+    assert any(ch in result.stdout for ch in "▁▂▃▄▅▆▇█")
+
+
+def test_sparkline_is_log_scaled_and_bucketed():
+    line = sparkline([1, 10, 100, 1000, 10])
+    levels = ["▁▂▃▄▅▆▇█".index(ch) for ch in line]
+    assert levels[0] == 0 and levels[3] == 7 and levels[0] < levels[1] < levels[2] < levels[3]
+    assert levels[4] == levels[1]  # equal values, equal height
+    assert len(sparkline(list(range(1, 1001)), width=50)) == 50
+    assert sparkline([0.0, 0.0]) == "  "
+
+
+def test_no_steps_is_fine(runner, tmp_path):
+    args = dict(load_case("seq_v2_zero")[0])
+    src = write_npz(tmp_path / "zero.npz", args)
+    result = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.npz"), "--per-step", "--json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)["results"][0]["per_step"]
+    assert report["steps"] == 0 and report["norms"]["x_grad"] == []
+
+
+def test_plot_writes_a_figure(runner, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "steps.png"
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_larger.in.npz"), "-o", str(tmp_path / "g.npz"),
+                                  "--plot", str(png), "-q"])
+    assert result.exit_code == 0, result.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_plot_takes_one_input(runner, tmp_path):
+    pytest.importorskip("matplotlib")
+    result = runner.invoke(main, ["seq", "a.npz", "b.npz", "--plot", str(tmp_path / "p.png")])
+    assert result.exit_code == 2 and "--plot takes a single INPUT" in result.stderr
