@@ -29,7 +29,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check lstmgrad_cli tests benchmarks
 
 bench: $(STAMP)
-	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(PY) benchmarks/bench_backends.py
+	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(PY) benchmarks/bench_backends.py $(BENCH_ARGS)
 
 conformance: $(STAMP)
 	LSTMGRAD="$(VENV)/bin/lstmgrad" $(PY) ../shared/conformance/check
