@@ -400,6 +400,7 @@ def _hdf5_dataset(fh, node, key: str, path: Path, h5py, budget: _Budget) -> np.n
     if dcpl.get_external_count():
         raw = dcpl.get_external(0)[0].decode("utf-8", "replace")
         raise InputFileError(f"{path}: {key} keeps its data in an external raw file ({raw!r}); refused")
+    _check_filters(dcpl, key, path)
     shape, dtype = obj.shape, obj.dtype
     if shape is None:
         raise InputFileError(f"{path}: {key} has no data (an HDF5 null dataspace); expected an array")
@@ -417,6 +418,18 @@ def _hdf5_dataset(fh, node, key: str, path: Path, h5py, budget: _Budget) -> np.n
         raise InputFileError(f"{path}: {key} does not fit in memory") from None
     except _HDF5_ERRORS as err:
         raise InputFileError(f"{path}: {key} cannot be read ({_reason(err)})") from None
+
+
+def _check_filters(dcpl, key: str, path: Path) -> None:
+    """Name a compression filter this HDF5 cannot run (HDF5's own message only says a plugin is missing)."""
+    from h5py import h5z  # noqa: PLC0415
+
+    for index in range(dcpl.get_nfilters()):
+        code, _flags, _values, name = dcpl.get_filter(index)
+        if not h5z.filter_avail(code):
+            label = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+            raise InputFileError(f"{path}: {key} is compressed with HDF5 filter {code} ({label!r}), which is not "
+                                 "available here; install its plugin (e.g. the hdf5plugin package)")
 
 
 def _hdf5_attribute(attrs, akey: str, path: Path, budget: _Budget) -> np.ndarray:

@@ -1,0 +1,575 @@
+"""Hostile and broken input files (issue 6): each is refused with one clear line and exit 1.
+
+Every case builds a real file (h5py, zipfile, numpy's .npy writer) that breaks in one specific
+way, then checks three layers:
+
+* the library (``io.read_inputs``) raises ``InputFileError`` whose message names the file, the
+  tensor and what is wrong;
+* the command (click's runner) exits 1 with exactly one ``Error: ...`` line, writes no output
+  and leaves the input byte-for-byte untouched;
+* a real ``lstmgrad`` subprocess does the same without crashing or hanging (all cases at once).
+
+CASES below is also the source of the README table of bad inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io as bytes_io
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from conftest import load_case
+
+from lstmgrad_cli import io
+from lstmgrad_cli.cli import main
+from lstmgrad_cli.errors import InputFileError
+
+LSTMGRAD = [sys.executable, "-m", "lstmgrad_cli"]
+
+
+# -- builders of valid and broken files -----------------------------------------------------------
+
+def valid_inputs() -> dict[str, np.ndarray]:
+    inputs, _, _ = load_case("seq_v2_peep")
+    return inputs
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buf = bytes_io.BytesIO()
+    np.lib.format.write_array(buf, np.asanyarray(array), allow_pickle=True)
+    return buf.getvalue()
+
+
+def npy_header(shape, descr: str, fortran: bool = False) -> bytes:
+    buf = bytes_io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"shape": shape, "fortran_order": fortran, "descr": descr})
+    return buf.getvalue()
+
+
+def write_zip(path: Path, members: dict[str, bytes], compression=zipfile.ZIP_STORED) -> Path:
+    with zipfile.ZipFile(path, "w", compression) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return path
+
+
+def npz_with(path: Path, replace: dict[str, bytes] | None = None, drop: tuple = (), compression=zipfile.ZIP_STORED,
+             extra: dict[str, bytes] | None = None) -> Path:
+    """The valid seq case as an NPZ, with some members replaced by raw ``.npy`` bytes."""
+    members = {f"{k}.npy": npy_bytes(v) for k, v in valid_inputs().items() if k not in drop}
+    members.update({f"{k}.npy": v for k, v in (replace or {}).items()})
+    members.update(extra or {})
+    return write_zip(path, members, compression)
+
+
+def h5_with(path: Path, edit=None, group: str | None = None) -> Path:
+    """The valid seq case as HDF5; ``edit(node, file)`` then replaces what it likes."""
+    with h5py.File(path, "w") as fh:
+        node = fh.create_group(group) if group else fh
+        for key, value in valid_inputs().items():
+            node.create_dataset(key, data=value)
+        if edit is not None:
+            edit(node, fh)
+    return path
+
+
+def replace_dataset(name: str, make):
+    def edit(node, fh):
+        del node[name]
+        make(node, name, fh)
+    return edit
+
+
+class _Payload:
+    """Unpickling this runs a shell command: proof that nothing is ever unpickled."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def pickle_bomb(tmp: Path) -> bytes:
+    array = np.empty(1, dtype=object)
+    array[0] = _Payload(tmp / "PWNED")
+    return npy_bytes(array)
+
+
+def _central_dir_patch(path: Path, offset: int, fmt: str, value) -> None:
+    """Overwrite a field in every central-directory entry (zipfile trusts these)."""
+    data = bytearray(path.read_bytes())
+    pos = data.find(b"PK\x01\x02")
+    while pos != -1:
+        struct.pack_into(fmt, data, pos + offset, value)
+        pos = data.find(b"PK\x01\x02", pos + 4)
+    path.write_bytes(bytes(data))
+
+
+def _member_data_offset(path: Path, member: str) -> int:
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(member)
+    raw = path.read_bytes()
+    name_len, extra_len = struct.unpack_from("<HH", raw, info.header_offset + 26)
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def corrupt_deflate(path: Path) -> Path:
+    npz_with(path, replace={"x": npy_bytes(np.linspace(0, 1, 60, dtype=np.float32).reshape(5, 3, 4))},
+             compression=zipfile.ZIP_DEFLATED)
+    start = _member_data_offset(path, "x.npy")
+    data = bytearray(path.read_bytes())
+    for i in range(start + 2, start + 40):
+        data[i] ^= 0xA5
+    path.write_bytes(bytes(data))
+    return path
+
+
+def bad_crc(path: Path) -> Path:
+    npz_with(path)
+    start = _member_data_offset(path, "x.npy")
+    data = bytearray(path.read_bytes())
+    data[start + 140] ^= 0xFF  # inside the float data, after the 128-byte header
+    path.write_bytes(bytes(data))
+    return path
+
+
+def unsupported_method(path: Path) -> Path:
+    npz_with(path)
+    _central_dir_patch(path, 10, "<H", 99)  # compression method 99 (AES): not supported
+    return path
+
+
+def encrypted(path: Path) -> Path:
+    npz_with(path)
+    _central_dir_patch(path, 8, "<H", 1)  # general-purpose flag bit 0: encrypted
+    return path
+
+
+def zip_bomb(path: Path) -> Path:
+    """x.npy declares 40 MB of float32 and really holds it, deflated to ~40 kB."""
+    inputs = valid_inputs()
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for key, value in inputs.items():
+            if key != "x":
+                zf.writestr(f"{key}.npy", npy_bytes(value))
+        with zf.open("x.npy", "w") as member:
+            member.write(npy_header((10, 1000, 1000), "<f4"))
+            zeros = bytes(1 << 20)
+            for _ in range(40):
+                member.write(zeros[: min(1 << 20, 40_000_000)])
+    return path
+
+
+def other_h5(tmp: Path) -> Path:
+    return h5_with(tmp / "other.h5", group="lstm")
+
+
+def external_link(path: Path) -> Path:
+    target = other_h5(path.parent)
+    link = h5py.ExternalLink(str(target), "/lstm/x")
+    return h5_with(path, replace_dataset("x", lambda n, k, f: n.__setitem__(k, link)))
+
+
+def external_link_to_fifo(path: Path) -> Path:
+    fifo = path.parent / "pipe.h5"
+    os.mkfifo(fifo)  # opening it would block forever: proof the link is never followed
+    return h5_with(path, replace_dataset("x", lambda n, k, f: n.__setitem__(k, h5py.ExternalLink(str(fifo), "/x"))))
+
+
+def group_is_external(path: Path) -> Path:
+    target = other_h5(path.parent)
+    with h5py.File(path, "w") as fh:
+        fh["lstm"] = h5py.ExternalLink(str(target), "/lstm")
+    return path
+
+
+def soft_through_external(path: Path) -> Path:
+    target = other_h5(path.parent)
+
+    def edit(node, fh):
+        fh["elsewhere"] = h5py.ExternalLink(str(target), "/lstm")
+        del node["x"]
+        node["x"] = h5py.SoftLink("/elsewhere/x")
+    return h5_with(path, edit)
+
+
+def virtual_dataset(path: Path) -> Path:
+    target = other_h5(path.parent)
+
+    def make(node, key, fh):
+        layout = h5py.VirtualLayout(shape=(5, 3, 4), dtype="f4")
+        layout[:] = h5py.VirtualSource(str(target), "/lstm/x", shape=(5, 3, 4))
+        node.create_virtual_dataset(key, layout)
+    return h5_with(path, replace_dataset("x", make))
+
+
+def external_raw(path: Path) -> Path:
+    raw = path.parent / "raw.bin"
+    raw.write_bytes(np.ones(60, dtype="f4").tobytes())
+    return h5_with(path, replace_dataset(
+        "x", lambda n, k, f: n.create_dataset(k, shape=(5, 3, 4), dtype="f4", external=[(str(raw), 0, 240)])))
+
+
+def huge_dataset(path: Path) -> Path:
+    return h5_with(path, replace_dataset(
+        "x", lambda n, k, f: n.create_dataset(k, shape=(100_000, 100_000, 100_000), dtype="f4", chunks=(1, 1, 1000))))
+
+
+def chunk_bomb(path: Path) -> Path:
+    return h5_with(path, replace_dataset(
+        "x", lambda n, k, f: n.create_dataset(k, data=np.zeros((5, 3, 4), "f4"), maxshape=(None, 3, 4),
+                                              chunks=(400_000, 3, 4), compression="gzip")))
+
+
+def corrupt_gzip(path: Path) -> Path:
+    h5_with(path, replace_dataset("x", lambda n, k, f: n.create_dataset(
+        k, data=np.linspace(0, 1, 60, dtype="f4").reshape(5, 3, 4), chunks=(5, 3, 4), compression="gzip")))
+    with h5py.File(path, "r") as fh:
+        info = fh["x"].id.get_chunk_info(0)
+    data = bytearray(path.read_bytes())
+    for i in range(info.byte_offset, info.byte_offset + info.size):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+    return path
+
+
+def unknown_filter(path: Path) -> Path:
+    def make(node, key, fh):
+        ds = node.create_dataset(key, shape=(5, 3, 4), dtype="f4", chunks=(5, 3, 4), compression=32123,
+                                 allow_unknown_filter=True)
+        ds.id.write_direct_chunk((0, 0, 0), np.ones(60, "f4").tobytes())
+    return h5_with(path, replace_dataset("x", make))
+
+
+def truncated_h5(path: Path) -> Path:
+    h5_with(path)
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+    return path
+
+
+def unicode_and_long_keys(path: Path) -> Path:
+    """Valid tensors stored only under exotic names; the op's names are missing."""
+    arrays = {("ключ-x-" + "é" * 20): np.zeros(3, "f4"), "k" * 5000: np.zeros(3, "f4"), "\u202ertl": np.ones(2, "f4")}
+    np.savez(path, **arrays)
+    return path
+
+
+def unicode_and_long_keys_h5(path: Path) -> Path:
+    with h5py.File(path, "w") as fh:
+        fh["ключ-" + "ü" * 50] = np.zeros(3, "f4")
+        fh["k" * 5000] = np.zeros(3, "f4")
+    return path
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    what: str  # README wording: the bad input
+    build: object  # (path) -> path
+    fragment: str  # expected in the message
+    suffix: str = ".npz"
+    args: tuple = ()
+    env: tuple = ()  # extra environment (name, value) pairs
+
+
+CASES = [
+    Case("empty", "0-byte file", lambda p: (p.write_bytes(b""), p)[1], "file is empty (0 bytes)"),
+    Case("text", "not HDF5 or NPZ (text)", lambda p: (p.write_text("x,y\n1,2\n"), p)[1], "not an HDF5 or NPZ file"),
+    Case("fifo", "a named pipe (would block)", lambda p: (os.mkfifo(p), p)[1], "not a regular file (a named pipe)"),
+    Case("npz-truncated", "NPZ cut in half",
+         lambda p: (p.write_bytes(npz_with(p).read_bytes()[:3000]), p)[1], "corrupt or truncated NPZ"),
+    Case("npz-magic-only", "NPZ: zip signature and nothing else",
+         lambda p: (p.write_bytes(b"PK\x03\x04" + b"\0" * 20), p)[1], "corrupt or truncated NPZ"),
+    Case("npz-pickle", "NPZ member: pickled object array (payload runs a shell command)",
+         lambda p: npz_with(p, replace={"x": pickle_bomb(p.parent)}), "x is a pickled object array"),
+    Case("npz-not-array", "NPZ member that is not a .npy array",
+         lambda p: npz_with(p, replace={"x": b"just some text, not an array"}), "x is not a numpy array"),
+    Case("npz-bad-header", "NPZ member: .npy header that is not a dict",
+         lambda p: npz_with(p, replace={"x": b"\x93NUMPY\x01\x00\x10\x00" + b"[1, 2, 3]      \n"}),
+         "x is corrupt or truncated (Header is not a dictionary"),
+    Case("npz-negative-dim", "NPZ member: negative dimension in the header",
+         lambda p: npz_with(p, replace={"x": npy_header((5, -3, 4), "<f4")}), "x declares a negative dimension"),
+    Case("npz-huge-declared", "NPZ member: header declares 4 EB (data absent)",
+         lambda p: npz_with(p, replace={"x": npy_header((1_000_000,) * 3, "<f4")}),
+         "x declares shape [1000000, 1000000, 1000000] of float32 = 3.5 EiB (4000000000000000000 bytes)"),
+    Case("npz-short-data", "NPZ member: header declares more data than the member holds",
+         lambda p: npz_with(p, replace={"x": npy_header((5, 3, 4), "<f4") + b"\0" * 17}),
+         "x is truncated: its header declares shape [5, 3, 4] of float32 = 240 bytes but the member holds only 17"),
+    Case("npz-trailing", "NPZ member: data after the array",
+         lambda p: npz_with(p, replace={"x": npy_bytes(np.zeros((5, 3, 4), "f4")) + b"surprise"}),
+         "x has data after the array"),
+    Case("npz-zip-bomb", "NPZ member: 40 MB of zeros deflated to 40 kB, limit 1 MiB",
+         zip_bomb, "more than the 1.0 MiB limit (LSTMGRAD_MAX_TENSOR_BYTES",
+         env=(("LSTMGRAD_MAX_TENSOR_BYTES", "1M"),)),
+    Case("npz-bad-deflate", "NPZ member: deflate stream that fails to decompress", corrupt_deflate,
+         "x is corrupt or truncated"),
+    Case("npz-bad-crc", "NPZ member: flipped data byte (CRC mismatch)", bad_crc,
+         "x is corrupt or truncated (Bad CRC-32"),
+    Case("npz-method-99", "NPZ member: unsupported compression method", unsupported_method,
+         "compression method is not supported"),
+    Case("npz-encrypted", "NPZ member: encrypted", encrypted, "encrypted"),
+    Case("npz-unicode-long-keys", "NPZ: only unicode / 5000-character key names", unicode_and_long_keys,
+         "missing tensors x, cs_prev"),
+    Case("h5-truncated", "HDF5 cut in half", truncated_h5, "corrupt or truncated HDF5 file", suffix=".h5"),
+    Case("h5-magic-only", "HDF5 signature and nothing else",
+         lambda p: (p.write_bytes(io.HDF5_MAGIC + b"\xff" * 40), p)[1], "corrupt or truncated HDF5 file", suffix=".h5"),
+    Case("h5-external-link", "HDF5: x is an external link to another file", external_link,
+         "x is an external link to", suffix=".h5"),
+    Case("h5-external-fifo", "HDF5: x is an external link to a named pipe", external_link_to_fifo,
+         "x is an external link to", suffix=".h5"),
+    Case("h5-group-external", "HDF5: --group is an external link", group_is_external,
+         "group 'lstm' is an external link", suffix=".h5", args=("--group", "lstm")),
+    Case("h5-dangling-soft", "HDF5: x is a soft link to a missing path",
+         lambda p: h5_with(p, replace_dataset("x", lambda n, k, f: n.__setitem__(k, h5py.SoftLink("/nowhere/x")))),
+         "x is a soft link to '/nowhere/x', which does not exist in this file", suffix=".h5"),
+    Case("h5-soft-loop", "HDF5: soft links in a loop",
+         lambda p: h5_with(p, replace_dataset("x", lambda n, k, f: (n.__setitem__(k, h5py.SoftLink("/y")),
+                                                                    n.__setitem__("y", h5py.SoftLink("/x"))))),
+         "soft links in a row", suffix=".h5"),
+    Case("h5-soft-via-external", "HDF5: soft link whose path passes through an external link", soft_through_external,
+         "x is an external link to", suffix=".h5"),
+    Case("h5-virtual", "HDF5: x is a virtual dataset (data in another file)", virtual_dataset,
+         "x is a virtual dataset", suffix=".h5"),
+    Case("h5-external-raw", "HDF5: x keeps its raw data in an external file", external_raw,
+         "x keeps its data in an external raw file", suffix=".h5"),
+    Case("h5-huge", "HDF5: x declares 4 PB (never written, file is tiny)", huge_dataset,
+         "x declares shape [100000, 100000, 100000] of float32 = 3.6 PiB (4000000000000000 bytes)", suffix=".h5"),
+    Case("h5-chunk-bomb", "HDF5: 240-byte dataset stored in 4.8 MB chunks, limit 1 MiB", chunk_bomb,
+         "x declares chunks of shape [400000, 3, 4]", suffix=".h5", env=(("LSTMGRAD_MAX_TENSOR_BYTES", "1M"),)),
+    Case("h5-bad-gzip", "HDF5: gzip chunk that fails to decompress", corrupt_gzip, "x cannot be read", suffix=".h5"),
+    Case("h5-unknown-filter", "HDF5: compressed with a filter that is not installed", unknown_filter,
+         "x is compressed with HDF5 filter 32123", suffix=".h5"),
+    Case("h5-vlen", "HDF5: x is variable-length strings",
+         lambda p: h5_with(p, replace_dataset("x", lambda n, k, f: n.create_dataset(
+             k, data=np.array(["a", "b"], dtype=h5py.string_dtype())))),
+         "x has a variable-length or reference type", suffix=".h5"),
+    Case("h5-null", "HDF5: x has a null dataspace",
+         lambda p: h5_with(p, replace_dataset("x", lambda n, k, f: n.__setitem__(k, h5py.Empty("f4")))),
+         "x has no data (an HDF5 null dataspace)", suffix=".h5"),
+    Case("h5-group-not-dataset", "HDF5: x is a group",
+         lambda p: h5_with(p, replace_dataset("x", lambda n, k, f: n.create_group(k))),
+         "x is a group, not a dataset", suffix=".h5"),
+    Case("h5-unicode-long-keys", "HDF5: only unicode / 5000-character names", unicode_and_long_keys_h5,
+         "missing tensors x, cs_prev", suffix=".h5"),
+]
+IDS = [c.id for c in CASES]
+# Cases whose complaint comes after reading (validation in jobs.py), not from io.read_inputs.
+NOT_IO = {"npz-unicode-long-keys", "h5-unicode-long-keys"}
+
+
+def build(case: Case, tmp_path: Path) -> Path:
+    return case.build(tmp_path / f"hostile-{case.id}{case.suffix}")
+
+
+@contextlib.contextmanager
+def fifo_watchdog(directory: Path, seconds: float = 10.0):
+    """If a reader blocks on a FIFO under ``directory``, open its other end after ``seconds``.
+
+    The blocked read then sees end-of-file, so a regression fails the test instead of hanging it.
+    """
+    done = threading.Event()
+
+    def release():
+        if done.wait(seconds):
+            return
+        for fifo in (p for p in directory.rglob("*") if p.is_fifo()):
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    thread = threading.Thread(target=release, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    """Every file under ``directory`` and its sha256 (FIFOs and directories by kind)."""
+    out = {}
+    for p in sorted(directory.rglob("*")):
+        if p.is_fifo():
+            out[str(p)] = "fifo"
+        elif p.is_file():
+            out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+        else:
+            out[str(p)] = "dir"
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_library_refuses_with_a_precise_message(case, tmp_path, monkeypatch):
+    for name, value in case.env:
+        monkeypatch.setenv(name, value)
+    path = build(case, tmp_path)
+    group = case.args[1] if case.args[:1] == ("--group",) else None
+    if case.id in NOT_IO:
+        loaded = io.read_inputs(path, ["x", "cs_prev"], group=group)
+        assert loaded.tensors == {} and len(loaded.keys) == 3 - (case.suffix == ".h5")
+        return
+    with pytest.raises(InputFileError) as info, fifo_watchdog(tmp_path):
+        io.read_inputs(path, ["x", "cs_prev", "h_prev", "w"], ["seq_len_max", "use_peephole"], group=group)
+    message = str(info.value)
+    assert message.startswith(f"{path}: "), message
+    assert case.fragment in message, message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_command_exits_1_with_one_line_and_no_output(case, tmp_path, runner, monkeypatch):
+    for name, value in case.env:
+        monkeypatch.setenv(name, value)
+    path = build(case, tmp_path)
+    out = tmp_path / "out" / "grads.npz"
+    out.parent.mkdir()
+    before = snapshot(tmp_path)
+    with fifo_watchdog(tmp_path):
+        result = runner.invoke(main, ["seq", str(path), "-o", str(out), *case.args])
+    assert result.exit_code == 1, (result.exit_code, result.output, result.exception)
+    assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert case.fragment in result.stderr and str(path) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert snapshot(tmp_path) == before  # input untouched, no output, no temporary file left
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_pickle_payload_is_live_but_never_runs(tmp_path, runner):
+    """The payload really would run if unpickled (so the test above can fail)."""
+    path = npz_with(tmp_path / "evil.npz", replace={"x": pickle_bomb(tmp_path)})
+    runner.invoke(main, ["seq", str(path), "-o", str(tmp_path / "g.npz")])
+    assert not (tmp_path / "PWNED").exists()
+    with np.load(path, allow_pickle=True) as archive:
+        archive["x"]
+    assert (tmp_path / "PWNED").exists()
+
+
+# The real-process sweep takes ~0.5 s of CPU per file; by default it covers the cases most likely to
+# crash or hang a process (every case with LSTMGRAD_FUZZ_EXAMPLES set, as `make fuzz` does).
+SUBPROCESS_CASES = {"fifo", "npz-pickle", "npz-huge-declared", "h5-external-fifo", "h5-huge", "h5-bad-gzip"}
+
+
+def test_cases_in_a_real_subprocess(tmp_path):
+    """The real command, one process per file, all at once: exit 1, one line, no hang, no crash."""
+    everything = bool(os.environ.get("LSTMGRAD_FUZZ_EXAMPLES"))
+    jobs = []
+    for case in (c for c in CASES if everything or c.id in SUBPROCESS_CASES):
+        work = tmp_path / case.id
+        work.mkdir()
+        path = build(case, work)
+        out = work / "out" / "grads.npz"
+        out.parent.mkdir()
+        jobs.append((case, path, out, work, snapshot(work)))
+
+    def run(job):
+        case, path, out, _, _ = job
+        env = {**os.environ, **dict(case.env), "NO_COLOR": "1"}
+        env.pop("LSTMGRAD_BACKEND", None)
+        return subprocess.run([*LSTMGRAD, "seq", str(path), "-o", str(out), *case.args], capture_output=True,
+                              text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        results = list(pool.map(run, jobs))
+    for (case, path, _, work, before), proc in zip(jobs, results, strict=True):
+        assert proc.returncode == 1, (case.id, proc.returncode, proc.stderr)
+        assert proc.stderr.startswith("Error: ") and proc.stderr.count("\n") == 1, (case.id, proc.stderr)
+        assert case.fragment in proc.stderr and str(path) in proc.stderr, (case.id, proc.stderr)
+        assert proc.stdout == "", case.id
+        assert snapshot(work) == before, case.id
+        assert not (work / "PWNED").exists()
+
+
+# -- files that look odd but are fine -------------------------------------------------------------
+
+def test_soft_link_inside_the_file_is_followed(tmp_path):
+    def edit(node, fh):
+        fh.create_group("store")["x_data"] = node["x"][()]
+        del node["x"]
+        node["x"] = h5py.SoftLink("/store/x_data")
+    path = h5_with(tmp_path / "soft.h5", edit)
+    loaded = io.read_inputs(path, ["x"])
+    np.testing.assert_array_equal(loaded.tensors["x"], valid_inputs()["x"])
+
+
+def test_extra_hostile_members_are_never_touched(tmp_path, runner):
+    """A pickled member, a broken member and odd names beside valid tensors: the run succeeds."""
+    path = npz_with(tmp_path / "mixed.npz", extra={"evil.npy": pickle_bomb(tmp_path), "broken.npy": b"\x93NUMPY",
+                                                   "ключ" * 100 + ".npy": npy_bytes(np.zeros(2)),
+                                                   "notes.txt": b"hello"})
+    result = runner.invoke(main, ["seq", str(path), "-o", str(tmp_path / "g.npz"), "-q"])
+    assert result.exit_code == 0, result.stderr
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_directory_is_refused_by_the_reader(tmp_path):
+    (tmp_path / "d.npz").mkdir()
+    with pytest.raises(InputFileError, match="is a directory, not a file"):
+        io.read_inputs(tmp_path / "d.npz", ["x"])
+
+
+def test_character_device_is_refused_without_reading(tmp_path):
+    with pytest.raises(InputFileError, match=r"not a regular file \(a character device\)"):
+        io.read_inputs("/dev/zero", ["x"])
+
+
+def test_limit_is_half_of_memory_by_default(monkeypatch):
+    monkeypatch.delenv(io.MAX_BYTES_ENV, raising=False)
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 0 < io.max_tensor_bytes() <= total // 2
+
+
+@pytest.mark.parametrize("text, value", [("1000", 1000), ("4k", 4096), ("512M", 512 << 20), ("2GiB", 2 << 30)])
+def test_limit_from_environment(monkeypatch, text, value):
+    monkeypatch.setenv(io.MAX_BYTES_ENV, text)
+    assert io.max_tensor_bytes() == value
+
+
+def test_bad_limit_in_environment_is_a_clean_error(monkeypatch, tmp_path, runner):
+    monkeypatch.setenv(io.MAX_BYTES_ENV, "lots")
+    path = npz_with(tmp_path / "in.npz")
+    result = runner.invoke(main, ["seq", str(path), "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 1 and "LSTMGRAD_MAX_TENSOR_BYTES='lots'" in result.stderr
+
+
+def test_limit_counts_all_tensors_of_a_file_together(monkeypatch, tmp_path):
+    """x (240 bytes) fits a 300-byte limit alone, but not together with cs_prev (72 bytes)."""
+    path = npz_with(tmp_path / "in.npz")
+    monkeypatch.setenv(io.MAX_BYTES_ENV, "300")
+    io.read_inputs(path, ["x"])
+    with pytest.raises(InputFileError, match=r"cs_prev declares shape \[3, 6\] .* on top of 240 bytes already read"):
+        io.read_inputs(path, ["x", "cs_prev"])
+
+
+def test_limit_applies_to_hdf5_attributes(monkeypatch, tmp_path):
+    path = h5_with(tmp_path / "in.h5", lambda node, fh: (node.__delitem__("seq_len_max"),
+                                                         node.attrs.__setitem__("seq_len_max", np.zeros(64))))
+    monkeypatch.setenv(io.MAX_BYTES_ENV, "100")
+    with pytest.raises(InputFileError, match="attribute seq_len_max declares shape"):
+        io.read_inputs(path, [], ["seq_len_max"])
+
+
+def test_pickle_module_is_never_used_by_the_reader(tmp_path, monkeypatch):
+    """Belt and braces: reading every fixture and hostile NPZ never calls pickle.loads."""
+    def boom(*args, **kwargs):
+        raise AssertionError("pickle used")
+    monkeypatch.setattr(pickle, "loads", boom)
+    monkeypatch.setattr(pickle, "load", boom)
+    path = npz_with(tmp_path / "evil.npz", replace={"x": pickle_bomb(tmp_path)})
+    with pytest.raises(InputFileError):
+        io.read_inputs(path, ["x"])
+    io.read_inputs(npz_with(tmp_path / "ok.npz"), ["x", "w"])
