@@ -529,6 +529,8 @@ def write_outputs(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], me
     except BaseException as err:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(err, RuntimeError) and _errno_in(err) is not None:  # h5py's way of saying EFBIG/ENOSPC
+            err = OSError(_errno_in(err), str(err))
         if isinstance(err, OSError):
             raise OutputFileError(f"{path}: cannot write: {_os_reason(err)}; nothing was written") from None
         raise
@@ -587,11 +589,16 @@ def _publish(tmp: Path, path: Path, force: bool) -> None:
 _HDF5_ERRNO = re.compile(r"errno\s*=\s*(\d+)")
 
 
+def _errno_in(err: BaseException) -> int | None:
+    """The C errno an h5py error carries only in its message (``errno = 28``), if any."""
+    match = _HDF5_ERRNO.search(str(err))
+    return int(match.group(1)) if match else None
+
+
 def _os_reason(err: OSError) -> str:
     code = err.errno
     if code is None:  # h5py's OSErrors carry the C errno only in their message
-        match = _HDF5_ERRNO.search(str(err))
-        code = int(match.group(1)) if match else None
+        code = _errno_in(err)
     if code == errno.ENOSPC:
         return "no space left on device"
     if code == errno.EDQUOT:
@@ -616,12 +623,22 @@ def _write_npz(fh, tensors, metadata) -> None:
 def _write_hdf5(target: Path, tensors, metadata) -> None:
     import h5py  # noqa: PLC0415
 
-    with h5py.File(target, "w", track_order=True) as out:
+    out = h5py.File(target, "w", track_order=True)
+    try:
         for name, value in tensors.items():
             out.create_dataset(name, data=value)
         for key, value in metadata.items():
             out.attrs[key] = "" if value is None else value
         out.flush()  # a write error (disk full) surfaces here as an exception, not silently at close
+    except BaseException:
+        # Closing after a failed write fails again (h5py raises RuntimeError from close); the first error counts.
+        with contextlib.suppress(Exception):
+            out.close()
+        raise
+    try:
+        out.close()
+    except RuntimeError as err:  # h5py reports some write failures (EFBIG, ENOSPC) only when closing
+        raise OSError(_errno_in(err), str(err)) from None
 
 
 def read_metadata(path: str | os.PathLike) -> dict:

@@ -1,0 +1,328 @@
+"""Faults while writing (issue 6): disk full, file-size limit, permission denied, read-only filesystem,
+missing directory, output equal to an input, interruptions.
+
+Whatever happens: exit 1 with one line that says what happened, the input is byte-for-byte
+untouched, no partial or temporary output remains, and an existing output replaced with --force
+survives a failed replacement.  Real faults where the machine allows: a 512 KiB tmpfs for disk full
+and a read-only remount (root only; skipped otherwise), a dropped-privilege subprocess for
+permission denied as root, and RLIMIT_FSIZE in a subprocess everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from lstmgrad_cli import io
+from lstmgrad_cli.cli import main
+from lstmgrad_cli.errors import OutputFileError
+
+IS_ROOT = os.geteuid() == 0
+
+
+def seq_inputs(T=16, B=32, I=256, C=32, dtype=np.float64, seed=0) -> dict[str, np.ndarray]:  # noqa: E741
+    """Valid BlockLSTMGradV2 inputs; with the defaults x_grad alone is 1 MiB."""
+    rng = np.random.default_rng(seed)
+    def r(*shape):
+        return rng.standard_normal(shape).astype(dtype)
+    tensors = {"x": r(T, B, I), "cs_prev": r(B, C), "h_prev": r(B, C), "w": r(I + C, 4 * C),
+               "wci": r(C), "wcf": r(C), "wco": r(C), "b": r(4 * C)}
+    for name in ("i", "cs", "f", "o", "ci", "co", "h", "cs_grad", "h_grad"):
+        tensors[name] = r(T, B, C)
+    return tensors
+
+
+def write_input(path: Path, **shape) -> Path:
+    np.savez(path, **seq_inputs(**shape))
+    return path
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def listing(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def assert_one_line_error(stderr: str, *fragments: str) -> None:
+    assert stderr.startswith("Error: ") and stderr.count("\n") == 1, stderr
+    assert "Traceback" not in stderr
+    for fragment in fragments:
+        assert fragment in stderr, stderr
+
+
+@contextlib.contextmanager
+def tmpfs(size: str):
+    """A fresh tmpfs of ``size`` (root only); skips the test when one cannot be mounted."""
+    if not IS_ROOT or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root; disk-full is covered by the RLIMIT_FSIZE tests")
+    where = Path(tempfile.mkdtemp(prefix="lstmgrad-tmpfs-"))
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(where)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        where.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+        with contextlib.suppress(OSError):
+            where.rmdir()
+
+
+def remount_read_only(where: Path) -> None:
+    proc = subprocess.run(["mount", "-o", "remount,ro", str(where)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot remount read-only here: {proc.stderr.strip()}")
+
+
+# -- disk full -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("suffix", [".npz", ".h5"])
+def test_disk_full_on_a_real_tmpfs(tmp_path, runner, suffix):
+    src = write_input(tmp_path / "in.npz")
+    before = digest(src)
+    with tmpfs("512k") as disk:
+        out = disk / f"grads{suffix}"
+        result = runner.invoke(main, ["seq", str(src), "-o", str(out)])
+        assert result.exit_code == 1
+        assert_one_line_error(result.stderr, str(out), "no space left on device", "nothing was written")
+        assert listing(disk) == []  # no partial output, no temporary file
+    assert digest(src) == before
+
+
+def test_disk_full_beside_the_input_keeps_the_input(runner):
+    """Default output beside an input on a nearly full disk: the input survives intact."""
+    with tmpfs("2m") as disk:
+        src = write_input(disk / "in.npz", T=8, I=200)  # ~0.9 MB; its gradients need ~0.7 MB more
+        filler = disk / "filler"
+        with contextlib.suppress(OSError), open(filler, "wb") as fh:
+            fh.write(b"\0" * (4 << 20))  # fill what is left (the write stops at ENOSPC)
+        before = digest(src)
+        result = runner.invoke(main, ["seq", str(src)])
+        assert result.exit_code == 1
+        assert_one_line_error(result.stderr, "no space left on device")
+        assert listing(disk) == ["filler", "in.npz"]
+        assert digest(src) == before
+
+
+def _run_with_file_size_limit(args: list[str], limit: int) -> subprocess.CompletedProcess:
+    """The real command with RLIMIT_FSIZE: writes past ``limit`` bytes fail with EFBIG (SIGXFSZ ignored)."""
+    def limit_writes():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = {**os.environ, "NO_COLOR": "1"}
+    env.pop("LSTMGRAD_BACKEND", None)
+    return subprocess.run([sys.executable, "-m", "lstmgrad_cli", *args], capture_output=True, text=True,
+                          timeout=120, preexec_fn=limit_writes, env=env, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".h5"])
+def test_file_size_limit_in_a_subprocess(tmp_path, suffix):
+    """Works without root: the kernel refuses writes past RLIMIT_FSIZE, like a full disk."""
+    src = write_input(tmp_path / "in.npz")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = out_dir / f"grads{suffix}"
+    before = digest(src)
+    proc = _run_with_file_size_limit(["seq", str(src), "-o", str(out)], limit=256 * 1024)
+    assert proc.returncode == 1, proc.stderr
+    assert_one_line_error(proc.stderr, str(out), "file too large")
+    assert listing(out_dir) == []
+    assert digest(src) == before
+
+
+def test_failed_force_replacement_keeps_the_old_output(tmp_path):
+    """--force over an existing output, then the write fails: the old output is still there, unchanged."""
+    src = write_input(tmp_path / "in.npz")
+    out = tmp_path / "grads.npz"
+    out.write_bytes(b"previous results")
+    proc = _run_with_file_size_limit(["seq", str(src), "-o", str(out), "--force"], limit=256 * 1024)
+    assert proc.returncode == 1 and "file too large" in proc.stderr
+    assert out.read_bytes() == b"previous results"
+    assert listing(tmp_path) == ["grads.npz", "in.npz"]
+
+
+# -- permissions and read-only filesystems ---------------------------------------------------------
+
+def test_read_only_filesystem(tmp_path, runner):
+    with tmpfs("4m") as disk:
+        src = write_input(disk / "in.npz", T=2, B=2, I=3, C=2)
+        (disk / "out").mkdir()
+        before = digest(src)
+        remount_read_only(disk)
+        for target in (disk / "out" / "grads.h5", None):  # explicit output, then the default beside the input
+            args = ["seq", str(src)] + (["-o", str(target)] if target else [])
+            result = runner.invoke(main, args)
+            assert result.exit_code == 1
+            assert_one_line_error(result.stderr, "read-only file system")
+        assert listing(disk) == ["in.npz", "out"] and listing(disk / "out") == []
+        assert digest(src) == before
+
+
+_AS_NOBODY = r"""
+import os, sys
+from lstmgrad_cli.cli import main
+# Warm every lazy import while still root (the interpreter lives under /root, unreadable to nobody).
+try:
+    main(["seq", sys.argv[1], "-o", sys.argv[3], "-q"], standalone_mode=True)
+except SystemExit as done:
+    assert done.code in (0, None), done.code
+os.remove(sys.argv[3])
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+assert os.geteuid() == 65534
+main(["seq", sys.argv[1], "-o", sys.argv[2]])
+"""
+
+
+def test_permission_denied(tmp_path, runner):
+    """An output directory the user may not write to.  As root (who ignores modes) the real command
+    runs in a subprocess that drops to uid 65534 first."""
+    work = Path(tempfile.mkdtemp(prefix="lstmgrad-perm-"))  # not under pytest's 0700 tmp dir
+    try:
+        os.chmod(work, 0o755)
+        src = write_input(work / "in.npz", T=2, B=2, I=3, C=2)
+        os.chmod(src, 0o644)
+        locked = work / "locked"
+        locked.mkdir(mode=0o755)
+        scratch = Path(tempfile.mkdtemp(prefix="lstmgrad-scratch-"))
+        out = locked / "grads.npz"
+        before = digest(src)
+        if IS_ROOT:
+            proc = subprocess.run([sys.executable, "-c", _AS_NOBODY, str(src), str(out), str(scratch / "warm.npz")],
+                                  capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+            if proc.returncode != 1 and "Operation not permitted" in proc.stderr:
+                pytest.skip("cannot drop privileges here")
+            code, stderr = proc.returncode, proc.stderr
+            shutil.rmtree(scratch, ignore_errors=True)
+        else:
+            os.chmod(locked, 0o555)
+            result = runner.invoke(main, ["seq", str(src), "-o", str(out)])
+            code, stderr = result.exit_code, result.stderr
+        assert code == 1, stderr
+        assert_one_line_error(stderr, str(out), "permission denied")
+        assert listing(locked) == []
+        assert digest(src) == before
+    finally:
+        os.chmod(work / "locked", 0o755)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# -- paths that must be refused before any work ---------------------------------------------------
+
+def test_missing_output_directory(tmp_path, runner):
+    src = write_input(tmp_path / "in.npz", T=2, B=2, I=3, C=2)
+    for args, fragment in ((["-o", str(tmp_path / "nope" / "g.npz")], "output directory"),
+                           (["--out-dir", str(tmp_path / "nope")], "output directory does not exist")):
+        result = runner.invoke(main, ["seq", str(src), *args])
+        assert result.exit_code == 1
+        assert_one_line_error(result.stderr, fragment, "does not exist")
+    assert listing(tmp_path) == ["in.npz"]
+
+
+def test_missing_directory_in_the_library_writer(tmp_path):
+    with pytest.raises(OutputFileError, match="output directory .* does not exist"):
+        io.write_outputs(tmp_path / "nope" / "g.h5", {"a": np.zeros(2)}, {})
+
+
+@pytest.mark.parametrize("how", ["same path", "force", "symlink", "hard link", "relative spelling"])
+def test_output_equal_to_the_input_is_refused(tmp_path, runner, how, monkeypatch):
+    src = write_input(tmp_path / "in.npz", T=2, B=2, I=3, C=2)
+    before = digest(src)
+    out, extra = src, []
+    if how == "force":
+        extra = ["--force"]
+    elif how == "symlink":
+        out = tmp_path / "alias.npz"
+        out.symlink_to(src)
+        extra = ["--force"]
+    elif how == "hard link":
+        out = tmp_path / "twin.npz"
+        os.link(src, out)
+        extra = ["--force"]
+    elif how == "relative spelling":
+        monkeypatch.chdir(tmp_path)
+        out = Path(".") / ".." / tmp_path.name / "in.npz"
+        extra = ["--force"]
+    result = runner.invoke(main, ["seq", str(src), "-o", str(out), *extra])
+    assert result.exit_code == 1
+    assert_one_line_error(result.stderr, "output path is the input file")
+    assert digest(src) == before
+
+
+def test_output_equal_to_the_input_is_refused_by_the_library(tmp_path):
+    src = write_input(tmp_path / "in.npz", T=2, B=2, I=3, C=2)
+    with pytest.raises(OutputFileError, match="output path is the input file"):
+        io.check_output(src, True, [src])
+
+
+# -- interruptions inside the writer ---------------------------------------------------------------
+
+@pytest.mark.parametrize("suffix", [".npz", ".h5"])
+@pytest.mark.parametrize("fault", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()])
+def test_fault_midway_leaves_nothing(tmp_path, monkeypatch, suffix, fault):
+    """A fault after part of the file is on disk: the temporary file goes, the target never appears."""
+    real_create = h5py.Group.create_dataset
+    calls = []
+
+    def flaky_create(self, name, *args, **kwargs):
+        calls.append(name)
+        if len(calls) == 2:
+            raise fault
+        return real_create(self, name, *args, **kwargs)
+
+    def flaky_savez(fh, **arrays):
+        fh.write(b"PK\x03\x04 partial")
+        raise fault
+
+    monkeypatch.setattr(h5py.Group, "create_dataset", flaky_create)
+    monkeypatch.setattr(np, "savez", flaky_savez)
+    out = tmp_path / f"g{suffix}"
+    expected = OutputFileError if isinstance(fault, OSError) else KeyboardInterrupt
+    with pytest.raises(expected) as info:
+        io.write_outputs(out, {"a": np.zeros(3), "b": np.ones(3)}, {"tool": "lstmgrad"})
+    if expected is OutputFileError:
+        assert "no space left on device" in str(info.value)
+    assert listing(tmp_path) == []
+
+
+def test_h5py_errno_in_message_is_decoded():
+    err = OSError("Can't write data (file write failed: time = x, filename = 'f', file descriptor = 3, "
+                  "errno = 28, error message = 'No space left on device', buf = 0x1, total write size = 9)")
+    assert io._os_reason(err) == "no space left on device"
+    assert io._os_reason(OSError(errno.EFBIG, "File too large")).startswith("file too large")
+
+
+# -- things a careful writer gets right ------------------------------------------------------------
+
+def test_output_name_near_the_filesystem_limit(tmp_path):
+    """A 250-character name must not fail because the temporary name is longer."""
+    out = tmp_path / ("g" * 246 + ".npz")
+    io.write_outputs(out, {"a": np.zeros(2)}, {"tool": "lstmgrad"})
+    assert listing(tmp_path) == [out.name]
+
+
+def test_output_permissions_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        io.write_outputs(tmp_path / "g.h5", {"a": np.zeros(2)}, {"tool": "lstmgrad"})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "g.h5").stat().st_mode & 0o777 == 0o644
