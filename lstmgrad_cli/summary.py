@@ -19,17 +19,25 @@ class TensorSummary:
     nonfinite: int  # how many entries are NaN or +-Inf
 
 
-def summarise(name: str, value: np.ndarray) -> TensorSummary:
-    value = np.asarray(value)
-    wide = value.astype(np.float64, copy=False)
-    finite_mask = np.isfinite(wide)
-    nonfinite = int(value.size - np.count_nonzero(finite_mask))
-    if nonfinite:
-        l2 = max_abs = None
-    else:
-        l2 = float(math.sqrt(float(np.dot(wide.ravel(), wide.ravel())))) if value.size else 0.0
-        max_abs = float(np.max(np.abs(wide))) if value.size else 0.0
-    return TensorSummary(name, list(value.shape), str(value.dtype), l2, max_abs, nonfinite == 0, nonfinite)
+def summarise(name: str, value, block_bytes: int = 64 * 2**20) -> TensorSummary:
+    """Summary of an array, or of a lazy one (h5py dataset) read a block of rows at a time."""
+    shape = tuple(value.shape)
+    size = int(np.prod(shape, dtype=np.int64))
+    rows = shape[0] if shape else 1
+    per_row = max(1, size // max(rows, 1)) * 8
+    step = max(1, block_bytes // per_row)
+    sum_sq, max_abs, nonfinite = 0.0, 0.0, 0
+    for lo in range(0, rows, step) if shape else [None]:
+        block = np.asarray(value if lo is None else value[lo:lo + step], dtype=np.float64)
+        finite = np.isfinite(block)
+        nonfinite += int(block.size - np.count_nonzero(finite))
+        if not nonfinite and block.size:
+            flat = block.ravel()
+            sum_sq += float(np.dot(flat, flat))
+            max_abs = max(max_abs, float(np.max(np.abs(flat))))
+    l2 = None if nonfinite else math.sqrt(sum_sq)
+    return TensorSummary(name, list(shape), str(value.dtype), l2, None if nonfinite else max_abs, nonfinite == 0,
+                         nonfinite)
 
 
 def json_safe(value):

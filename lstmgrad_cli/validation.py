@@ -37,8 +37,8 @@ def as_float_arrays(tensors: Mapping[str, object]) -> dict[str, np.ndarray]:
     """Turn array-likes into numpy arrays of one float dtype, or say which tensor is wrong."""
     arrays: dict[str, np.ndarray] = {}
     for name, value in tensors.items():
-        if isinstance(value, np.ndarray):
-            array = value
+        if isinstance(value, np.ndarray) or _is_lazy_array(value):
+            array = value  # a lazy array (an h5py dataset) is checked by shape and dtype, not read
         else:
             try:
                 array = np.asarray(value)
@@ -58,6 +58,11 @@ def as_float_arrays(tensors: Mapping[str, object]) -> dict[str, np.ndarray]:
             f"but {other} is {arrays[other].dtype}"
         )
     return arrays
+
+
+def _is_lazy_array(value: object) -> bool:
+    """An array-like read by slicing (h5py.Dataset): has shape, ndim and dtype, is not a numpy array."""
+    return all(hasattr(value, attr) for attr in ("shape", "ndim", "dtype", "__getitem__")) and not np.isscalar(value)
 
 
 def _dtype_name(dtype: np.dtype) -> str:
