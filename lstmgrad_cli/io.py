@@ -257,6 +257,8 @@ def _npz_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, path:
             if dtype.hasobject:
                 raise InputFileError(f"{path}: {key} is a pickled object array (dtype {dtype}); "
                                      "lstmgrad never unpickles; refused")
+            if dtype.itemsize == 0:
+                raise InputFileError(f"{path}: {key} has a zero-size dtype ({dtype.str}); expected numbers")
             nbytes = budget.take(key, shape, dtype)
             available = info.file_size - fp.tell()
             if nbytes > available:
@@ -280,7 +282,7 @@ def _npz_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, path:
     except _NPZ_ERRORS as err:
         raise InputFileError(f"{path}: {key} is corrupt or truncated ({_reason(err)})") from None
     try:
-        if dtype.itemsize == 0 or nbytes == 0:
+        if nbytes == 0:
             array = np.zeros(shape, dtype=dtype)
         else:
             array = data.view(dtype).reshape(shape, order="F" if fortran_order else "C")

@@ -1,0 +1,291 @@
+"""Fuzzing the readers and validators (issue 6) with hypothesis.
+
+Properties, for any input whatsoever:
+
+* the readers (``io.read_inputs``) return a ``LoadedFile`` or raise ``InputFileError``: never another
+  exception type, never a hang (a faulthandler watchdog kills the run with a traceback);
+* what an NPZ reader returns is exactly what was stored (zip CRCs make silent corruption impossible);
+* a ``.npy`` header that parses gives an array of exactly the declared shape and dtype;
+* the whole job (``run_grad_file``: read, validate, compute, write) returns a result or raises an
+  ``LstmGradError``; an uncorrupted random problem always succeeds with gradients of the right shapes.
+
+A short run is part of ``make test``.  The long run: ``LSTMGRAD_FUZZ_EXAMPLES=N`` examples per test
+(``make fuzz``); it also runs every hostile-file case in a real subprocess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import io as bytes_io
+import os
+import warnings
+import zipfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from conftest import FIXTURES
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from lstmgrad_cli import io, validation
+from lstmgrad_cli.errors import InputFileError, LstmGradError
+from lstmgrad_cli.jobs import GradOptions, GradResult, run_grad_file
+
+LONG = int(os.environ.get("LSTMGRAD_FUZZ_EXAMPLES", "0") or 0)
+HANG_SECONDS = 60  # one example taking this long is a hang: dump every thread's stack and exit
+SEQ_NAMES = list(validation.SEQ_TENSORS)
+SCALARS = ["seq_len_max", "use_peephole"]
+
+
+def fuzz(short: int):
+    """Settings: ``short`` examples in ``make test`` (derandomized: no flakes), LONG in ``make fuzz``."""
+    return settings(max_examples=LONG or short, deadline=None, derandomize=not LONG, database=None if not LONG else
+                    settings.default.database, print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                           HealthCheck.data_too_large, HealthCheck.large_base_example])
+
+
+@contextlib.contextmanager
+def watchdog():
+    faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture(autouse=True)
+def bounded_memory(monkeypatch):
+    # A mutated dimension may declare gigabytes that would be legitimately read; keep examples small.
+    monkeypatch.setenv(io.MAX_BYTES_ENV, str(64 << 20))
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("fuzz")
+
+
+def read_or_refuse(path: Path, group: str | None = None):
+    """The reader's contract: a LoadedFile or an InputFileError, nothing else."""
+    with watchdog():
+        try:
+            loaded = io.read_inputs(path, SEQ_NAMES, SCALARS, group=group)
+            event(f"read {len(loaded.tensors)} tensors")
+            return loaded
+        except InputFileError as err:
+            event("refused: " + str(err)[len(str(path)) + 2:].split(" ")[0])
+            message = str(err)
+            assert message.startswith(f"{path}: ") and "\n" not in message, message
+            return None
+
+
+# -- base files to mutate ---------------------------------------------------------------------------
+
+def _tiny_inputs() -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / "seq_tiny.in.npz") as data:
+        return {k: data[k] for k in data.files}
+
+
+def _npz_bytes(compression) -> bytes:
+    buf = bytes_io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression) as zf:
+        for key, value in _tiny_inputs().items():
+            member = bytes_io.BytesIO()
+            np.lib.format.write_array(member, value)
+            zf.writestr(f"{key}.npy", member.getvalue())
+    return buf.getvalue()
+
+
+def _h5_bytes(tmp: Path) -> bytes:
+    """seq_tiny as HDF5 with a group, attributes, a gzip-chunked dataset and a soft link."""
+    path = tmp / "base.h5"
+    with h5py.File(path, "w") as fh:
+        group = fh.create_group("lstm")
+        for key, value in _tiny_inputs().items():
+            if value.ndim == 0:
+                group.attrs[key] = value
+            elif key == "x":
+                group.create_dataset("x_store", data=value, chunks=True, compression="gzip", shuffle=True)
+                group["x"] = h5py.SoftLink("/lstm/x_store")
+            else:
+                group.create_dataset(key, data=value)
+    return path.read_bytes()
+
+
+NPZ_BASES = {"stored": _npz_bytes(zipfile.ZIP_STORED), "deflated": _npz_bytes(zipfile.ZIP_DEFLATED)}
+ORIGINAL = _tiny_inputs()
+
+
+@st.composite
+def mutated(draw, base: bytes) -> bytes:
+    """``base`` with 1-4 edits: flipped bits, overwritten bytes or words, inserted/deleted runs, truncation."""
+    data = bytearray(base)
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["flip", "set", "insert", "delete", "truncate", "word"]))
+        pos = draw(st.integers(0, max(len(data) - 1, 0)))
+        if kind == "flip" and data:
+            data[pos] ^= 1 << draw(st.integers(0, 7))
+        elif kind == "set" and data:
+            data[pos] = draw(st.sampled_from([0x00, 0xFF, 0x7F, 0x80, 0x01, draw(st.integers(0, 255))]))
+        elif kind == "word" and len(data) >= pos + 8:  # sizes and offsets: 0, -1, huge
+            value = draw(st.sampled_from([0, 2**64 - 1, 2**63, 2**32 - 1, 2**31, 1, draw(st.integers(0, 2**64 - 1))]))
+            data[pos:pos + 8] = value.to_bytes(8, "little")
+        elif kind == "insert":
+            data[pos:pos] = draw(st.binary(min_size=1, max_size=64))
+        elif kind == "delete":
+            del data[pos:pos + draw(st.integers(1, 64))]
+        elif kind == "truncate":
+            del data[pos:]
+    return bytes(data)
+
+
+# -- the readers --------------------------------------------------------------------------------------
+
+@fuzz(short=40)
+@given(prefix=st.sampled_from([b"", io.HDF5_MAGIC, b"PK\x03\x04", b"PK\x05\x06", b"\x93NUMPY"]),
+       body=st.binary(max_size=2048))
+def test_random_bytes(work, prefix, body):
+    path = work / "random.bin"
+    path.write_bytes(prefix + body)
+    read_or_refuse(path)
+
+
+@fuzz(short=60)
+@given(which=st.sampled_from(sorted(NPZ_BASES)), data=st.data())
+def test_mutated_npz_reads_exactly_what_was_stored_or_refuses(work, which, data):
+    path = work / "mutated.npz"
+    path.write_bytes(data.draw(mutated(NPZ_BASES[which])))
+    loaded = read_or_refuse(path)
+    if loaded is None:
+        return
+    for name, value in loaded.tensors.items():
+        assert value.dtype == ORIGINAL[name].dtype and value.shape == ORIGINAL[name].shape, name
+        np.testing.assert_array_equal(value, ORIGINAL[name])
+
+
+@fuzz(short=60)
+@given(data=st.data())
+def test_mutated_hdf5_reads_or_refuses(work, data, h5_base):
+    path = work / "mutated.h5"
+    path.write_bytes(data.draw(mutated(h5_base)))
+    read_or_refuse(path, group=data.draw(st.sampled_from(["lstm", None])))
+
+
+@pytest.fixture(scope="module")
+def h5_base(tmp_path_factory) -> bytes:
+    return _h5_bytes(tmp_path_factory.mktemp("h5base"))
+
+
+DESCRS = ["<f4", ">f4", "<f8", "<f2", "|b1", "<i8", "<c8", "|O", "<U3", "|V0", "|S0", "<M8[s]",
+          [("a", "<f4"), ("b", "|O")], [("a", "<f4")], "not-a-dtype", 7]
+
+
+@fuzz(short=60)
+@given(shape=st.lists(st.one_of(st.integers(-2, 6), st.sampled_from([2**31, 2**62, 2**64 + 1])), max_size=4),
+       descr=st.sampled_from(DESCRS), fortran=st.one_of(st.booleans(), st.just(1)), extra=st.integers(-20, 20),
+       version=st.sampled_from([(1, 0), (2, 0), (3, 0)]))
+def test_npy_headers_give_the_declared_array_or_refuse(work, shape, descr, fortran, extra, version):
+    header = {"shape": tuple(shape), "fortran_order": fortran, "descr": descr}
+    buf = bytes_io.BytesIO()
+    text = repr(header).encode("utf-8")
+    text += b" " * (-(len(text) + 13) % 64) + b"\n"
+    length = (len(text).to_bytes(2, "little") if version == (1, 0) else len(text).to_bytes(4, "little"))
+    buf.write(b"\x93NUMPY" + bytes(version) + length + text)
+    try:
+        dtype = np.dtype(np.lib.format.descr_to_dtype(descr))
+        nbytes = int(np.prod([max(n, 0) for n in shape], dtype=object)) * dtype.itemsize
+    except Exception:  # noqa: BLE001 - an invalid descr: the reader must refuse it
+        dtype, nbytes = None, 64
+    payload = np.arange(max(0, min(nbytes, 4096) + extra), dtype=np.uint64).astype(np.uint8).tobytes()
+    buf.write(payload)
+    path = work / "header.npz"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("x.npy", buf.getvalue())
+    loaded = read_or_refuse(path)
+    if loaded is None:
+        return
+    array = loaded.tensors["x"]
+    assert array.shape == tuple(shape)
+    assert dtype is not None and not dtype.hasobject and len(payload) == nbytes
+    assert array.dtype == (dtype.newbyteorder("=") if dtype.kind in "biufc" else dtype)
+    expected = np.frombuffer(payload, dtype=dtype, count=nbytes // dtype.itemsize)
+    np.testing.assert_array_equal(array.ravel(order="F" if fortran else "C"), expected)
+
+
+# -- the whole job on random problems ----------------------------------------------------------------
+
+DTYPES = ["float16", "float32", "float64"]
+
+
+@st.composite
+def problems(draw):
+    """A valid BlockLSTMGradV2 problem, then 0-3 corruptions of shape, dtype, presence or values."""
+    T, B, I, C = (draw(st.integers(0, 4)), draw(st.integers(0, 3)), draw(st.integers(0, 4)), draw(st.integers(1, 3)))
+    dtype = draw(st.sampled_from(DTYPES))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    shapes = {"x": (T, B, I), "cs_prev": (B, C), "h_prev": (B, C), "w": (I + C, 4 * C), "wci": (C,), "wcf": (C,),
+              "wco": (C,), "b": (4 * C,)}
+    shapes.update({n: (T, B, C) for n in ("i", "cs", "f", "o", "ci", "co", "h", "cs_grad", "h_grad")})
+    tensors = {n: rng.standard_normal(s).astype(dtype) for n, s in shapes.items()}
+    scalars = {"seq_len_max": np.int64(draw(st.integers(0, T))), "use_peephole": np.bool_(draw(st.booleans()))}
+    corruptions = draw(st.lists(st.sampled_from(["shape", "dtype", "drop", "rank", "nan", "scalar", "huge"]),
+                                max_size=3))
+    for kind in corruptions:
+        name = draw(st.sampled_from(SEQ_NAMES))
+        if name not in tensors:
+            continue
+        if kind == "shape":
+            axis_shape = list(tensors[name].shape) or [1]
+            axis_shape[draw(st.integers(0, len(axis_shape) - 1))] += draw(st.sampled_from([-1, 1, 3]))
+            tensors[name] = np.zeros([max(n, 0) for n in axis_shape], dtype=dtype)
+        elif kind == "dtype":
+            tensors[name] = tensors[name].astype(draw(st.sampled_from(["int32", "bool", "complex64", "float16",
+                                                                         "float64", "uint8"])))
+        elif kind == "drop":
+            tensors.pop(name, None)
+        elif kind == "rank":
+            tensors[name] = tensors[name].reshape(tensors[name].shape + (1,))
+        elif kind in ("nan", "huge") and tensors[name].size and tensors[name].dtype.kind == "f":
+            flat = tensors[name].reshape(-1)
+            flat[draw(st.integers(0, flat.size - 1))] = np.nan if kind == "nan" else np.finfo(flat.dtype).max
+        elif kind == "scalar":
+            scalars[draw(st.sampled_from(SCALARS))] = draw(st.sampled_from(
+                [np.int64(-1), np.int64(T + 1), np.float64(0.5), np.float64(np.nan), np.array([1, 2]),
+                 np.int64(2), np.bytes_(b"yes")]))
+    valid = not any(k in ("shape", "dtype", "drop", "rank", "scalar") for k in corruptions)
+    return tensors, scalars, valid, (T, B, I, C)
+
+
+@fuzz(short=40)
+@given(problem=problems(), fmt=st.sampled_from(["npz", "hdf5"]), layout=st.sampled_from(["ifco", "icfo"]))
+def test_whole_job_on_random_problems(work, problem, fmt, layout):
+    tensors, scalars, valid, (T, B, I, C) = problem
+    path = work / f"problem.{'npz' if fmt == 'npz' else 'h5'}"
+    if fmt == "npz":
+        np.savez(path, **tensors, **scalars)
+    else:
+        with h5py.File(path, "w") as fh:
+            for key, value in {**tensors, **scalars}.items():
+                fh.create_dataset(key, data=value)
+    out = work / "problem.grads.npz"
+    with watchdog(), warnings.catch_warnings():
+        # Known, reported: summary.py's L2 norm overflows (and warns) for finite values near the float
+        # maximum; see test_io.py::test_summary_of_finite_values_near_the_float_maximum.  Remove when fixed.
+        warnings.filterwarnings("ignore", "overflow encountered in dot", RuntimeWarning)
+        try:
+            result = run_grad_file(path, out, GradOptions("seq", layout, "numpy", force=True))
+        except LstmGradError as err:
+            event("refused")
+            assert not valid, f"a valid problem was refused: {err}"
+            assert "\n" not in str(err)
+            return
+    event("computed")
+    assert isinstance(result, GradResult) and result.status == "ok"
+    with np.load(out) as grads:
+        assert grads["x_grad"].shape == (T, B, I) and grads["w_grad"].shape == (I + C, 4 * C)
+        assert grads["b_grad"].shape == (4 * C,) and grads["x_grad"].dtype == tensors["x"].dtype
+    nonfinite = {n: int(np.size(a) - np.count_nonzero(np.isfinite(a))) for n, a in tensors.items()}
+    assert result.nonfinite_inputs == {n: c for n, c in nonfinite.items() if c}
