@@ -299,16 +299,21 @@ def _npy_header(fp, key: str, path: Path):
         version = fmt.read_magic(fp)
     except ValueError:
         raise InputFileError(f"{path}: {key} is not a numpy array (the zip member is not a .npy file)") from None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # headers written by Python 2 numpy warn; they are still fine
-        if version == (1, 0):
-            return fmt.read_array_header_1_0(fp, max_header_size=NPY_MAX_HEADER)
-        if version == (2, 0):
-            return fmt.read_array_header_2_0(fp, max_header_size=NPY_MAX_HEADER)
-        impl = getattr(getattr(np.lib, "_format_impl", fmt), "_read_array_header", None)
-        if impl is None:
-            raise InputFileError(f"{path}: {key} uses .npy format version {version}, which this numpy cannot read")
-        return impl(fp, version, max_header_size=NPY_MAX_HEADER)
+    impl = getattr(getattr(np.lib, "_format_impl", fmt), "_read_array_header", None)
+    if version not in ((1, 0), (2, 0)) and impl is None:
+        raise InputFileError(f"{path}: {key} uses .npy format version {version}, which this numpy cannot read")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # headers written by Python 2 numpy warn; they are still fine
+            if version == (1, 0):
+                return fmt.read_array_header_1_0(fp, max_header_size=NPY_MAX_HEADER)
+            if version == (2, 0):
+                return fmt.read_array_header_2_0(fp, max_header_size=NPY_MAX_HEADER)
+            return impl(fp, version, max_header_size=NPY_MAX_HEADER)
+    except (zipfile.BadZipFile, zlib.error, lzma.LZMAError, OSError, EOFError):
+        raise  # the zip layer's own errors: reported by the caller as corrupt or truncated
+    except Exception as err:  # noqa: BLE001 - parsing untrusted text: any failure (even tokenize's) is a bad header
+        raise InputFileError(f"{path}: {key} has a corrupt .npy header ({_reason(err)})") from None
 
 
 def _read_hdf5(path: Path, names, scalars, group) -> LoadedFile:

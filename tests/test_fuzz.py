@@ -215,6 +215,24 @@ def test_npy_headers_give_the_declared_array_or_refuse(work, shape, descr, fortr
     np.testing.assert_array_equal(array.ravel(order="F" if fortran else "C"), expected)
 
 
+LITERAL_CHARS = "{}()[]'\",:. 0123456789-<>|fiuObcSUVdescrhapfortan_orderTrueFalseNone\\\n#"
+
+
+@fuzz(short=40)
+@given(version=st.sampled_from([b"\x01\x00", b"\x02\x00", b"\x03\x00", b"\x09\x09"]),
+       text=st.one_of(st.text(LITERAL_CHARS, max_size=200).map(lambda t: t.encode("utf-8")), st.binary(max_size=200)),
+       declared=st.one_of(st.none(), st.integers(0, 2**32 - 1)))
+def test_random_npy_header_text(work, version, text, declared):
+    """Whatever follows the .npy magic (header text, its declared length): a clean refusal or an array."""
+    size = len(text) if declared is None else declared
+    width = 2 if version == b"\x01\x00" else 4
+    length = (size % 2 ** (8 * width)).to_bytes(width, "little")
+    path = work / "text.npz"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("x.npy", b"\x93NUMPY" + version + length + text)
+    read_or_refuse(path)
+
+
 # -- the whole job on random problems ----------------------------------------------------------------
 
 DTYPES = ["float16", "float32", "float64"]
