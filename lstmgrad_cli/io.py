@@ -227,7 +227,7 @@ def _read_npz(path: Path, names, scalars, group) -> LoadedFile:
     with archive:
         members: dict[str, zipfile.ZipInfo] = {}
         for info in archive.infolist():
-            if info.is_dir():
+            if not info.filename or info.filename.endswith("/"):  # directories (is_dir() fails on a blank name)
                 continue
             # numpy's convention: "x.npy" is the array "x"; other members keep their full name.
             key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
