@@ -129,6 +129,21 @@ def _key_for(name: str, keys: Iterable[str], path: Path) -> str | None:
     return present[0] if present else None
 
 
+def describe_keys(keys: Iterable[str], limit: int = 20, width: int = 60) -> str:
+    """Key names for a one-line message: control characters escaped, long names cut, long lists counted.
+
+    Key names come from the file, so they may hold terminal escape sequences, newlines or thousands
+    of characters; messages that list them should use this rather than joining them raw.
+    """
+    keys = list(keys)
+    shown = []
+    for key in keys[:limit]:
+        text = key if key.isprintable() else repr(key)[1:-1]
+        shown.append(text if len(text) <= width else f"{text[:width - 3]}...")
+    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
+    return (", ".join(shown) + more) or "nothing"
+
+
 # -- memory limit -------------------------------------------------------------------------------
 
 def max_tensor_bytes() -> int:

@@ -246,3 +246,12 @@ def test_summary_of_finite_values_near_the_float_maximum():
     summary = summarise("g", value)
     assert summary.finite and summary.l2_norm is not None and np.isfinite(summary.l2_norm)
     assert summary.l2_norm == pytest.approx(np.sqrt(2) * 1e300)
+
+
+def test_describe_keys_is_safe_for_one_line_messages():
+    keys = ["x", "\x1b[2J\x1b[31mred", "line\nbreak", "k" * 5000, *[f"n{i}" for i in range(30)]]
+    text = io.describe_keys(keys)
+    assert text.isprintable() and "\x1b" not in text and "\n" not in text
+    assert "\\x1b[2J" in text and "line\\nbreak" in text and "k" * 57 + "..." in text
+    assert text.endswith(" and 14 more") and len(text) < 600
+    assert io.describe_keys([]) == "nothing"
