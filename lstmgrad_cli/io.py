@@ -32,6 +32,7 @@ import re
 import stat
 import struct
 import tempfile
+import tokenize
 import warnings
 import zipfile
 import zlib
@@ -101,6 +102,8 @@ def sniff_format(path: Path) -> str:
                 fh.seek(offset)
                 if fh.read(8) == HDF5_MAGIC:
                     return "hdf5"
+    except InputFileError:
+        raise
     except FileNotFoundError:
         raise InputFileError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -294,6 +297,10 @@ def _npz_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, path:
         raise
     except MemoryError:
         raise InputFileError(f"{path}: {key} does not fit in memory") from None
+    except RuntimeError as err:
+        if "encrypted" in str(err):
+            raise InputFileError(f"{path}: {key} is an encrypted (password-protected) zip member; refused") from None
+        raise InputFileError(f"{path}: {key} is corrupt or truncated ({_reason(err)})") from None
     except _NPZ_ERRORS as err:
         raise InputFileError(f"{path}: {key} is corrupt or truncated ({_reason(err)})") from None
     try:
@@ -327,7 +334,9 @@ def _npy_header(fp, key: str, path: Path):
             return impl(fp, version, max_header_size=NPY_MAX_HEADER)
     except (zipfile.BadZipFile, zlib.error, lzma.LZMAError, OSError, EOFError):
         raise  # the zip layer's own errors: reported by the caller as corrupt or truncated
-    except Exception as err:  # noqa: BLE001 - parsing untrusted text: any failure (even tokenize's) is a bad header
+    except (SyntaxError, tokenize.TokenError):
+        raise InputFileError(f"{path}: {key} has a corrupt .npy header (its text is not a Python literal)") from None
+    except Exception as err:  # noqa: BLE001 - parsing untrusted text: any failure is a bad header
         raise InputFileError(f"{path}: {key} has a corrupt .npy header ({_reason(err)})") from None
 
 
@@ -450,7 +459,8 @@ def _check_filters(dcpl, key: str, path: Path) -> None:
         code, _flags, _values, name = dcpl.get_filter(index)
         if not h5z.filter_avail(code):
             label = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
-            raise InputFileError(f"{path}: {key} is compressed with HDF5 filter {code} ({label!r}), which is not "
+            label = f" ({label!r})" if label else ""
+            raise InputFileError(f"{path}: {key} is compressed with HDF5 filter {code}{label}, which is not "
                                  "available here; install its plugin (e.g. the hdf5plugin package)")
 
 
@@ -470,9 +480,16 @@ def _hdf5_attribute(attrs, akey: str, path: Path, budget: _Budget) -> np.ndarray
 
 
 def _hdf5_type(obj) -> str:
-    with contextlib.suppress(Exception):
-        return str(obj.dtype.metadata or obj.dtype)
-    return "unknown type"
+    import h5py  # noqa: PLC0415
+
+    dtype = obj.dtype
+    if h5py.check_string_dtype(dtype) is not None:
+        return "variable-length strings"
+    if h5py.check_vlen_dtype(dtype) is not None:
+        return "variable-length sequences"
+    if h5py.check_ref_dtype(dtype) is not None:
+        return "object references"
+    return "objects"
 
 
 def _reason(err: BaseException) -> str:
