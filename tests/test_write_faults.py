@@ -196,13 +196,13 @@ def test_permission_denied(tmp_path, runner):
     """An output directory the user may not write to.  As root (who ignores modes) the real command
     runs in a subprocess that drops to uid 65534 first."""
     work = Path(tempfile.mkdtemp(prefix="lstmgrad-perm-"))  # not under pytest's 0700 tmp dir
+    scratch = Path(tempfile.mkdtemp(prefix="lstmgrad-scratch-"))
     try:
         os.chmod(work, 0o755)
         src = write_input(work / "in.npz", T=2, B=2, I=3, C=2)
         os.chmod(src, 0o644)
         locked = work / "locked"
         locked.mkdir(mode=0o755)
-        scratch = Path(tempfile.mkdtemp(prefix="lstmgrad-scratch-"))
         out = locked / "grads.npz"
         before = digest(src)
         if IS_ROOT:
@@ -211,7 +211,6 @@ def test_permission_denied(tmp_path, runner):
             if proc.returncode != 1 and "Operation not permitted" in proc.stderr:
                 pytest.skip("cannot drop privileges here")
             code, stderr = proc.returncode, proc.stderr
-            shutil.rmtree(scratch, ignore_errors=True)
         else:
             os.chmod(locked, 0o555)
             result = runner.invoke(main, ["seq", str(src), "-o", str(out)])
@@ -221,8 +220,10 @@ def test_permission_denied(tmp_path, runner):
         assert listing(locked) == []
         assert digest(src) == before
     finally:
-        os.chmod(work / "locked", 0o755)
+        with contextlib.suppress(OSError):
+            os.chmod(work / "locked", 0o755)
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # -- paths that must be refused before any work ---------------------------------------------------
