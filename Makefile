@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test lint bench fixtures conformance clean
+.PHONY: demo test lint bench fuzz fixtures conformance clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(PY) benchmarks/bench_backends.py $(BENCH_ARGS)
+
+# The long fuzz run (hypothesis); `make test` runs a short one. LSTMGRAD_FUZZ_EXAMPLES sets the examples per test.
+fuzz: $(STAMP)
+	LSTMGRAD_FUZZ_EXAMPLES=$${LSTMGRAD_FUZZ_EXAMPLES:-20000} $(PY) -m pytest -p no:cacheprovider tests/test_fuzz.py \
+		tests/test_hostile_files.py --hypothesis-show-statistics -q
 
 conformance: $(STAMP)
 	LSTMGRAD="$(VENV)/bin/lstmgrad" $(PY) ../shared/conformance/check

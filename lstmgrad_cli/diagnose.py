@@ -59,7 +59,7 @@ def load_reference(path, kind: str, group: str | None = None) -> tuple[dict, lis
     if not grads:
         raise InputFileError(
             f"{path}: no gradient tensors (expected some of {', '.join(names)}; the file has "
-            f"{', '.join(loaded.keys) or 'nothing'})")
+            f"{io.describe_keys(loaded.keys)})")
     known = set(names) | set(aliases)
     others = [k for k in loaded.keys if k not in known and k != io.METADATA_KEY]
     return {n: grads[n] for n in names if n in grads}, others

@@ -129,7 +129,7 @@ def run_forward_file(input_path: str | Path, output_path: str | Path, options: F
             raise InvalidArgumentError(
                 f"missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)} ({op} needs "
                 f"{', '.join(needed)}{'' if use_peephole else ', and wci, wcf, wco with peepholes'}; "
-                f"the file has {', '.join(loaded.keys) or 'nothing'})")
+                f"the file has {io.describe_keys(loaded.keys)})")
         arrays = validation.as_float_arrays({n: loaded.tensors[n] for n in INPUTS})
         dims = validation.check_forward(arrays, options.kind == "seq")
         if options.kind == "seq":

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import __version__, io, validation
 from .backends import get_backend, resolve_name
+from .errors import InvalidArgumentError
 from .ops import block_lstm_grad_checked, lstm_block_cell_grad_full
 from .perstep import StepRecorder, per_step_report
 from .problem import OPS, load_problem
@@ -34,6 +35,7 @@ class GradOptions:
     chunk_steps: int | None = None
     force: bool = False
     per_step: bool = False  # seq only: norms of the gradients at every step (perstep.py)
+    strict: bool = False  # NaN/Inf in inputs or gradients is an error, and nothing is written
 
     @property
     def op(self) -> str:
@@ -106,14 +108,27 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
         "dtype": result.dtype, "compute_dtype": result.compute_dtype,
         "source": str(input_path.resolve()), "group": options.group or "",
     }
-    io.write_outputs(out, tensors, metadata, force=options.force)
-    result.output = str(out)
     result.tensors = [summarise(name, value) for name, value in tensors.items()]
     result.nonfinite_inputs = _count_nonfinite(arrays)
+    if options.strict and nonfinite_note(result):
+        raise InvalidArgumentError(f"{input_path}: {nonfinite_note(result)} (--strict: nothing written)")
+    io.write_outputs(out, tensors, metadata, force=options.force)
+    result.output = str(out)
     if recorder is not None:
         result.per_step = per_step_report(outputs.x_grad, recorder, problem.seq_len_max)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def nonfinite_note(result: GradResult) -> str:
+    """Words for NaN/Inf found in a run's inputs and gradients; empty when all is finite."""
+    notes = []
+    if result.nonfinite_inputs:
+        notes.append("NaN/Inf in inputs: " + ", ".join(f"{n} ({c})" for n, c in result.nonfinite_inputs.items()))
+    bad = [f"{t.name} ({t.nonfinite})" for t in result.tensors if not t.finite]
+    if bad:
+        notes.append("NaN/Inf in gradients: " + ", ".join(bad))
+    return "; ".join(notes)
 
 
 def _count_nonfinite(arrays: dict[str, np.ndarray]) -> dict[str, int]:

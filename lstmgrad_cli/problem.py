@@ -92,7 +92,7 @@ def load_problem(path, *, kind: str | None = None, layout: str = "ifco", use_pee
         if missing:
             raise InvalidArgumentError(
                 f"missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)} ({problem.op} needs "
-                f"{', '.join(names)}; the file has {', '.join(loaded.keys) or 'nothing'})")
+                f"{', '.join(names)}; the file has {io.describe_keys(loaded.keys)})")
         arrays = validation.as_float_arrays({n: loaded.tensors[n] for n in names})
         if kind == "seq":
             problem.dims = validation.check_block_lstm_grad(arrays)

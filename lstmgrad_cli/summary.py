@@ -20,24 +20,36 @@ class TensorSummary:
 
 
 def summarise(name: str, value, block_bytes: int = 64 * 2**20) -> TensorSummary:
-    """Summary of an array, or of a lazy one (h5py dataset) read a block of rows at a time."""
+    """Summary of an array, or of a lazy one (h5py dataset) read a block of rows at a time.
+
+    The L2 norm is accumulated scaled by the largest magnitude so far (as BLAS nrm2 does), so finite
+    values near the float maximum give a finite norm rather than an overflow.
+    """
     shape = tuple(value.shape)
     size = int(np.prod(shape, dtype=np.int64))
     rows = shape[0] if shape else 1
     per_row = max(1, size // max(rows, 1)) * 8
     step = max(1, block_bytes // per_row)
-    sum_sq, max_abs, nonfinite = 0.0, 0.0, 0
+    scale, scaled_sq, nonfinite = 0.0, 0.0, 0  # norm = scale * sqrt(scaled_sq)
     for lo in range(0, rows, step) if shape else [None]:
-        block = np.asarray(value if lo is None else value[lo:lo + step], dtype=np.float64)
-        finite = np.isfinite(block)
-        nonfinite += int(block.size - np.count_nonzero(finite))
-        if not nonfinite and block.size:
-            flat = block.ravel()
-            sum_sq += float(np.dot(flat, flat))
-            max_abs = max(max_abs, float(np.max(np.abs(flat))))
-    l2 = None if nonfinite else math.sqrt(sum_sq)
-    return TensorSummary(name, list(shape), str(value.dtype), l2, None if nonfinite else max_abs, nonfinite == 0,
-                         nonfinite)
+        block = np.asarray(value if lo is None else value[lo:lo + step], dtype=np.float64).ravel()
+        bad = int(block.size - np.count_nonzero(np.isfinite(block)))
+        nonfinite += bad
+        if nonfinite or not block.size:
+            continue
+        peak = float(np.max(np.abs(block)))
+        if peak == 0.0:
+            continue
+        unit = block / peak
+        block_sq = float(np.dot(unit, unit))
+        if peak > scale:
+            scaled_sq = scaled_sq * (scale / peak) ** 2 + block_sq
+            scale = peak
+        else:
+            scaled_sq += block_sq * (peak / scale) ** 2
+    if nonfinite:
+        return TensorSummary(name, list(shape), str(value.dtype), None, None, False, nonfinite)
+    return TensorSummary(name, list(shape), str(value.dtype), scale * math.sqrt(scaled_sq), scale, True, 0)
 
 
 def json_safe(value):

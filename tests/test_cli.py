@@ -295,6 +295,7 @@ def test_nan_inputs_are_computed_through_and_flagged(runner, tmp_path):
     assert any(not t["finite"] for t in doc["tensors"])
     strict = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g2.npz"), "--strict"])
     assert strict.exit_code == 1 and "NaN/Inf in inputs: cs_grad (1)" in strict.stderr
+    assert not (tmp_path / "g2.npz").exists()  # a strict failure writes nothing (--skip-existing would skip it)
 
 
 def test_help_on_every_command(runner):

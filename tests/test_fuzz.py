@@ -299,9 +299,7 @@ def test_whole_job_on_random_problems(work, problem, fmt, layout):
                 fh.create_dataset(key, data=value)
     out = work / "problem.grads.npz"
     with watchdog(), warnings.catch_warnings():
-        # Known, reported: summary.py's L2 norm overflows (and warns) for finite values near the float
-        # maximum; see test_io.py::test_summary_of_finite_values_near_the_float_maximum.  Remove when fixed.
-        warnings.filterwarnings("ignore", "overflow encountered in dot", RuntimeWarning)
+        warnings.simplefilter("error", RuntimeWarning)  # numeric warnings would be stray lines on stderr
         try:
             result = run_grad_file(path, out, GradOptions("seq", layout, "numpy", force=True))
         except LstmGradError as err:

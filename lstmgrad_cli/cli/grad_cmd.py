@@ -19,7 +19,7 @@ from .. import __version__
 from ..backends import get_backend, resolve_name
 from ..batch import plan_tasks, run_batch
 from ..errors import LstmGradError, UnknownBackendError
-from ..jobs import GradOptions, GradResult
+from ..jobs import GradOptions, GradResult, nonfinite_note
 from ..perstep import save_plot, sparkline
 from ._common import is_terminal, one_line, print_json, stderr_console, stdout_console
 
@@ -86,7 +86,7 @@ def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_
         if len(flags["inputs"]) != 1:
             raise click.UsageError("--plot takes a single INPUT")
     options = GradOptions("seq", layout, backend, use_peephole, seq_len_max, group, compute_dtype, chunk_steps, force,
-                          per_step=per_step or plot is not None)
+                          per_step=per_step or plot is not None, strict=flags.pop("strict"))
     _run("seq", options, plot=plot, **flags)
 
 
@@ -98,7 +98,8 @@ def cell_command(backend, use_peephole, group, compute_dtype, force, **flags):
     Each INPUT holds one step: x [B,I], cs_prev, h_prev [B,C], w [I+C,4C], wci, wcf, wco [C], b [4C],
     i, cs, f, o, ci, co, cs_grad, h_grad [B,C], and optionally use_peephole.  dicfo is in ICFO order.
     """
-    options = GradOptions("cell", "icfo", backend, use_peephole, None, group, compute_dtype, None, force)
+    options = GradOptions("cell", "icfo", backend, use_peephole, None, group, compute_dtype, None, force,
+                          strict=flags.pop("strict"))
     _run("cell", options, plot=None, **flags)
 
 
@@ -121,7 +122,7 @@ def expand_inputs(patterns) -> list[Path]:
 
 
 def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, quiet, keep_going, skip_existing,
-         strict, workers, dask_address, plot) -> None:
+         workers, dask_address, plot) -> None:
     paths = expand_inputs(inputs)
     if output is not None and (len(paths) != 1 or out_dir is not None):
         raise click.UsageError("-o/--output takes a single INPUT and no --out-dir; use --out-dir for several")
@@ -144,8 +145,6 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
 
     with _progress(show_progress, len(tasks)) as advance:
         def on_result(task, result: GradResult) -> None:
-            if strict and result.status == "ok" and _nonfinite_note(result):
-                result.status, result.error = "failed", f"{task.input}: {_nonfinite_note(result)} (--strict)"
             if result.status == "failed":
                 click.echo(f"Error: {result.error}", err=True)
             elif result.status == "ok" and not (as_json or quiet):
@@ -226,18 +225,6 @@ def _interruptible():
             signal.signal(sig, old)
 
 
-def _nonfinite_note(result: GradResult) -> str:
-    """Words for NaN/Inf found in a run's inputs and outputs; empty when all is finite."""
-    parts = [f"{n} ({c})" for n, c in result.nonfinite_inputs.items()]
-    notes = []
-    if parts:
-        notes.append("NaN/Inf in inputs: " + ", ".join(parts))
-    bad = [f"{t.name} ({t.nonfinite})" for t in result.tensors if not t.finite]
-    if bad:
-        notes.append("NaN/Inf in gradients: " + ", ".join(bad))
-    return "; ".join(notes)
-
-
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.6g}"
 
@@ -262,8 +249,8 @@ def render(console, result: GradResult) -> None:
     console.print(table)
     console.print(" · ".join(what), highlight=False)
     console.print(" · ".join(how), highlight=False)
-    if _nonfinite_note(result):
-        console.print(f"warning: {_nonfinite_note(result)}", style="bold red", highlight=False)
+    if nonfinite_note(result):
+        console.print(f"warning: {nonfinite_note(result)}", style="bold red", highlight=False)
     for note in result.defaults:
         console.print(f"default used: {note}", highlight=False, style="dim")
     if result.per_step is not None:
