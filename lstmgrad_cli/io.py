@@ -36,7 +36,7 @@ import tokenize
 import warnings
 import zipfile
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,6 +78,30 @@ class LoadedFile:
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     scalars: dict[str, tuple[object, str]] = field(default_factory=dict)  # name -> (value, "tensor"|"attribute")
     keys: list[str] = field(default_factory=list)  # every entry of the group, as stored
+
+
+class LazyDataset:
+    """An HDF5 dataset read by slicing, whose read errors become InputFileError naming file and tensor.
+
+    Has what the gradient code uses of an array: ``shape``, ``ndim``, ``dtype``, ``size`` and
+    slicing along the first axis.  Valid while the ``open_inputs`` block that made it runs.
+    """
+
+    def __init__(self, dataset, key: str, path: Path):
+        self._dataset, self._key, self._path = dataset, key, path
+        self.shape, self.dtype = tuple(dataset.shape), dataset.dtype
+        self.ndim, self.size = len(self.shape), int(math.prod(self.shape))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index) -> np.ndarray:
+        try:
+            return np.asarray(self._dataset[index])
+        except MemoryError:
+            raise InputFileError(f"{self._path}: {self._key} does not fit in memory") from None
+        except _HDF5_ERRORS as err:
+            raise InputFileError(f"{self._path}: {self._key} cannot be read ({_reason(err)})") from None
 
 
 def sniff_format(path: Path) -> str:
@@ -205,6 +229,19 @@ class _Budget:
         self.used += nbytes
         return nbytes
 
+    def check_slice(self, key: str, shape: tuple, dtype: np.dtype) -> None:
+        """A tensor read one time step at a time: one step (``shape[1:]``) must fit in the limit."""
+        if any(int(n) < 0 for n in shape):
+            raise InputFileError(f"{self.path}: {key} declares a negative dimension (shape {list(shape)}); refused")
+        step = math.prod(int(n) for n in shape[1:]) * dtype.itemsize
+        if step > self.limit:
+            total = math.prod(int(n) for n in shape) * dtype.itemsize
+            source = MAX_BYTES_ENV if os.environ.get(MAX_BYTES_ENV, "").strip() else "half of this machine's memory"
+            raise InputFileError(
+                f"{self.path}: {key} declares shape {list(shape)} of {_dtype_text(dtype)} = {_human(total)} "
+                f"({total} bytes), and one time step of it ({_human(step)}) is more than the {_human(self.limit)} "
+                f"limit ({source}; set {MAX_BYTES_ENV} to change it); refused before reading")
+
 
 def _dtype_text(dtype: np.dtype) -> str:
     return "object" if dtype.hasobject else str(dtype)
@@ -227,10 +264,29 @@ def read_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable
     simply absent from the result (the caller names them all at once); scalars may also come from
     HDF5 attributes of the group.  Raises InputFileError, and nothing else, for a bad file.
     """
+    with open_inputs(path, names, scalars, group) as loaded:
+        return loaded
+
+
+@contextlib.contextmanager
+def open_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable[str] = (),
+                group: str | None = None, lazy: Iterable[str] = ()) -> Iterator[LoadedFile]:
+    """``read_inputs`` that may leave tensors on disk while the block runs.
+
+    Tensors named in ``lazy`` that are HDF5 datasets come back as ``LazyDataset``s, read later by
+    slicing (a chunk of time steps at a time), after the same safety checks as an eager read; they
+    do not count against the memory limit, which is what lets an input larger than memory be
+    processed.  NPZ files, and big-endian HDF5 data, are always read into memory.
+    """
     path = Path(path)
-    fmt = sniff_format(path)
-    reader = _read_hdf5 if fmt == "hdf5" else _read_npz
-    return reader(path, list(names), list(scalars), group)
+    if sniff_format(path) == "npz":
+        yield _read_npz(path, list(names), list(scalars), group)
+        return
+    with _open_hdf5(path) as (fh, h5py):
+        loaded = LoadedFile(path, "hdf5")
+        with _hdf5_errors(path):
+            _read_hdf5_open(fh, loaded, list(names), list(scalars), group, h5py, frozenset(lazy))
+        yield loaded
 
 
 def _read_npz(path: Path, names, scalars, group) -> LoadedFile:
@@ -340,29 +396,34 @@ def _npy_header(fp, key: str, path: Path):
         raise InputFileError(f"{path}: {key} has a corrupt .npy header ({_reason(err)})") from None
 
 
-def _read_hdf5(path: Path, names, scalars, group) -> LoadedFile:
+@contextlib.contextmanager
+def _open_hdf5(path: Path):
     import h5py  # noqa: PLC0415 - imported when an HDF5 file is actually read
 
-    loaded = LoadedFile(path, "hdf5")
     try:
         fh = h5py.File(path, "r")
     except MemoryError:
         raise InputFileError(f"{path}: corrupt HDF5 file (its metadata does not fit in memory)") from None
     except _HDF5_ERRORS as err:
         raise InputFileError(f"{path}: corrupt or truncated HDF5 file ({_reason(err)})") from None
+    with fh:
+        yield fh, h5py
+
+
+@contextlib.contextmanager
+def _hdf5_errors(path: Path):
+    """h5py's many exception types on a corrupt file -> one InputFileError."""
     try:
-        with fh:
-            _read_hdf5_open(fh, loaded, names, scalars, group, h5py)
+        yield
     except LstmGradError:
         raise
     except MemoryError:
         raise InputFileError(f"{path}: corrupt HDF5 file (its metadata does not fit in memory)") from None
     except _HDF5_ERRORS as err:
         raise InputFileError(f"{path}: corrupt HDF5 file ({_reason(err)})") from None
-    return loaded
 
 
-def _read_hdf5_open(fh, loaded: LoadedFile, names, scalars, group, h5py) -> None:
+def _read_hdf5_open(fh, loaded: LoadedFile, names, scalars, group, h5py, lazy=frozenset()) -> None:
     path = loaded.path
     node = fh
     if group:
@@ -376,7 +437,7 @@ def _read_hdf5_open(fh, loaded: LoadedFile, names, scalars, group, h5py) -> None
     for name in names:
         key = _key_for(name, loaded.keys, path)
         if key is not None:
-            loaded.tensors[name] = _hdf5_dataset(fh, node, key, path, h5py, budget)
+            loaded.tensors[name] = _hdf5_dataset(fh, node, key, path, h5py, budget, lazy=name in lazy)
     for name in scalars:
         key = _key_for(name, loaded.keys, path)
         if key is not None:
@@ -420,7 +481,7 @@ def _hdf5_walk(fh, start, target: str, path: Path, h5py, what: str, depth: int =
     return current
 
 
-def _hdf5_dataset(fh, node, key: str, path: Path, h5py, budget: _Budget) -> np.ndarray:
+def _hdf5_dataset(fh, node, key: str, path: Path, h5py, budget: _Budget, lazy: bool = False):
     obj = _hdf5_walk(fh, node, key, path, h5py, key)
     if not isinstance(obj, h5py.Dataset):
         kind = "group" if isinstance(obj, h5py.Group) else type(obj).__name__.lower()
@@ -442,6 +503,9 @@ def _hdf5_dataset(fh, node, key: str, path: Path, h5py, budget: _Budget) -> np.n
         chunk_bytes = math.prod(obj.chunks) * dtype.itemsize
         if chunk_bytes > budget.limit:
             budget.take(key, obj.chunks, dtype, what="chunks of ")
+    if lazy and len(shape) >= 1 and dtype.isnative and dtype.kind == "f":
+        budget.check_slice(key, shape, dtype)
+        return LazyDataset(obj, key, path)  # read later, a slice of time steps at a time
     budget.take(key, shape, dtype)
     try:
         return _native(np.asarray(obj[()]))
@@ -545,7 +609,42 @@ def write_outputs(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], me
     only when complete.  On any failure the temporary file is removed and ``path`` is untouched.
     """
     path = Path(path)
-    fmt = output_format(path)
+    with _atomic_file(path, force) as tmp:
+        if output_format(path) == "npz":
+            with open(tmp, "wb") as fh:
+                _write_npz(fh, tensors, metadata)
+        else:
+            with _hdf5_writer(tmp) as out:
+                for name, value in tensors.items():
+                    out.create_dataset(name, data=value)
+                write_metadata(out, metadata)
+    return path
+
+
+@contextlib.contextmanager
+def open_hdf5_output(path: str | os.PathLike, force: bool = False) -> Iterator[object]:
+    """An open HDF5 output for the block to fill (datasets written chunk by chunk), published
+    atomically when the block ends, exactly as ``write_outputs`` does; on any failure nothing stays."""
+    path = Path(path)
+    if output_format(path) != "hdf5":
+        raise OutputFileError(f"{path}: streaming output needs an .h5 or .hdf5 file")
+    with _atomic_file(path, force) as tmp, _hdf5_writer(tmp) as out:
+        yield out
+
+
+def write_metadata(out, metadata: Mapping[str, object]) -> None:
+    """Provenance as root attributes of an open HDF5 output."""
+    for key, value in metadata.items():
+        out.attrs[key] = "" if value is None else value
+
+
+@contextlib.contextmanager
+def _atomic_file(path: Path, force: bool) -> Iterator[Path]:
+    """A temporary file beside ``path`` for the block to fill; fsynced and renamed into place after.
+
+    On any failure the temporary file is removed and ``path`` is untouched.
+    """
+    output_format(path)
     parent = path.parent if str(path.parent) else Path(".")
     try:
         # A short prefix: a target name near NAME_MAX must not fail only because of the temporary name.
@@ -557,11 +656,7 @@ def write_outputs(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], me
         with contextlib.suppress(OSError):
             os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
         os.close(fd)
-        if fmt == "npz":
-            with open(tmp, "wb") as fh:
-                _write_npz(fh, tensors, metadata)
-        else:
-            _write_hdf5(tmp, tensors, metadata)
+        yield tmp
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         _publish(tmp, path, force)
@@ -574,7 +669,6 @@ def write_outputs(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], me
             raise OutputFileError(f"{path}: cannot write: {_os_reason(err)}; nothing was written") from None
         raise
     _fsync_dir(parent)
-    return path
 
 
 def _create_failure(path: Path, parent: Path, err: OSError) -> str:
@@ -659,15 +753,14 @@ def _write_npz(fh, tensors, metadata) -> None:
     np.savez(fh, **arrays)
 
 
-def _write_hdf5(target: Path, tensors, metadata) -> None:
+@contextlib.contextmanager
+def _hdf5_writer(target: Path):
+    """An HDF5 file open for writing; write errors (disk full) surface as exceptions, never at a silent close."""
     import h5py  # noqa: PLC0415
 
     out = h5py.File(target, "w", track_order=True)
     try:
-        for name, value in tensors.items():
-            out.create_dataset(name, data=value)
-        for key, value in metadata.items():
-            out.attrs[key] = "" if value is None else value
+        yield out
         out.flush()  # a write error (disk full) surfaces here as an exception, not silently at close
     except BaseException:
         # Closing after a failed write fails again (h5py raises RuntimeError from close); the first error counts.

@@ -17,7 +17,7 @@ from .backends import get_backend, resolve_name
 from .errors import InvalidArgumentError
 from .ops import block_lstm_grad_checked, lstm_block_cell_grad_full
 from .perstep import StepRecorder, per_step_report
-from .problem import OPS, load_problem
+from .problem import OPS, open_problem
 from .summary import TensorSummary, summarise
 
 
@@ -71,7 +71,11 @@ class GradResult:
 
 
 def run_grad_file(input_path: str | Path, output_path: str | Path | None, options: GradOptions) -> GradResult:
-    """Compute one file's gradients and write them; raises LstmGradError on any problem, writing nothing."""
+    """Compute one file's gradients and write them; raises LstmGradError on any problem, writing nothing.
+
+    An HDF5 input of the sequence op is read a chunk of time steps at a time (backwards), and with
+    an HDF5 output x_grad is written chunk by chunk too, so memory does not grow with T.
+    """
     start = time.perf_counter()
     input_path = Path(input_path)
     layout = options.layout if options.kind == "seq" else "icfo"
@@ -82,42 +86,60 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
     fmt = io.sniff_format(input_path)
     out = Path(output_path) if output_path is not None else io.default_output(input_path, fmt)
     io.check_output(out, options.force, [input_path])
+    lazy = options.kind == "seq" and fmt == "hdf5"
 
-    problem = load_problem(input_path, kind=options.kind, layout=layout, use_peephole=options.use_peephole,
-                           seq_len_max=options.seq_len_max, group=options.group)
+    with open_problem(input_path, kind=options.kind, layout=layout, use_peephole=options.use_peephole,
+                      seq_len_max=options.seq_len_max, group=options.group, lazy=lazy) as problem:
+        cdt = validation.resolve_compute_dtype(problem.arrays["x"].dtype, options.compute_dtype)
+        seq_len_max = problem.seq_len_max if options.kind == "seq" else None
+        result.backend, result.backend_version = backend_name, getattr(backend, "version", None)
+        result.dtype, result.compute_dtype = problem.dtype, str(cdt)
+        result.use_peephole, result.seq_len_max = problem.use_peephole, seq_len_max
+        result.dims, result.sources, result.defaults = problem.dims._asdict(), problem.sources, problem.defaults
+        metadata = {
+            "tool": "lstmgrad", "version": __version__, "op": options.op, "layout": layout,
+            "backend": backend_name, "backend_version": result.backend_version or "",
+            "use_peephole": problem.use_peephole, "seq_len_max": -1 if seq_len_max is None else seq_len_max,
+            "dtype": result.dtype, "compute_dtype": result.compute_dtype,
+            "source": str(input_path.resolve()), "group": options.group or "",
+        }
+        if lazy and io.output_format(out) == "hdf5":
+            with io.open_hdf5_output(out, options.force) as sink:
+                x_grad = sink.create_dataset("x_grad", shape=problem.arrays["x"].shape, dtype=problem.dtype)
+                tensors = _compute(problem, backend, cdt, options, result, x_grad_out=x_grad)
+                for name, value in tensors.items():
+                    if name != "x_grad":
+                        sink.create_dataset(name, data=value)
+                io.write_metadata(sink, metadata)
+        else:
+            tensors = _compute(problem, backend, cdt, options, result)
+            io.write_outputs(out, tensors, metadata, force=options.force)
+    result.output = str(out)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _compute(problem, backend, cdt, options: GradOptions, result: GradResult, x_grad_out=None) -> dict:
+    """The gradients of a problem, with their summaries (and per-step report) filled into ``result``.
+
+    Raises before anything is published when ``--strict`` finds NaN/Inf.
+    """
     arrays = problem.arrays
-    cdt = validation.resolve_compute_dtype(arrays["x"].dtype, options.compute_dtype)
     recorder = StepRecorder(problem.seq_len_max) if options.per_step and options.kind == "seq" else None
     if options.kind == "seq":
-        outputs = block_lstm_grad_checked(backend, layout, problem.seq_len_max, arrays, problem.use_peephole, cdt,
-                                          options.chunk_steps, observe=recorder)
+        outputs = block_lstm_grad_checked(backend, problem.layout, problem.seq_len_max, arrays, problem.use_peephole,
+                                          cdt, options.chunk_steps, observe=recorder, x_grad_out=x_grad_out)
     else:
         outputs = lstm_block_cell_grad_full(**arrays, use_peephole=problem.use_peephole, backend=backend,
                                             compute_dtype=cdt)
     tensors = outputs._asdict()
-    seq_len_max = problem.seq_len_max if options.kind == "seq" else None
-
-    result.backend, result.backend_version = backend_name, getattr(backend, "version", None)
-    result.dtype, result.compute_dtype = problem.dtype, str(cdt)
-    result.use_peephole, result.seq_len_max, result.dims = problem.use_peephole, seq_len_max, problem.dims._asdict()
-    result.sources, result.defaults = problem.sources, problem.defaults
-    metadata = {
-        "tool": "lstmgrad", "version": __version__, "op": options.op, "layout": layout,
-        "backend": backend_name, "backend_version": result.backend_version or "",
-        "use_peephole": problem.use_peephole, "seq_len_max": -1 if seq_len_max is None else seq_len_max,
-        "dtype": result.dtype, "compute_dtype": result.compute_dtype,
-        "source": str(input_path.resolve()), "group": options.group or "",
-    }
     result.tensors = [summarise(name, value) for name, value in tensors.items()]
     result.nonfinite_inputs = _count_nonfinite(arrays)
     if options.strict and nonfinite_note(result):
-        raise InvalidArgumentError(f"{input_path}: {nonfinite_note(result)} (--strict: nothing written)")
-    io.write_outputs(out, tensors, metadata, force=options.force)
-    result.output = str(out)
+        raise InvalidArgumentError(f"{problem.path}: {nonfinite_note(result)} (--strict: nothing written)")
     if recorder is not None:
         result.per_step = per_step_report(outputs.x_grad, recorder, problem.seq_len_max)
-    result.seconds = time.perf_counter() - start
-    return result
+    return tensors
 
 
 def nonfinite_note(result: GradResult) -> str:
@@ -131,7 +153,14 @@ def nonfinite_note(result: GradResult) -> str:
     return "; ".join(notes)
 
 
-def _count_nonfinite(arrays: dict[str, np.ndarray]) -> dict[str, int]:
-    """NaN/Inf entries per input tensor (they are computed through, as TF does, and reported)."""
-    counts = {name: int(a.size - np.count_nonzero(np.isfinite(a))) for name, a in arrays.items()}
+def _count_nonfinite(arrays: dict) -> dict[str, int]:
+    """NaN/Inf entries per input tensor (they are computed through, as TF does, and reported).
+
+    Lazy (on-disk) tensors are scanned a block at a time."""
+    counts = {}
+    for name, a in arrays.items():
+        if isinstance(a, np.ndarray):
+            counts[name] = int(a.size - np.count_nonzero(np.isfinite(a)))
+        else:
+            counts[name] = summarise(name, a).nonfinite
     return {name: n for name, n in counts.items() if n}

@@ -5,6 +5,8 @@ their inputs through ``load_problem``, so they agree on names, defaults and mess
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +15,8 @@ import numpy as np
 from . import io, validation
 from .errors import InvalidArgumentError
 
+# Tensors with a time axis: the ones an out-of-core run leaves on disk.
+TIME_MAJOR = ("x", "i", "cs", "f", "o", "ci", "co", "h", "cs_grad", "h_grad")
 OPS = {("seq", "ifco"): "BlockLSTMGradV2", ("seq", "icfo"): "BlockLSTMGrad", ("cell", "icfo"): "LSTMBlockCellGrad"}
 
 
@@ -58,10 +62,27 @@ def load_problem(path, *, kind: str | None = None, layout: str = "ifco", use_pee
     missing ``use_peephole`` false; without peepholes, absent wci/wcf/wco are zeros.  Every problem
     is an ``InvalidArgumentError`` naming the file.
     """
+    with open_problem(path, kind=kind, layout=layout, use_peephole=use_peephole, seq_len_max=seq_len_max,
+                      group=group) as problem:
+        return problem
+
+
+@contextlib.contextmanager
+def open_problem(path, *, kind: str | None = None, layout: str = "ifco", use_peephole: bool | None = None,
+                 seq_len_max: int | None = None, group: str | None = None, lazy: bool = False) -> Iterator[Problem]:
+    """``load_problem`` whose time-major tensors may stay on disk (``lazy``, HDF5 only) while the block runs.
+
+    Lazy tensors are read a chunk of time steps at a time by the backward pass, so an input larger
+    than memory can be processed; they must not be used after the block ends.
+    """
     path = Path(path)
     wanted = validation.SEQ_TENSORS if kind != "cell" else validation.CELL_TENSORS
     scalars = ("seq_len_max", "use_peephole") if kind != "cell" else ("use_peephole",)
-    loaded = io.read_inputs(path, wanted, scalars, group)
+    with io.open_inputs(path, wanted, scalars, group, lazy=TIME_MAJOR if lazy else ()) as loaded:
+        yield _problem_from(path, loaded, kind, layout, use_peephole, seq_len_max)
+
+
+def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole, seq_len_max) -> Problem:
     if kind is None:
         kind = detect_kind(path, loaded.tensors.get("x"))
     layout = layout if kind == "seq" else "icfo"
