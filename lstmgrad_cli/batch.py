@@ -66,6 +66,18 @@ def run_task(task: Task, options: GradOptions, blas_threads: int | None = None) 
         return GradResult(str(task.input), None, options.op, status="failed", error=f"{task.input}: out of memory")
 
 
+def _outcome(future: cf.Future, task: Task, options: GradOptions) -> GradResult:
+    """A task's result; a worker that died (killed, out of memory) is that file's failure, not a crash."""
+    try:
+        return future.result()
+    except cf.CancelledError:
+        raise
+    except Exception as err:  # noqa: BLE001 - BrokenProcessPool, distributed's KilledWorker, ...
+        reason = " ".join(str(err).split()) or type(err).__name__
+        return GradResult(str(task.input), None, options.op, status="failed",
+                          error=f"{task.input}: the worker process failed ({type(err).__name__}: {reason})")
+
+
 def _blas_limits(threads: int | None):
     if not threads:
         return contextlib.nullcontext()
@@ -161,7 +173,7 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
         try:
             for future in cf.as_completed(futures):
                 index = futures[future]
-                finish(index, future.result())
+                finish(index, _outcome(future, tasks[index], options))
                 if stop() or (results[index].status == "failed" and not keep_going):
                     break
         finally:

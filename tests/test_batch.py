@@ -209,3 +209,47 @@ def test_progress_bar_on_a_terminal_only_for_humans(tmp_path):
     assert code == 0 and b"files" not in seen  # --json: no progress bar, even on a terminal
     code, seen = _stderr_on_a_terminal(["seq", str(tmp_path / "in"), "--force"])
     assert code == 0 and b"6/6" in seen and b"files" in seen
+
+
+def test_a_killed_worker_is_a_failed_file_not_a_crash(tmp_path):
+    inputs = _long_inputs(tmp_path / "in", 6)
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "lstmgrad_cli", "seq", str(tmp_path / "in"), "--out-dir", str(out), "--workers", "2"]
+    proc = subprocess.Popen(cmd + ["--keep-going", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    children: list[int] = []
+    while not children and time.monotonic() < deadline:
+        time.sleep(0.05)
+        children = _worker_pids(proc.pid)
+    assert children, "no worker process appeared"
+    os.kill(children[0], signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert "Traceback" not in stderr
+    doc = json.loads(stdout)
+    failed = [r for r in doc["results"] if r["status"] == "failed"]
+    assert failed and all("worker process failed" in r["error"] for r in failed)
+    from lstmgrad_cli.batch import is_complete_output
+
+    assert all(is_complete_output(p) for p in out.glob("*.grads.h5"))
+    resumed = subprocess.run(cmd + ["--skip-existing", "-q"], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(list(out.glob("*.grads.h5"))) == len(inputs)
+
+
+def _worker_pids(parent: int) -> list[int]:
+    """Worker processes of a process pool: children of ``parent`` that run the multiprocessing spawn main."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and b"multiprocessing" in cmdline and b"resource_tracker" not in cmdline:
+            pids.append(int(entry.name))
+    return pids
