@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -122,6 +121,8 @@ def make_executor(workers: int = 1, dask_address: str | None = None) -> Iterator
             yield client.get_executor(pure=False), max(1, per_worker)
         return
     if workers > 1:
+        import multiprocessing  # noqa: PLC0415 - only parallel runs pay for it
+
         threads = max(1, (os.cpu_count() or 1) // workers)
         with _thread_env(threads):
             pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))

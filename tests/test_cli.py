@@ -299,7 +299,7 @@ def test_nan_inputs_are_computed_through_and_flagged(runner, tmp_path):
 
 
 def test_help_on_every_command(runner):
-    for command in main.commands:
+    for command in main.list_commands(None):
         result = runner.invoke(main, [command, "--help"])
         assert result.exit_code == 0 and "Usage:" in result.stdout, command
 

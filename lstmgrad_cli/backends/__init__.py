@@ -13,7 +13,6 @@ return_dgates=False)`` taking and returning host numpy arrays (see ``_numpy.Nump
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 import os
 import subprocess
@@ -58,10 +57,15 @@ class BackendStatus:
     source: str
 
 
+BUILTIN_BY_NAME = {spec.name: spec for spec in BUILTIN}
+
+
 @cache
 def registry() -> dict[str, BackendSpec]:
     """Built-ins first, then entry points; a broken or clashing plugin is a warning, not a crash."""
-    specs = {spec.name: spec for spec in BUILTIN}
+    import importlib.metadata  # noqa: PLC0415 - scanning installed distributions costs tens of ms
+
+    specs = dict(BUILTIN_BY_NAME)
     try:
         entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
     except Exception as err:  # noqa: BLE001 - broken metadata must not break the tool
@@ -92,6 +96,8 @@ def refresh() -> None:
 
 def _library_version(module: str) -> str | None:
     """Version of the distribution that provides ``module`` (cupy comes as cupy-cuda13x, ...)."""
+    import importlib.metadata  # noqa: PLC0415
+
     try:
         return importlib.metadata.version(module)
     except importlib.metadata.PackageNotFoundError:
@@ -158,6 +164,8 @@ def _cuda_usable() -> bool:
 
 
 def _spec(name: str) -> BackendSpec:
+    if name in BUILTIN_BY_NAME:  # no need to scan the installed distributions for a built-in
+        return BUILTIN_BY_NAME[name]
     specs = registry()
     if name not in specs:
         raise UnknownBackendError(
@@ -188,9 +196,12 @@ def get_backend(backend=None):
 @cache
 def _load(name: str):
     spec = _spec(name)
-    state = status(name, probe_device=False)  # the cupy backend checks its device itself
-    if not state.available:
-        raise BackendUnavailableError(f"backend {name!r} is not available: {state.reason}")
+    missing = _missing(spec) if spec.source == "built-in" else []
+    if missing:  # (the library version that status() also looks up is not needed here)
+        raise BackendUnavailableError(f"backend {name!r} is not available: needs {', '.join(missing)}"
+                                      + (f": {spec.hint}" if spec.hint else ""))
+    if spec.source != "built-in" and _plugin_missing(spec):
+        raise BackendUnavailableError(f"backend {name!r} is not available: {_plugin_missing(spec)}")
     module_name, _, attr = spec.target.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), attr)

@@ -1,21 +1,45 @@
 """The ``lstmgrad`` command line: a thin click layer over the library.
 
-Each command lives in its own module; this one builds the group.  Library errors become
-``Error: ...`` and exit 1 in one place (``_common.handle_errors``); usage errors exit 2.
+Each command lives in its own module, imported only when that command runs (so ``lstmgrad seq``
+does not pay for the debugging commands' imports).  Library errors become ``Error: ...`` and exit 1
+in one place (``_common.handle_errors``); usage errors exit 2.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from .. import __version__
-from .backends_cmd import backends_command
-from .bench_cmd import bench_command
-from .debug_cmd import check_command, forward_command, inspect_command
-from .grad_cmd import cell_command, seq_command
+
+# command name -> "module:attribute", in the order `lstmgrad --help` lists them
+COMMANDS = {
+    "seq": "grad_cmd:seq_command",
+    "cell": "grad_cmd:cell_command",
+    "forward": "debug_cmd:forward_command",
+    "check": "debug_cmd:check_command",
+    "inspect": "debug_cmd:inspect_command",
+    "backends": "backends_cmd:backends_command",
+    "bench": "bench_cmd:bench_command",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class LazyGroup(click.Group):
+    """A group whose commands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, "-V", "--version", prog_name="lstmgrad")
 def main() -> None:
     """TensorFlow's block-LSTM gradients from saved forward-pass tensors, without TensorFlow.
@@ -23,14 +47,7 @@ def main() -> None:
     \b
     lstmgrad seq run.h5 -o grads.h5     BlockLSTMGradV2 (IFCO; --layout icfo: BlockLSTMGrad)
     lstmgrad cell step.npz              LSTMBlockCellGrad (+ x, h_prev, w and b gradients)
+    lstmgrad inspect dump.h5            what a file holds and what is wrong with it
+    lstmgrad check dump.h5 -r ref.npz   compare with reference gradients, explain differences
     lstmgrad backends                   compute backends and whether they are usable
     """
-
-
-main.add_command(seq_command)
-main.add_command(cell_command)
-main.add_command(forward_command)
-main.add_command(check_command)
-main.add_command(inspect_command)
-main.add_command(backends_command)
-main.add_command(bench_command)
