@@ -29,9 +29,19 @@ class Task:
 
 
 def plan_tasks(inputs: Sequence[Path], output: Path | None, out_dir: Path | None) -> list[Task]:
-    """The output of each input: ``-o`` for a single input, else ``<stem>.grads.<ext>`` (in ``out_dir``)."""
-    tasks = []
+    """The output of each input: ``-o`` for a single input, else ``<stem>.grads.<ext>`` (in ``out_dir``).
+
+    An input named twice is run once; two inputs that would write the same output are refused
+    (OutputFileError) before anything runs, so no output silently replaces or "skips" another.
+    """
+    tasks: list[Task] = []
+    seen_inputs: set[Path] = set()
+    targets: dict[Path, Path] = {}
     for path in inputs:
+        key = path.resolve()
+        if key in seen_inputs:
+            continue
+        seen_inputs.add(key)
         if output is not None:
             target = output
         else:
@@ -41,16 +51,23 @@ def plan_tasks(inputs: Sequence[Path], output: Path | None, out_dir: Path | None
                 target = path.with_name(path.name + ".grads.npz")  # the run reports why the input is bad
             if out_dir is not None:
                 target = out_dir / target.name
+        other = targets.setdefault(target.resolve(), path)
+        if other is not path:
+            raise OutputFileError(f"{other} and {path} would both write {target}; give them separate --out-dir runs")
         tasks.append(Task(path, target))
     return tasks
 
 
-def is_complete_output(path: Path) -> bool:
-    """An lstmgrad output under its final name is complete: files are renamed into place when done."""
+def is_complete_output(path: Path, source: Path | None = None) -> bool:
+    """An lstmgrad output under its final name is complete (files are renamed into place when done);
+    with ``source``, it must also have been made from that input."""
     try:
-        return io.read_metadata(path).get("tool") == "lstmgrad"
+        meta = io.read_metadata(path)
     except (LstmGradError, OSError, ValueError, KeyError):
         return False
+    if meta.get("tool") != "lstmgrad":
+        return False
+    return source is None or meta.get("source") == str(source.resolve())
 
 
 def run_task(task: Task, options: GradOptions, blas_threads: int | None = None) -> GradResult:
@@ -63,6 +80,9 @@ def run_task(task: Task, options: GradOptions, blas_threads: int | None = None) 
         return GradResult(str(task.input), None, options.op, status="failed", error=" ".join(str(err).split()))
     except MemoryError:
         return GradResult(str(task.input), None, options.op, status="failed", error=f"{task.input}: out of memory")
+    except OSError as err:  # an I/O failure nothing above foresaw: still this file's failure, not a traceback
+        reason = err.strerror or " ".join(str(err).split()) or type(err).__name__
+        return GradResult(str(task.input), None, options.op, status="failed", error=f"{task.input}: {reason}")
 
 
 def _outcome(future: cf.Future, task: Task, options: GradOptions) -> GradResult:
@@ -116,9 +136,8 @@ def make_executor(workers: int = 1, dask_address: str | None = None) -> Iterator
         except (OSError, TimeoutError) as err:
             raise LstmGradError(f"cannot reach the Dask scheduler at {dask_address}: {err}") from None
         with client:
-            nthreads = client.nthreads()
-            per_worker = min(nthreads.values()) if nthreads else 1
-            yield client.get_executor(pure=False), max(1, per_worker)
+            # A Dask worker runs one task per thread at once: one BLAS thread per task keeps it at its cores.
+            yield client.get_executor(pure=False), 1
         return
     if workers > 1:
         import multiprocessing  # noqa: PLC0415 - only parallel runs pay for it
@@ -148,12 +167,12 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
     pending = []
     for index, task in enumerate(tasks):
         if skip_existing and task.output.exists():
-            if is_complete_output(task.output):
+            if is_complete_output(task.output, task.input):
                 finish(index, GradResult(str(task.input), str(task.output), options.op, status="skipped"))
                 continue
             if not options.force:
-                error = OutputFileError(f"{task.output}: exists but is not a complete lstmgrad output; "
-                                        "use --force to replace it")
+                error = OutputFileError(f"{task.output}: exists but is not a complete lstmgrad output of "
+                                        f"{task.input}; use --force to replace it")
                 finish(index, GradResult(str(task.input), None, options.op, status="failed", error=str(error)))
                 if not keep_going:
                     return results

@@ -188,7 +188,8 @@ def compare(ours: dict, reference: dict, rtol: float, atol: float, dtype) -> lis
             continue
         finite_ref, finite_mine = np.isfinite(ref64), np.isfinite(mine)
         note = ""
-        if not np.array_equal(finite_ref, finite_mine) or not np.array_equal(ref64[~finite_ref], mine[~finite_mine]):
+        if not np.array_equal(finite_ref, finite_mine) or not np.array_equal(ref64[~finite_ref], mine[~finite_mine],
+                                                                             equal_nan=True):
             note = (f"NaN/Inf differ: {int((~finite_ref).sum())} in the reference, "
                     f"{int((~finite_mine).sum())} here")
         both = finite_ref & finite_mine

@@ -581,16 +581,19 @@ def default_output(input_path: Path, input_format: str) -> Path:
 def check_output(path: Path, force: bool, inputs: Iterable[Path] = ()) -> str:
     """Refuse, before any work, an output that could not or must not be written; returns its format."""
     fmt = output_format(path)
-    for source in inputs:
-        if _same_file(path, source):
-            raise OutputFileError(f"{path}: output path is the input file; choose another output")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise OutputFileError(f"{path}: output directory {parent} does not exist")
-    if path.is_dir():
-        raise OutputFileError(f"{path}: is a directory")
-    if path.exists() and not force:
-        raise OutputFileError(f"{path}: already exists; use --force to overwrite")
+    try:
+        for source in inputs:
+            if _same_file(path, source):
+                raise OutputFileError(f"{path}: output path is the input file; choose another output")
+        parent = path.parent if str(path.parent) else Path(".")
+        if not parent.is_dir():
+            raise OutputFileError(f"{path}: output directory {parent} does not exist")
+        if path.is_dir():
+            raise OutputFileError(f"{path}: is a directory")
+        if path.exists() and not force:
+            raise OutputFileError(f"{path}: already exists; use --force to overwrite")
+    except OSError as err:  # e.g. a name longer than the file system allows
+        raise OutputFileError(f"{path}: cannot write there: {_os_reason(err)}") from None
     return fmt
 
 

@@ -9,8 +9,11 @@ decays, which is what people look for first when they suspect vanishing or explo
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
+
+from .errors import LstmGradError
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -101,12 +104,35 @@ def sparkline(values: list[float], width: int = 60) -> str:
                    for v in logs)
 
 
-def save_plot(report: dict, path, title: str) -> None:
-    """The per-step norms as a figure (matplotlib, the optional ``plot`` extra)."""
-    import matplotlib  # noqa: PLC0415 - optional
-
+def _pyplot():
+    try:
+        import matplotlib  # noqa: PLC0415 - optional (the plot extra)
+    except ImportError:
+        raise LstmGradError("--plot needs matplotlib: pip install 'lstmgrad[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    return plt
+
+
+def check_plot_path(path) -> None:
+    """Refuse, before any work, a figure path matplotlib could not write (format, directory)."""
+    plt = _pyplot()
+    path = Path(path)
+    formats = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix not in formats:
+        raise LstmGradError(f"{path}: unknown figure format {path.suffix or '(none)'!r}; "
+                            f"use one of {', '.join('.' + f for f in sorted(formats))}")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise LstmGradError(f"{path}: directory {parent} does not exist")
+
+
+def save_plot(report: dict, path, title: str) -> None:
+    """The per-step norms as a figure (matplotlib, the optional ``plot`` extra)."""
+    plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     labels = {"x_grad": "|x_grad[t]|", "h_prev_grad": "|dL/dh[t-1]| carried", "cs_prev_grad": "|dL/dcs[t-1]| carried"}
@@ -121,5 +147,9 @@ def save_plot(report: dict, path, title: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        fig.savefig(path)
+    except (OSError, ValueError) as err:
+        raise LstmGradError(f"{path}: cannot write the figure: {err}") from None
+    finally:
+        plt.close(fig)

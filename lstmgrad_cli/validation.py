@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .errors import InvalidArgumentError
+from .io import LazyDataset
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 COMPUTE_DTYPES = ("float16", "float32", "float64")
@@ -61,8 +62,8 @@ def as_float_arrays(tensors: Mapping[str, object]) -> dict[str, np.ndarray]:
 
 
 def _is_lazy_array(value: object) -> bool:
-    """An array-like read by slicing (h5py.Dataset): has shape, ndim and dtype, is not a numpy array."""
-    return all(hasattr(value, attr) for attr in ("shape", "ndim", "dtype", "__getitem__")) and not np.isscalar(value)
+    """An input left on disk by ``io.open_inputs`` (read by slicing), checked by shape and dtype only."""
+    return isinstance(value, LazyDataset)
 
 
 def _dtype_name(dtype: np.dtype) -> str:

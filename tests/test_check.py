@@ -227,3 +227,19 @@ def test_usage_errors():
     assert result.exit_code == 2 and "--reference" in result.stderr
     result = CliRunner().invoke(main, ["check", str(fx("seq_v2_peep")), "-r", "/nonexistent.npz"])
     assert result.exit_code == 1 and result.stderr.startswith("Error: ")
+
+
+def test_identical_results_with_nan_pass(tmp_path):
+    import lstmgrad_cli as lg
+
+    with np.load(fx("seq_v2_peep")) as data:
+        inputs = dict(data)
+    inputs["h_grad"] = inputs["h_grad"].copy()
+    inputs["h_grad"][4, 0, 0] = np.nan
+    src = tmp_path / "nan.npz"
+    np.savez(src, **inputs)
+    ref = tmp_path / "ref.npz"
+    np.savez(ref, **lg.block_lstm_grad_v2(**inputs)._asdict())
+    result = CliRunner().invoke(main, ["check", str(src), "-r", str(ref)])
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "NaN/Inf differ" not in result.stdout

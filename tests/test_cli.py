@@ -316,3 +316,26 @@ def test_real_subprocess_run(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "lstmgrad_cli", "seq", str(tmp_path / "missing.npz")],
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 1 and bad.stderr.startswith("Error: ") and bad.stderr.count("\n") == 1
+
+
+def test_names_with_markup_and_control_characters_are_shown_literally(runner, tmp_path):
+    (tmp_path / "d[").mkdir()  # the path then reads .../d[/b]c[bold]x.npz: a closing tag rich would choke on
+    src = write_npz(tmp_path / "d[" / "b]c[bold]x.npz", load_case("seq_v2_peep")[0])
+    result = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g\x1b[2J.npz")], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.stderr
+    shown = result.stdout.replace("\n", "")  # the table title may wrap
+    assert "d[/b]c[bold]x.npz" in shown and "\x1b[2J" not in shown and "\\x1b[2J" in shown
+
+
+def test_an_output_name_too_long_for_the_file_system_is_one_line(runner, tmp_path):
+    too_long = tmp_path / ("g" * 300 + ".npz")
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(too_long)])
+    assert result.exit_code == 1 and result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr and "too long" in result.stderr
+
+
+def test_summary_lines_are_not_wrapped_when_piped(runner, tmp_path):
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 0
+    assert any(line.startswith("BlockLSTMGradV2 (layout ifco) · backend numpy") and "computed in float32" in line
+               for line in result.stdout.splitlines())

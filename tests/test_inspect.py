@@ -125,3 +125,15 @@ def test_inconsistent_activations_are_flagged(tmp_path):
     assert code == 0 and doc["kind"] == "cell"
     warning = [p["message"] for p in problems(doc, "warning")]
     assert any("do not fit x, h_prev, w, b" in m for m in warning)
+
+
+def test_key_names_are_never_markup_or_terminal_control(tmp_path):
+    with np.load(FIXTURES / "seq_v2_peep.in.npz") as data:
+        inputs = dict(data)
+    inputs["[/evil]"] = np.zeros(2, np.float32)
+    inputs["\x1b]0;title\x07\x1b[2J"] = np.zeros(2, np.float32)
+    src = tmp_path / "odd.npz"
+    np.savez(src, **inputs)
+    result = CliRunner().invoke(main, ["inspect", str(src)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.stderr
+    assert "[/evil]" in result.stdout and "\x1b" not in result.stdout and "\\x1b" in result.stdout

@@ -91,3 +91,14 @@ def test_plot_takes_one_input(runner, tmp_path):
     pytest.importorskip("matplotlib")
     result = runner.invoke(main, ["seq", "a.npz", "b.npz", "--plot", str(tmp_path / "p.png")])
     assert result.exit_code == 2 and "--plot takes a single INPUT" in result.stderr
+
+
+@pytest.mark.parametrize("name, fragment", [("steps.xyz", "unknown figure format '.xyz'"),
+                                            ("missing/steps.png", "does not exist")])
+def test_a_bad_plot_path_is_refused_before_anything_is_written(runner, tmp_path, name, fragment):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_larger.in.npz"), "-o", str(out), "--plot",
+                                  str(tmp_path / name)])
+    assert result.exit_code == 1 and fragment in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()

@@ -8,6 +8,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 from ..errors import LstmGradError, UnknownBackendError
 from ..summary import json_safe
@@ -32,8 +33,24 @@ def _jsonable(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def printable(text: object) -> str:
+    """Text from files and file names with control characters escaped (no raw escapes to the terminal)."""
+    text = str(text)
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def plain(text: object) -> Text:
+    """Untrusted text (file names, key names) for rich tables: never parsed as markup."""
+    return Text(printable(text))
+
+
+def say(console: Console, text: object, style: str | None = None) -> None:
+    """Print one line of plain text: no markup parsing, no highlighting, not wrapped (logs stay greppable)."""
+    console.print(printable(text), markup=False, highlight=False, soft_wrap=True, style=style)
+
+
 def one_line(message: str) -> str:
-    return " ".join(str(message).split()) or "unknown error"
+    return printable(" ".join(str(message).split())) or "unknown error"
 
 
 def handle_errors(func):

@@ -16,7 +16,7 @@ from ..diagnose import CAUSES, CheckOptions, CheckReport, run_check
 from ..errors import InvalidArgumentError
 from ..forward_job import ForwardOptions, ForwardResult, parse_grads, run_forward_file
 from ..inspection import InspectReport, inspect_file
-from ._common import handle_errors, print_json, stdout_console
+from ._common import handle_errors, plain, print_json, say, stdout_console
 
 
 def _fmt(value) -> str:
@@ -118,7 +118,7 @@ def _forward(input_path, output, options: ForwardOptions, as_json: bool, quiet: 
 
 def _render_forward(result: ForwardResult) -> None:
     console = stdout_console()
-    table = Table(title=f"{result.input} -> {result.output}", title_justify="left")
+    table = Table(title=plain(f"{result.input} -> {result.output}"), title_justify="left")
     for name, justify in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("L2 norm", "right"),
                           ("max |value|", "right"), ("finite", "center")):
         table.add_column(name, justify=justify)
@@ -132,10 +132,10 @@ def _render_forward(result: ForwardResult) -> None:
     if result.seq_len_max is not None:
         parts.append(f"seq_len_max={result.seq_len_max} ({result.sources.get('seq_len_max')})")
     parts.append(f"grads={result.grads}")
-    console.print(" · ".join(parts), highlight=False)
+    say(console, " · ".join(parts))
     for note in result.defaults:
-        console.print(f"default used: {note}", highlight=False, style="dim")
-    console.print(f"next: {result.next_command}", highlight=False)
+        say(console, f"default used: {note}", style="dim")
+    say(console, f"next: {result.next_command}")
 
 
 # -- check ----------------------------------------------------------------------------------------
@@ -202,7 +202,7 @@ def _render_check(report: CheckReport) -> None:
     if report.seq_len_max is not None:
         head.append(f"seq_len_max={report.seq_len_max} ({report.sources.get('seq_len_max')})")
     if report.reference is not None:
-        table = Table(title=where, title_justify="left")
+        table = Table(title=plain(where), title_justify="left")
         for name, justify in (("tensor", "left"), ("shape", "left"), ("max abs err", "right"),
                               ("max rel err", "right"), ("ulps", "right"), ("tolerance", "right"),
                               ("result", "center")):
@@ -213,16 +213,15 @@ def _render_check(report: CheckReport) -> None:
                           _fmt3(c.ulps), _fmt3(c.tolerance), result)
         console.print(table)
     else:
-        console.print(where, highlight=False)
-    console.print(" · ".join(head) + f" · rtol={report.rtol:g} atol={report.atol:g}", highlight=False)
+        say(console, where)
+    say(console, " · ".join(head) + f" · rtol={report.rtol:g} atol={report.atol:g}")
     for c in report.comparisons:
         if c.note:
-            console.print(f"{c.name}: {c.note}", highlight=False)
+            say(console, f"{c.name}: {c.note}")
     if report.not_in_reference:
-        console.print(f"not in the reference (not compared): {', '.join(report.not_in_reference)}",
-                      highlight=False, style="dim")
+        say(console, f"not in the reference (not compared): {', '.join(report.not_in_reference)}", style="dim")
     for note in report.defaults:
-        console.print(f"default used: {note}", highlight=False, style="dim")
+        say(console, f"default used: {note}", style="dim")
     if report.reference is not None:
         _render_explanation(console, report)
     if report.forward is not None:
@@ -236,12 +235,12 @@ def _causes(variant) -> str:
 
 def _render_explanation(console, report: CheckReport) -> None:
     if report.comparisons_passed:
-        console.print(f"All {len(report.comparisons)} compared tensors agree within tolerance.", highlight=False)
+        say(console, f"All {len(report.comparisons)} compared tensors agree within tolerance.")
         return
     if report.explanations:
         console.print("[bold]Why they differ[/]")
         for text in report.explanations:
-            console.print(f"  {text}", highlight=False)
+            say(console, f"  {text}")
         return
     singles = list(dict.fromkeys(CAUSES[v.causes[0]] for v in report.variants if len(v.causes) == 1))
     pairs = any(len(v.causes) > 1 for v in report.variants)
@@ -253,11 +252,10 @@ def _render_explanation(console, report: CheckReport) -> None:
                   + (", and pairs of them." if pairs else "."), highlight=False)
     closest = next((v for v in report.variants if v.worst is not None), None)
     if closest is not None:
-        console.print(f"  closest: {_causes(closest)} {closest.changes} ({closest.tensors_matching} of "
-                      f"{closest.tensors_compared} tensors match, worst error {closest.worst:.3g}x the tolerance)",
-                      highlight=False)
-    console.print("  If the reference comes from TensorFlow, check that it was computed from exactly these "
-                  "activations and output gradients (--gradcheck tests the activations).", highlight=False)
+        say(console, f"  closest: {_causes(closest)} {closest.changes} ({closest.tensors_matching} of "
+                      f"{closest.tensors_compared} tensors match, worst error {closest.worst:.3g}x the tolerance)")
+    say(console, "  If the reference comes from TensorFlow, check that it was computed from exactly these "
+                  "activations and output gradients (--gradcheck tests the activations).")
 
 
 def _render_gradcheck(console, report: CheckReport) -> None:
@@ -273,30 +271,28 @@ def _render_gradcheck(console, report: CheckReport) -> None:
                       f"({params}, tolerance {fit.tolerance:g}):", highlight=False)
         for t in fit.inconsistent():
             step = "" if t.first_bad_step is None else f", first at step {t.first_bad_step}"
-            console.print(f"    {t.name}: {t.bad_entries} entries off, max deviation {t.max_deviation:.3g}{step}",
-                          highlight=False)
+            say(console, f"    {t.name}: {t.bad_entries} entries off, max deviation {t.max_deviation:.3g}{step}")
         alt = report.forward_alternative
         if alt is not None:
-            console.print(f"  they do fit layout {alt.layout} with use_peephole={str(alt.use_peephole).lower()}: "
-                          "check --layout and --peephole.", highlight=False)
+            say(console, f"  they do fit layout {alt.layout} with use_peephole={str(alt.use_peephole).lower()}: "
+                          "check --layout and --peephole.")
         else:
-            console.print("  The activations were not computed from these weights and inputs (saved at a different "
+            say(console, "  The activations were not computed from these weights and inputs (saved at a different "
                           "step, or from a different checkpoint?). The gradient ops use only the stored "
-                          "activations, so every gradient here is the gradient of some other network.",
-                          highlight=False)
+                          "activations, so every gradient here is the gradient of some other network.")
         worst = sorted(fd.stored_vs_recomputed.items(), key=lambda kv: -kv[1])[:3]
         if worst:
-            console.print("  gradients from the stored activations vs from recomputed ones (max diff / max value): "
-                          + ", ".join(f"{n} {v:.3g}" for n, v in worst), highlight=False)
+            say(console, "  gradients from the stored activations vs from recomputed ones (max diff / max value): "
+                          + ", ".join(f"{n} {v:.3g}" for n, v in worst))
     if fit.nonzero_beyond_seq_len_max:
-        console.print(f"  {', '.join(fit.nonzero_beyond_seq_len_max)} nonzero beyond seq_len_max={fit.steps}: "
-                      "TF zeroes them; was the sequence run longer?", highlight=False)
+        say(console, f"  {', '.join(fit.nonzero_beyond_seq_len_max)} nonzero beyond seq_len_max={fit.steps}: "
+                      "TF zeroes them; was the sequence run longer?")
     status = "[green]pass[/]" if fd.ok else "[bold red]FAIL[/]"
     bad = [e for e in fd.entries if not e.ok]
     console.print(f"  finite differences (float64, {len(fd.entries)} entries): max rel error {fd.max_rel_error:.2g} "
                   f"{status}", highlight=False)
     for e in bad[:5]:
-        console.print(f"    {e.tensor}{e.index}: analytic {e.analytic:.6g}, numeric {e.numeric:.6g}", highlight=False)
+        say(console, f"    {e.tensor}{e.index}: analytic {e.analytic:.6g}, numeric {e.numeric:.6g}")
 
 
 # -- inspect --------------------------------------------------------------------------------------
@@ -327,7 +323,7 @@ def inspect_command(input_path, group, as_json):
 def _render_inspect(report: InspectReport) -> None:
     console = stdout_console()
     title = f"{report.path} ({report.format}{', group ' + report.group if report.group else ''})"
-    table = Table(title=title, title_justify="left")
+    table = Table(title=plain(title), title_justify="left")
     for name, justify in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("min", "right"),
                           ("max", "right"), ("finite", "center"), ("role", "left")):
         table.add_column(name, justify=justify)
@@ -335,11 +331,11 @@ def _render_inspect(report: InspectReport) -> None:
         finite = "-" if t.finite is None else ("yes" if t.finite else f"[bold red]no ({t.nonfinite})[/]")
         role = t.role if t.role in ("used", "scalar") else f"[yellow]{t.role}[/]"
         key = t.key if t.name in (None, t.key.removeprefix("@")) else f"{t.key} ({t.name})"
-        table.add_row(key, "-" if t.shape is None else _shape(t.shape), t.dtype or "-", _fmt3(t.min), _fmt3(t.max),
-                      finite, role)
+        table.add_row(plain(key), "-" if t.shape is None else _shape(t.shape), t.dtype or "-", _fmt3(t.min),
+                      _fmt3(t.max), finite, role)
     console.print(table)
     for g in report.groups:
-        console.print(f"group {g}/ (inspect it with --group {g})", highlight=False)
+        say(console, f"group {g}/ (inspect it with --group {g})")
     if report.kind is not None:
         fits = {"seq": "sequence", "cell": "one cell step", "forward-seq": "forward input (sequence)",
                 "forward-cell": "forward input (one cell step)", "gradients": "gradients"}[report.kind]
@@ -352,18 +348,17 @@ def _render_inspect(report: InspectReport) -> None:
             line += f" · use_peephole={str(report.use_peephole).lower()} ({report.use_peephole_source})"
         if report.seq_len_max is not None:
             line += f" · seq_len_max={report.seq_len_max}"
-        console.print(line, highlight=False)
+        say(console, line)
     if report.metadata:
-        console.print("lstmgrad metadata: " + ", ".join(f"{k}={v}" for k, v in report.metadata.items()),
-                      highlight=False, style="dim")
+        say(console, "lstmgrad metadata: " + ", ".join(f"{k}={v}" for k, v in report.metadata.items()), style="dim")
     if report.missing:
-        console.print(f"missing: {', '.join(report.missing)}", highlight=False, style="bold red")
+        say(console, f"missing: {', '.join(report.missing)}", style="bold red")
     if report.unused:
-        console.print(f"unused: {', '.join(report.unused)}", highlight=False)
+        say(console, f"unused: {', '.join(report.unused)}")
     for p in report.problems:
         style = "bold red" if p.severity == "error" else "yellow"
-        console.print(f"{p.severity}: {p.message}", highlight=False, style=style)
+        say(console, f"{p.severity}: {p.message}", style=style)
     for note in report.notes:
-        console.print(f"note: {note}", highlight=False, style="dim")
+        say(console, f"note: {note}", style="dim")
     n_err, n_warn = len(report.errors), len(report.problems) - len(report.errors)
-    console.print(f"{n_err} error{'s' * (n_err != 1)}, {n_warn} warning{'s' * (n_warn != 1)}", highlight=False)
+    say(console, f"{n_err} error{'s' * (n_err != 1)}, {n_warn} warning{'s' * (n_warn != 1)}")

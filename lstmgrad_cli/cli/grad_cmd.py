@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import importlib.util
 import math
 import signal
 import sys
@@ -20,8 +19,8 @@ from ..backends import get_backend, resolve_name
 from ..batch import plan_tasks, run_batch
 from ..errors import LstmGradError, UnknownBackendError
 from ..jobs import GradOptions, GradResult, nonfinite_note
-from ..perstep import save_plot, sparkline
-from ._common import is_terminal, one_line, print_json, stderr_console, stdout_console
+from ..perstep import check_plot_path, save_plot, sparkline
+from ._common import handle_errors, is_terminal, one_line, plain, print_json, say, stderr_console, stdout_console
 
 INPUT_SUFFIXES = (".h5", ".hdf5", ".npz")
 
@@ -72,6 +71,7 @@ def _shared_options(func):
               help="Add the gradient norms of every time step, a chart and the fastest growth/decay in words.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
               help="Save the per-step norms as a figure (PNG, PDF, SVG; needs lstmgrad[plot]); implies --per-step.")
+@handle_errors
 def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_len_max, chunk_steps, per_step, plot,
                 **flags):
     """BlockLSTMGradV2 (or BlockLSTMGrad with --layout icfo) of each INPUT (HDF5 or NPZ).
@@ -81,10 +81,12 @@ def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_
     seq_len_max and use_peephole (scalars or HDF5 attributes).
     """
     if plot is not None:
-        if importlib.util.find_spec("matplotlib") is None:
-            raise click.ClickException("--plot needs matplotlib: pip install 'lstmgrad[plot]'")
         if len(flags["inputs"]) != 1:
             raise click.UsageError("--plot takes a single INPUT")
+        try:
+            check_plot_path(plot)
+        except LstmGradError as err:
+            raise click.ClickException(one_line(err)) from None
     options = GradOptions("seq", layout, backend, use_peephole, seq_len_max, group, compute_dtype, chunk_steps, force,
                           per_step=per_step or plot is not None, strict=flags.pop("strict"))
     _run("seq", options, plot=plot, **flags)
@@ -92,6 +94,7 @@ def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_
 
 @click.command("cell")
 @_shared_options
+@handle_errors
 def cell_command(backend, use_peephole, group, compute_dtype, force, **flags):
     """LSTMBlockCellGrad of each INPUT, plus x_grad, h_prev_grad, w_grad and b_grad.
 
@@ -115,7 +118,7 @@ def expand_inputs(patterns) -> list[Path]:
             matches = sorted(glob.glob(pattern, recursive=True))
             if not matches:
                 raise click.BadParameter(f"no files match {pattern!r}", param_hint="INPUT")
-            paths.extend(Path(m) for m in matches)
+            paths.extend(Path(m) for m in matches if ".grads." not in Path(m).name)  # not earlier outputs
         else:
             paths.append(path)
     return paths
@@ -140,7 +143,10 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
         raise click.ClickException(f"{out_dir}: output directory does not exist")
 
     console = stdout_console()
-    tasks = plan_tasks(paths, output, out_dir)
+    try:
+        tasks = plan_tasks(paths, output, out_dir)
+    except LstmGradError as err:
+        raise click.UsageError(one_line(err)) from None
     show_progress = len(tasks) > 1 and not (quiet or as_json) and is_terminal(sys.stderr)
 
     with _progress(show_progress, len(tasks)) as advance:
@@ -150,9 +156,14 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
             elif result.status == "ok" and not (as_json or quiet):
                 render(console, result)
             if result.status == "ok" and plot is not None and result.per_step is not None:
-                save_plot(result.per_step, plot, f"{result.op}: {Path(result.input).name}")
-                if not (as_json or quiet):
-                    console.print(f"per-step plot: {plot}", highlight=False)
+                try:
+                    save_plot(result.per_step, plot, f"{result.op}: {Path(result.input).name}")
+                except LstmGradError as err:
+                    result.status, result.error = "failed", one_line(err)
+                    click.echo(f"Error: {result.error}", err=True)
+                else:
+                    if not (as_json or quiet):
+                        say(console, f"per-step plot: {plot}")
             advance()
 
         with _interruptible() as received:
@@ -162,7 +173,9 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
                                     stop=lambda: bool(received))
             except LstmGradError as err:
                 raise click.ClickException(one_line(err)) from None
-        if received:
+            except KeyboardInterrupt:
+                received.append(signal.SIGINT)
+        if received:  # 130 for Ctrl-C, 143 for SIGTERM, as shells report them
             click.echo("Aborted!", err=True)
             raise SystemExit(128 + received[0])
 
@@ -231,7 +244,7 @@ def _fmt(value: float | None) -> str:
 
 def render(console, result: GradResult) -> None:
     """The rich summary of one run: a header line of what was computed, a row per output tensor."""
-    table = Table(title=f"{result.input} -> {result.output}", title_justify="left")
+    table = Table(title=plain(f"{result.input} -> {result.output}"), title_justify="left")
     for name, justify in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("L2 norm", "right"),
                           ("max |value|", "right"), ("finite", "center")):
         table.add_column(name, justify=justify)
@@ -247,12 +260,12 @@ def render(console, result: GradResult) -> None:
     if result.seq_len_max is not None:
         how.append(f"seq_len_max={result.seq_len_max} ({result.sources.get('seq_len_max')})")
     console.print(table)
-    console.print(" · ".join(what), highlight=False)
-    console.print(" · ".join(how), highlight=False)
+    say(console, " · ".join(what))
+    say(console, " · ".join(how))
     if nonfinite_note(result):
-        console.print(f"warning: {nonfinite_note(result)}", style="bold red", highlight=False)
+        say(console, f"warning: {nonfinite_note(result)}", style="bold red")
     for note in result.defaults:
-        console.print(f"default used: {note}", highlight=False, style="dim")
+        say(console, f"default used: {note}", style="dim")
     if result.per_step is not None:
         render_per_step(console, result.per_step)
 
@@ -271,4 +284,4 @@ def render_per_step(console, report: dict) -> None:
                       _fmt(max(finite) if finite else None))
     console.print(table)
     for line in report["summary"]:
-        console.print(line, highlight=False)
+        say(console, line)
