@@ -93,25 +93,17 @@ class InspectReport:
 
 
 def _read_all(path: Path, group: str | None, report: InspectReport) -> dict[str, np.ndarray]:
-    """Every entry of the file (or group) that reads as an array, each read on its own."""
-    keys = io.read_inputs(path, (), (), group).keys
-    arrays: dict[str, np.ndarray] = {}
-    for key in keys:
-        if key == io.METADATA_KEY:
+    """Every entry of the file (or group) that reads as an array; each unreadable one is reported."""
+    keys = [k for k in io.read_inputs(path, (), (), group).keys if k != io.METADATA_KEY]
+    loaded = io.read_inputs(path, keys, (), group, collect_errors=True)
+    for key, err in loaded.errors.items():
+        message = str(err).removeprefix(f"{path}: ")
+        if "is a group, not a dataset" in message:
+            report.groups.append(key)
             continue
-        try:
-            value = io.read_inputs(path, (key,), (), group).tensors.get(key)
-        except LstmGradError as err:
-            message = str(err).removeprefix(f"{path}: ")
-            if "group" in message:
-                report.groups.append(key)
-                continue
-            report.tensors.append(TensorInfo(key, _canonical(key), None, None, role="unreadable"))
-            report.error(key, f"cannot be read: {message}")
-            continue
-        if value is not None:
-            arrays[key] = np.asarray(value)
-    return arrays
+        report.tensors.append(TensorInfo(key, _canonical(key), None, None, role="unreadable"))
+        report.error(key, f"cannot be read: {message}")
+    return {key: np.asarray(value) for key, value in loaded.tensors.items()}
 
 
 def _canonical(key: str) -> str | None:

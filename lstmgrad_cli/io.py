@@ -78,6 +78,7 @@ class LoadedFile:
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     scalars: dict[str, tuple[object, str]] = field(default_factory=dict)  # name -> (value, "tensor"|"attribute")
     keys: list[str] = field(default_factory=list)  # every entry of the group, as stored
+    errors: dict[str, InputFileError] = field(default_factory=dict)  # with collect_errors: tensor -> why unreadable
 
 
 class LazyDataset:
@@ -257,20 +258,22 @@ def _native(array: np.ndarray) -> np.ndarray:
 # -- reading ------------------------------------------------------------------------------------
 
 def read_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable[str] = (),
-                group: str | None = None) -> LoadedFile:
+                group: str | None = None, collect_errors: bool = False) -> LoadedFile:
     """Read the tensors ``names`` (and scalar parameters ``scalars``) from an HDF5 or NPZ file.
 
     Names are TF's snake_case argument names; camelCase aliases are accepted.  Missing tensors are
     simply absent from the result (the caller names them all at once); scalars may also come from
-    HDF5 attributes of the group.  Raises InputFileError, and nothing else, for a bad file.
+    HDF5 attributes of the group.  Raises InputFileError, and nothing else, for a bad file; with
+    ``collect_errors`` a tensor that cannot be read is recorded in ``errors`` and the rest are read
+    (one open file, one memory budget: what ``lstmgrad inspect`` needs).
     """
-    with open_inputs(path, names, scalars, group) as loaded:
+    with open_inputs(path, names, scalars, group, collect_errors=collect_errors) as loaded:
         return loaded
 
 
 @contextlib.contextmanager
-def open_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable[str] = (),
-                group: str | None = None, lazy: Iterable[str] = ()) -> Iterator[LoadedFile]:
+def open_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable[str] = (), group: str | None = None,
+                lazy: Iterable[str] = (), collect_errors: bool = False) -> Iterator[LoadedFile]:
     """``read_inputs`` that may leave tensors on disk while the block runs.
 
     Tensors named in ``lazy`` that are HDF5 datasets come back as ``LazyDataset``s, read later by
@@ -280,16 +283,16 @@ def open_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable
     """
     path = Path(path)
     if sniff_format(path) == "npz":
-        yield _read_npz(path, list(names), list(scalars), group)
+        yield _read_npz(path, list(names), list(scalars), group, collect_errors)
         return
     with _open_hdf5(path) as (fh, h5py):
         loaded = LoadedFile(path, "hdf5")
         with _hdf5_errors(path):
-            _read_hdf5_open(fh, loaded, list(names), list(scalars), group, h5py, frozenset(lazy))
+            _read_hdf5_open(fh, loaded, list(names), list(scalars), group, h5py, frozenset(lazy), collect_errors)
         yield loaded
 
 
-def _read_npz(path: Path, names, scalars, group) -> LoadedFile:
+def _read_npz(path: Path, names, scalars, group, collect_errors=False) -> LoadedFile:
     loaded = LoadedFile(path, "npz")
     prefix = f"{group.strip('/')}/" if group else ""
     try:
@@ -312,14 +315,15 @@ def _read_npz(path: Path, names, scalars, group) -> LoadedFile:
         loaded.keys = keys
         budget = _Budget(path)
         for name in [*names, *scalars]:
-            key = _key_for(name, keys, path)
-            if key is None:
-                continue
-            value = _npz_member(archive, members[prefix + key], prefix + key, path, budget)
-            if name in scalars:
-                loaded.scalars[name] = (value, "tensor")
-            else:
-                loaded.tensors[name] = value
+            with _collecting(loaded, name, collect_errors):
+                key = _key_for(name, keys, path)
+                if key is None:
+                    continue
+                value = _npz_member(archive, members[prefix + key], prefix + key, path, budget)
+                if name in scalars:
+                    loaded.scalars[name] = (value, "tensor")
+                else:
+                    loaded.tensors[name] = value
     return loaded
 
 
@@ -423,7 +427,8 @@ def _hdf5_errors(path: Path):
         raise InputFileError(f"{path}: corrupt HDF5 file ({_reason(err)})") from None
 
 
-def _read_hdf5_open(fh, loaded: LoadedFile, names, scalars, group, h5py, lazy=frozenset()) -> None:
+def _read_hdf5_open(fh, loaded: LoadedFile, names, scalars, group, h5py, lazy=frozenset(),
+                    collect_errors=False) -> None:
     path = loaded.path
     node = fh
     if group:
@@ -435,9 +440,10 @@ def _read_hdf5_open(fh, loaded: LoadedFile, names, scalars, group, h5py, lazy=fr
     loaded.keys = list(node.keys())
     budget = _Budget(path)
     for name in names:
-        key = _key_for(name, loaded.keys, path)
-        if key is not None:
-            loaded.tensors[name] = _hdf5_dataset(fh, node, key, path, h5py, budget, lazy=name in lazy)
+        with _collecting(loaded, name, collect_errors):
+            key = _key_for(name, loaded.keys, path)
+            if key is not None:
+                loaded.tensors[name] = _hdf5_dataset(fh, node, key, path, h5py, budget, lazy=name in lazy)
     for name in scalars:
         key = _key_for(name, loaded.keys, path)
         if key is not None:
@@ -448,6 +454,17 @@ def _read_hdf5_open(fh, loaded: LoadedFile, names, scalars, group, h5py, lazy=fr
             if akey is not None:
                 loaded.scalars[name] = (_hdf5_attribute(attrs, akey, path, budget), "attribute")
                 break
+
+
+@contextlib.contextmanager
+def _collecting(loaded: LoadedFile, name: str, collect: bool) -> Iterator[None]:
+    """With ``collect``, one tensor's InputFileError is recorded instead of ending the read."""
+    try:
+        yield
+    except InputFileError as err:
+        if not collect:
+            raise
+        loaded.errors[name] = err
 
 
 def _hdf5_walk(fh, start, target: str, path: Path, h5py, what: str, depth: int = 0):

@@ -137,3 +137,13 @@ def test_key_names_are_never_markup_or_terminal_control(tmp_path):
     result = CliRunner().invoke(main, ["inspect", str(src)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.stderr
     assert "[/evil]" in result.stdout and "\x1b" not in result.stdout and "\\x1b" in result.stdout
+
+
+def test_inspect_reads_the_file_once_under_one_memory_budget(tmp_path, monkeypatch):
+    tensors = {f"t{k}": np.zeros(100_000, np.float32) for k in range(3)}  # 400 kB each
+    src = tmp_path / "three.npz"
+    np.savez(src, **tensors)
+    monkeypatch.setenv("LSTMGRAD_MAX_TENSOR_BYTES", "1M")  # two fit, the third exceeds the file's budget
+    doc = json.loads(CliRunner().invoke(main, ["inspect", str(src), "--json"]).stdout)
+    unreadable = [t["key"] for t in doc["result"]["tensors"] if t["role"] == "unreadable"]
+    assert unreadable == ["t2"]
