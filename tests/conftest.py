@@ -43,8 +43,8 @@ def write_npz(path: Path, tensors: dict) -> Path:
     return path
 
 
-def write_h5(path: Path, tensors: dict, group: str | None = None, attrs: dict | None = None) -> Path:
-    with h5py.File(path, "w") as fh:
+def write_h5(path: Path, tensors: dict, group: str | None = None, attrs: dict | None = None, **file_kwargs) -> Path:
+    with h5py.File(path, "w", **file_kwargs) as fh:
         node = fh.create_group(group) if group else fh
         for key, value in tensors.items():
             node.create_dataset(key, data=value)

@@ -23,6 +23,21 @@ def make_problem(rng, T, B, I, C):
     }
 
 
+def central_differences(loss, params: dict, eps: float = 1e-6) -> dict:
+    """d loss / d params[name][idx] for every entry, by central differences in float64."""
+    grads = {}
+    for name, value in params.items():
+        numeric = np.zeros_like(value)
+        for idx in np.ndindex(value.shape):
+            plus = {k: v.copy() for k, v in params.items()}
+            minus = {k: v.copy() for k, v in params.items()}
+            plus[name][idx] += eps
+            minus[name][idx] -= eps
+            numeric[idx] = (loss(plus) - loss(minus)) / (2 * eps)
+        grads[name] = numeric
+    return grads
+
+
 def forward(layout, seq_len_max, params, peephole):
     if layout == "ifco":
         return lg.block_lstm_v2(seq_len_max, **params, cell_clip=0.0, use_peephole=peephole)
@@ -46,15 +61,9 @@ def test_sequence_gradient_matches_central_differences(layout, peephole, seq_len
     grad_fn = lg.block_lstm_grad_v2 if layout == "ifco" else lg.block_lstm_grad
     grads = grad_fn(seq_len_max, **params, **acts._asdict(), cs_grad=cs_grad, h_grad=h_grad, use_peephole=peephole)
 
-    eps = 1e-6
+    numerics = central_differences(loss, params)
     for name in PARAMS:
-        numeric = np.zeros_like(params[name])
-        for idx in np.ndindex(params[name].shape):
-            plus = {k: v.copy() for k, v in params.items()}
-            minus = {k: v.copy() for k, v in params.items()}
-            plus[name][idx] += eps
-            minus[name][idx] -= eps
-            numeric[idx] = (loss(plus) - loss(minus)) / (2 * eps)
+        numeric = numerics[name]
         analytic = getattr(grads, f"{name}_grad")
         scale = max(np.max(np.abs(numeric)), 1e-12)
         rel = np.max(np.abs(analytic - numeric)) / scale
@@ -77,15 +86,9 @@ def test_cell_gradient_matches_central_differences():
     acts = lg.lstm_block_cell(**params, forget_bias=1.0, cell_clip=-1.0, use_peephole=True)._asdict()
     acts.pop("h")
     grads = lg.lstm_block_cell_grad_full(**params, **acts, cs_grad=cs_grad, h_grad=h_grad, use_peephole=True)
-    eps = 1e-6
+    numerics = central_differences(loss, params)
     for name in PARAMS:
-        numeric = np.zeros_like(params[name])
-        for idx in np.ndindex(params[name].shape):
-            plus = {k: v.copy() for k, v in params.items()}
-            minus = {k: v.copy() for k, v in params.items()}
-            plus[name][idx] += eps
-            minus[name][idx] -= eps
-            numeric[idx] = (loss(plus) - loss(minus)) / (2 * eps)
+        numeric = numerics[name]
         analytic = getattr(grads, f"{name}_grad")
         rel = np.max(np.abs(analytic - numeric)) / max(np.max(np.abs(numeric)), 1e-12)
         assert rel < 1e-7, f"{name}: relative error {rel:.2e}"

@@ -14,7 +14,7 @@ import zipfile
 import h5py
 import numpy as np
 import pytest
-from conftest import FIXTURES, assert_close_scaled, load_case
+from conftest import FIXTURES, assert_close_scaled, load_case, write_h5
 
 from lstmgrad_cli import io, validation
 from lstmgrad_cli.cli import main
@@ -24,16 +24,6 @@ from lstmgrad_cli.summary import summarise
 SEQ_OUTPUTS = ["x_grad", "cs_prev_grad", "h_prev_grad", "w_grad", "wci_grad", "wcf_grad", "wco_grad", "b_grad"]
 ALL_NAMES = [*validation.SEQ_TENSORS]
 SCALARS = ["seq_len_max", "use_peephole"]
-
-
-def as_h5(path, tensors, group=None, attrs=None, **file_kwargs):
-    with h5py.File(path, "w", **file_kwargs) as fh:
-        node = fh.create_group(group) if group else fh
-        for key, value in tensors.items():
-            node.create_dataset(key, data=value)
-        for key, value in (attrs or {}).items():
-            node.attrs[key] = value
-    return path
 
 
 @pytest.mark.parametrize("fixture", sorted(p.name for p in FIXTURES.glob("*.npz")))
@@ -80,7 +70,7 @@ def test_big_endian_and_fortran_order_are_read_natively(tmp_path, runner):
         if path.suffix == ".npz":
             np.savez(path, **odd)
         else:
-            as_h5(path, odd)
+            write_h5(path, odd)
         loaded = io.read_inputs(path, ["x"])
         assert loaded.tensors["x"].dtype == np.float32 and loaded.tensors["x"].dtype.isnative
         np.testing.assert_array_equal(loaded.tensors["x"], inputs["x"])
@@ -143,7 +133,7 @@ def test_both_spellings_present_is_an_error(tmp_path):
 def test_hdf5_root_attributes_serve_a_group(tmp_path):
     inputs, _, _ = load_case("seq_v2_peep")
     tensors = {k: v for k, v in inputs.items() if k not in SCALARS}
-    path = as_h5(tmp_path / "a.h5", tensors, group="g")
+    path = write_h5(tmp_path / "a.h5", tensors, group="g")
     with h5py.File(path, "r+") as fh:
         fh.attrs["seqLenMax"] = 3
     loaded = io.read_inputs(path, ALL_NAMES, SCALARS, group="g")
@@ -194,7 +184,7 @@ def nan_input(tmp_path, suffix=".npz"):
     if suffix == ".npz":
         np.savez(path, **inputs)
     else:
-        as_h5(path, inputs)
+        write_h5(path, inputs)
     return path
 
 
