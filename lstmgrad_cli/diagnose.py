@@ -40,27 +40,18 @@ TOLERANCES = {"float16": (1e-2, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-1
 MAX_SEQ_LEN_CANDIDATES = 16
 
 
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.capitalize() for part in rest)
-
-
 # -- loading --------------------------------------------------------------------------------------
 
 def load_reference(path, kind: str, group: str | None = None) -> tuple[dict, list[str]]:
     """The gradient tensors of a reference file (snake_case or camelCase names) and its other keys."""
     names = SEQ_GRADS if kind == "seq" else CELL_GRADS
-    aliases = {_camel(n): n for n in names if _camel(n) != n}
-    loaded = io.read_inputs(path, [*names, *aliases], (), group)
-    grads = {}
-    for key, value in loaded.tensors.items():
-        name = aliases.get(key, key)
-        grads.setdefault(name, value)
+    loaded = io.read_inputs(path, names, (), group)  # camelCase spellings are found too
+    grads = dict(loaded.tensors)
     if not grads:
         raise InputFileError(
             f"{path}: no gradient tensors (expected some of {', '.join(names)}; the file has "
             f"{io.describe_keys(loaded.keys)})")
-    known = set(names) | set(aliases)
+    known = {*names, *(io.camel(n) for n in names)}
     others = [k for k in loaded.keys if k not in known and k != io.METADATA_KEY]
     return {n: grads[n] for n in names if n in grads}, others
 

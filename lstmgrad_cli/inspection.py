@@ -29,7 +29,7 @@ from .summary import json_safe
 SCALARS = ("seq_len_max", "use_peephole")
 GRAD_NAMES = tuple(dict.fromkeys((*SEQ_GRADS, *CELL_GRADS)))
 KNOWN = (*validation.SEQ_TENSORS, *SCALARS, *GRAD_NAMES)
-ALIASES = {alias: name for name, alias in io.CAMEL.items()}
+ALIASES = {io.camel(name): name for name in KNOWN if io.camel(name) != name}
 FLOAT_KINDS = {np.dtype(t) for t in validation.FLOAT_DTYPES}
 
 
@@ -110,10 +110,7 @@ def _canonical(key: str) -> str | None:
     key = key.removeprefix("@")
     if key in KNOWN:
         return key
-    if key in ALIASES:
-        return ALIASES[key]
-    snake = {"".join(p.capitalize() if i else p for i, p in enumerate(n.split("_"))): n for n in GRAD_NAMES}
-    return snake.get(key)
+    return ALIASES.get(key)
 
 
 def _summary(key, name, a: np.ndarray) -> TensorInfo:

@@ -49,9 +49,6 @@ ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 # HDF5 allows a user block before the superblock; the signature then sits at 512, 1024, 2048, ...
 HDF5_OFFSETS = (0, 512, 1024, 2048, 4096, 8192)
 
-# camelCase names of TensorFlow's Java API, accepted beside the op's snake_case argument names.
-CAMEL = {"cs_prev": "csPrev", "h_prev": "hPrev", "cs_grad": "csGrad", "h_grad": "hGrad",
-         "seq_len_max": "seqLenMax", "use_peephole": "usePeephole"}
 METADATA_KEY = "__lstmgrad__"
 OUTPUT_FORMATS = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5"}
 
@@ -150,8 +147,14 @@ def _file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def camel(name: str) -> str:
+    """The camelCase spelling of TensorFlow's Java API (cs_prev -> csPrev), accepted beside snake_case."""
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
 def _key_for(name: str, keys: Iterable[str], path: Path) -> str | None:
-    present = [k for k in (name, CAMEL.get(name)) if k is not None and k in keys]
+    present = [k for k in dict.fromkeys((name, camel(name))) if k in keys]
     if len(present) > 1:
         raise InputFileError(f"{path}: both {present[0]!r} and {present[1]!r} are present; keep one")
     return present[0] if present else None

@@ -107,7 +107,9 @@ def test_hdf5_with_a_user_block_and_soft_links(tmp_path, runner):
 def test_npz_group_prefix_aliases_and_extra_members(tmp_path):
     inputs, _, _ = load_case("seq_v2_peep")
     path = tmp_path / "runs.npz"
-    camel = {io.CAMEL.get(k, k): v for k, v in inputs.items()}
+    java = {"cs_prev": "csPrev", "h_prev": "hPrev", "cs_grad": "csGrad", "h_grad": "hGrad", "seq_len_max": "seqLenMax",
+            "use_peephole": "usePeephole"}  # TF's Java API names
+    camel = {java.get(k, k): v for k, v in inputs.items()}
     with zipfile.ZipFile(path, "w") as zf:
         for key, value in camel.items():
             with zf.open(f"run1/{key}.npy", "w") as member:
