@@ -22,9 +22,9 @@ import numpy as np
 from . import __version__, io, validation
 from .errors import InvalidArgumentError
 from .ops import block_lstm, block_lstm_v2, lstm_block_cell
+from .problem import FORWARD_OPS
 from .summary import TensorSummary, summarise
 
-FORWARD_OPS = {("seq", "ifco"): "BlockLSTMV2", ("seq", "icfo"): "BlockLSTM", ("cell", "icfo"): "LSTMBlockCell"}
 # (forget_bias, cell_clip) defaults of each op's attributes; BlockLSTMV2 has no forget_bias at all.
 OP_DEFAULTS = {"BlockLSTMV2": (0.0, 0.0), "BlockLSTM": (1.0, 3.0), "LSTMBlockCell": (1.0, 3.0)}
 GRAD_COMMAND = {"BlockLSTMV2": "lstmgrad seq", "BlockLSTM": "lstmgrad seq --layout icfo",

@@ -24,6 +24,7 @@ import numpy as np
 from . import gradcheck, io, validation
 from .diagnose import CELL_GRADS, SEQ_GRADS
 from .errors import LstmGradError
+from .problem import FORWARD_OPS, OPS
 from .summary import json_safe
 
 SCALARS = ("seq_len_max", "use_peephole")
@@ -351,9 +352,9 @@ def _layout(by_name, names, seq, dims, length, peephole, meta, report) -> None:
     meta_layout = meta.get("layout")
     if seq and meta_layout in ("ifco", "icfo"):
         report.layout, report.layout_source = meta_layout, "metadata"
-        report.op = {"ifco": "BlockLSTMGradV2", "icfo": "BlockLSTMGrad"}[meta_layout]
+        report.op = OPS[("seq", meta_layout)]
         if report.kind == "forward-seq":
-            report.op = {"ifco": "BlockLSTMV2", "icfo": "BlockLSTM"}[meta_layout]
+            report.op = FORWARD_OPS[("seq", meta_layout)]
     blocking = [p for p in report.errors if p.tensor is None or _canonical(p.tensor) in (*names, *SCALARS)]
     if report.kind not in ("seq", "cell") or blocking or dims is None or length is None:
         if seq and report.layout is None:
@@ -378,7 +379,7 @@ def _layout(by_name, names, seq, dims, length, peephole, meta, report) -> None:
         if seq and report.layout_source != "metadata":
             if len(layouts) == 1:
                 report.layout, report.layout_source = best.layout, "recomputed gates"
-                report.op = {"ifco": "BlockLSTMGradV2", "icfo": "BlockLSTMGrad"}[best.layout]
+                report.op = OPS[("seq", best.layout)]
             else:
                 report.notes.append("both layouts reproduce the stored gates: the layout cannot be told")
         elif seq and best.layout != report.layout:

@@ -17,7 +17,9 @@ from .errors import InvalidArgumentError
 
 # Tensors with a time axis: the ones an out-of-core run leaves on disk.
 TIME_MAJOR = ("x", "i", "cs", "f", "o", "ci", "co", "h", "cs_grad", "h_grad")
+# TF op names by (kind, gate layout): the gradient ops and the forward ops they differentiate.
 OPS = {("seq", "ifco"): "BlockLSTMGradV2", ("seq", "icfo"): "BlockLSTMGrad", ("cell", "icfo"): "LSTMBlockCellGrad"}
+FORWARD_OPS = {("seq", "ifco"): "BlockLSTMV2", ("seq", "icfo"): "BlockLSTM", ("cell", "icfo"): "LSTMBlockCell"}
 
 
 @dataclass
