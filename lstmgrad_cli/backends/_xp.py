@@ -7,7 +7,7 @@ Structure (tf-semantics.md 3.3, reorganised for speed, same maths):
 
 * Only the recurrent product ``dgates[t] @ w_h^T`` has to be done step by step.  The gate gradients
   of a chunk of K time steps are collected in one ``[K, B, 4C]`` buffer; after the chunk,
-  ``x_grad = dgates @ w_x^T``, ``w_grad += [x; h_prev]^T @ dgates`` and ``b_grad`` are a few large
+  ``x_grad = dgates @ w_x^T`` and ``[w_grad; b_grad] += [x, h_prev, 1]^T @ dgates`` are two large
   products over all K steps at once (16*T*B*C*(I+C) flops in all, three quarters of them here).
 * The elementwise work of a step runs on ``[B, C]`` slices that stay in cache, in preallocated
   buffers with in-place ufuncs: no temporaries are allocated inside the time loop.  The generic
@@ -79,7 +79,8 @@ def default_chunk_steps(L: int, B: int, C: int, itemsize: int, I: int = 0, casti
     """Time steps per chunk so the chunk's buffers stay near ``CHUNK_BYTES``; chunks of equal length."""
     if L <= 0:
         return 1
-    per_step = (4 * C + ((len(STEP_NAMES) + 2) * C + I if casting else 0)) * B * max(itemsize, 1)
+    # gate gradients, [x, h_prev, 1], and the activations and cs cast to the compute dtype
+    per_step = (4 * C + I + C + 1 + ((len(STEP_NAMES) + 1) * C if casting else 0)) * B * max(itemsize, 1)
     k_max = max(1, CHUNK_BYTES // max(per_step, 1))
     chunks = -(-L // k_max)
     return -(-L // chunks)
@@ -195,8 +196,7 @@ class XpGradient:
         cs_prev, h_prev = cast(t.cs_prev), cast(t.h_prev)
 
         x_grad = xp.zeros((T, B, I), dtype=out_dtype) if x_grad_out is None else x_grad_out
-        w_grad = xp.zeros((I + C, 4 * C), dtype=cdt)
-        b_grad = xp.zeros(4 * C, dtype=cdt)
+        wb_grad = xp.zeros((I + C + 1, 4 * C), dtype=cdt)  # w_grad, then b_grad as the last row
         carried_cs = xp.zeros((B, C), dtype=cdt)
         new_cs = xp.empty((B, C), dtype=cdt)
         carried_h = xp.zeros((B, C), dtype=cdt)
@@ -207,7 +207,11 @@ class XpGradient:
             dgates_all = xp.empty((L, B, 4 * C), dtype=cdt)
         else:
             dgates_buf = xp.empty((K, B, 4 * C), dtype=cdt)
-        cast_bufs = {}  # name -> [K(+1), B, ...] buffer in the compute dtype, made on first use
+        cast_bufs = {}  # name -> [K(+1), B, C] buffer in the compute dtype, made on first use
+        xh_buf = None  # [x, h_prev, 1] of a chunk's steps, [K, B, I+C+1]
+        if L > 0:
+            xh_buf = xp.empty((K, B, I + C + 1), dtype=cdt)
+            xh_buf[:, :, I + C] = 1
 
         def chunk(name, a, b):
             """``t.<name>[a:b]`` in the compute dtype (a view when no cast is needed)."""
@@ -229,43 +233,67 @@ class XpGradient:
             acts = {name: chunk(name, lo, hi) for name in STEP_NAMES}
             first = 1 if lo > 0 else 0                     # cs_ext[k + first] is cs of step lo + k
             cs_ext = chunk("cs", lo - first, hi)
-            for k in range(n - 1, -1, -1):
-                step_in = Step(*(acts[name][k] for name in STEP_NAMES),
-                               cs_ext[k + first - 1] if lo + k > 0 else cs_prev, cs_ext[k + first])
-                self.step(step_in, carried_h, carried_cs, gates[k], new_cs, peep, acc, offsets, ws)
-                carried_cs, new_cs = new_cs, carried_cs
-                xp.matmul(gates[k], w_h_t, out=carried_h)
-                if observe is not None:
-                    observe(lo + k, carried_h, carried_cs)
-            self._chunk_products(t, lo, hi, gates, w_x_t, x_grad, w_grad, b_grad, h_prev, chunk, cdt)
+            carried_cs, new_cs = self._steps(lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates,
+                                             w_h_t, peep, acc, offsets, ws, observe)
+            self._chunk_products(t, lo, hi, gates, w_x_t, x_grad, wb_grad, h_prev, xh_buf, cdt, hi == L)
             hi = lo
 
         peep_grads = [a.sum(axis=0) for a in acc] if use_peephole else [xp.zeros(C, dtype=cdt)] * 3
         outs = BlockLSTMGradOutputs(
-            x_grad, carried_cs.astype(out_dtype), carried_h.astype(out_dtype), w_grad.astype(out_dtype),
-            *(g.astype(out_dtype) for g in peep_grads), b_grad.astype(out_dtype),
+            x_grad, carried_cs.astype(out_dtype), carried_h.astype(out_dtype), wb_grad[:I + C].astype(out_dtype),
+            *(g.astype(out_dtype) for g in peep_grads), wb_grad[I + C].astype(out_dtype),
         )
         if return_dgates:
             return outs, dgates_all.astype(out_dtype)
         return outs
 
-    def _chunk_products(self, t, lo, hi, gates, w_x_t, x_grad, w_grad, b_grad, h_prev, chunk, cdt):
-        """x_grad, w_grad and b_grad of steps [lo, hi) as a few large matrix products."""
+    def _steps(self, lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t, peep, acc,
+               offsets, ws, observe):
+        """The time loop of one chunk, last step first: ``self.step`` then the recurrent product.
+
+        ``acts`` maps ``STEP_NAMES`` to the chunk's ``[n, B, C]`` activations, ``cs_ext[k + first]``
+        is cs of step ``lo + k``.  Returns the swapped pair (carried_cs, new_cs): the first holds
+        the cell gradient carried out of the chunk.
+        """
+        xp = self.xp
+        for k in range(gates.shape[0] - 1, -1, -1):
+            step_in = Step(*(acts[name][k] for name in STEP_NAMES),
+                           cs_ext[k + first - 1] if lo + k > 0 else cs_prev, cs_ext[k + first])
+            self.step(step_in, carried_h, carried_cs, gates[k], new_cs, peep, acc, offsets, ws)
+            carried_cs, new_cs = new_cs, carried_cs
+            xp.matmul(gates[k], w_h_t, out=carried_h)
+            if observe is not None:
+                observe(lo + k, carried_h, carried_cs)
+        return carried_cs, new_cs
+
+    def _chunk_products(self, t, lo, hi, gates, w_x_t, x_grad, wb_grad, h_prev, xh_buf, cdt, first):
+        """x_grad, w_grad and b_grad of steps [lo, hi) as two large matrix products.
+
+        ``w_grad`` and ``b_grad`` are one product ``[x, h_prev, 1]^T @ dgates`` into ``wb_grad``
+        ([I+C+1, 4C]) over ``xh_buf`` ([K, B, I+C+1] in the compute dtype, its last column ones;
+        filled here, which also casts other-dtype inputs): about 10% faster than separate x and h
+        products plus a sum over the batch.  The ``first`` chunk (the last steps) writes it in place.
+        """
         xp = self.xp
         n, B, G4 = gates.shape
         I = w_x_t.shape[1]  # noqa: E741
-        C = w_grad.shape[0] - I
+        C = wb_grad.shape[0] - I - 1
         flat = gates.reshape(n * B, G4)
         if x_grad.dtype == cdt and hasattr(x_grad, "reshape"):  # an array (not a lazy output) to write into
             xp.matmul(flat, w_x_t, out=x_grad[lo:hi].reshape(n * B, I))
         else:  # another dtype, or a lazy output such as an h5py dataset
             x_grad[lo:hi] = xp.matmul(flat, w_x_t).reshape(n, B, I).astype(x_grad.dtype)
-        w_grad[:I] += chunk("x", lo, hi).reshape(n * B, I).T @ flat
+        xh = xh_buf[:n]
+        xh[:, :, :I] = t.x[lo:hi]
         # h_prev of step s is h[s-1], and the input h_prev at s = 0 (never read h at t = L-1).
         if lo > 0:
-            w_grad[I:] += chunk("h", lo - 1, hi - 1).reshape(n * B, C).T @ flat
+            xh[:, :, I:I + C] = t.h[lo - 1:hi - 1]
         else:
-            w_grad[I:] += h_prev.T @ gates[0]
+            xh[0, :, I:I + C] = h_prev
             if n > 1:
-                w_grad[I:] += chunk("h", 0, hi - 1).reshape((n - 1) * B, C).T @ flat[B:]
-        b_grad += flat.sum(axis=0)
+                xh[1:, :, I:I + C] = t.h[0:hi - 1]
+        xh = xh.reshape(n * B, I + C + 1)
+        if first:  # still zero
+            xp.matmul(xh.T, flat, out=wb_grad)
+        else:
+            wb_grad += xh.T @ flat
