@@ -43,12 +43,13 @@ def fresh_registry():
 
 
 def cpu_backends():
-    """The CPU backends to check against numpy (numba twice: serial and parallel kernels)."""
+    """The CPU backends to check against numpy (numba: serial and parallel kernels, compiled and Python loops)."""
     out = [("numpy", NumpyBackend())]
     if HAVE_NUMBA:
         from lstmgrad_cli.backends._numba import NumbaBackend
 
-        out += [("numba", NumbaBackend()), ("numba-parallel", NumbaBackend(parallel_min_elements=0))]
+        out += [("numba", NumbaBackend()), ("numba-parallel", NumbaBackend(parallel_min_elements=0)),
+                ("numba-python-loop", NumbaBackend(compiled_loop=False))]
     out.append(("xp-restricted", _RestrictedXpBackend()))
     return out
 
@@ -317,6 +318,25 @@ def test_random_shapes_every_backend_matches_numpy(T, B, I, C, data, peephole, l
             assert err <= tol * scale * (2 + L), (label, field, err)
         if L < T:
             assert not np.any(got.x_grad[L:]), label
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("peephole", [False, True])
+def test_numba_compiled_time_loop_equals_numpy_bit_for_bit(dtype, peephole):
+    from lstmgrad_cli.backends import _numba
+
+    if _numba._GEMM is None:
+        pytest.skip("numpy's BLAS is not reachable here: the numba time loop stays in Python")
+    assert _numba.NumbaGradient().compiled_loop
+    inputs = _random_inputs(np.random.default_rng(7), 9, 6, 5, 12, np.dtype(dtype))
+    kw = dict(seq_len_max=8, use_peephole=peephole, layout="ifco", compute_dtype=np.dtype(dtype), chunk_steps=3)
+    reference = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw)
+    for parallel_min in (0, 10**9):
+        for compiled in (True, False):
+            got = _numba.NumbaBackend(parallel_min, compiled_loop=compiled).block_lstm_grad(SeqTensors(**inputs), **kw)
+            for field, want, have in zip(reference._fields, reference, got, strict=True):
+                np.testing.assert_array_equal(have, want, err_msg=f"{field} {parallel_min} {compiled}")
 
 
 def test_chunk_steps_default_bounds_memory():

@@ -13,9 +13,14 @@ the numpy step.
 
 from __future__ import annotations
 
+import ctypes
+import glob
+import os
+
+import llvmlite.binding as llvm
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
 
 from ._xp import XpGradient
 
@@ -87,37 +92,130 @@ _serial = njit(cache=True, nogil=True)(_step)
 _parallel = njit(cache=True, nogil=True, parallel=True)(_step)
 
 
+def _find_gemm():
+    """Addresses of numpy's own ``cblas_sgemm``/``cblas_dgemm`` (64-bit integer interface), or None.
+
+    The compiled time loop calls the recurrent product itself, through the very library numpy's
+    ``matmul`` uses (the OpenBLAS in numpy's wheel: one thread pool, the same speed).  Elsewhere
+    (another BLAS, an unknown layout) the time loop stays in Python with ``np.matmul``.
+    """
+    root = os.path.dirname(np.__file__)
+    paths = sorted(glob.glob(os.path.join(root + ".libs", "*openblas*")))
+    paths += sorted(glob.glob(os.path.join(root, ".dylibs", "*openblas*")))
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for pattern in ("scipy_cblas_%sgemm64_", "cblas_%sgemm64_"):
+            try:
+                funcs = [getattr(lib, pattern % kind) for kind in "sd"]
+            except AttributeError:
+                continue
+            return tuple(ctypes.cast(func, ctypes.c_void_p).value for func in funcs)
+    return None
+
+
+def _gemm_type(real):
+    # cblas_?gemm(order, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc); pointers as intp
+    i32, i64 = types.int32, types.int64
+    return types.void(i32, i32, i32, i64, i64, i64, real, types.intp, i64, types.intp, i64, real, types.intp, i64)
+
+
+# Bound by name: cached kernels link against these symbols, registered in every process below.
+_sgemm = types.ExternalFunction("lstmgrad_cblas_sgemm", _gemm_type(types.float32))
+_dgemm = types.ExternalFunction("lstmgrad_cblas_dgemm", _gemm_type(types.float64))
+_GEMM = _find_gemm()
+if _GEMM is not None:
+    llvm.add_symbol("lstmgrad_cblas_sgemm", _GEMM[0])
+    llvm.add_symbol("lstmgrad_cblas_dgemm", _GEMM[1])
+
+_step_inline = njit(inline="always")(_step)
+
+
+def _chunk(one, double, i, f, o, ci, co, h_grad, cs_grad, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs,
+           gates, w_h_t, off_i, off_f, off_c, off_o, use_peephole, wci, wcf, wco, acc_i, acc_f,
+           acc_o):  # pragma: no cover
+    # A chunk's time loop, last step first: the fused step, then carried_h = gates[k] @ w_h_t in BLAS.
+    n, B, C = i.shape
+    G = gates.shape[2]
+    for k in range(n - 1, -1, -1):
+        csp = cs_ext[k + first - 1] if k + first > 0 else cs_prev
+        _step_inline(one, i[k], f[k], o[k], ci[k], co[k], h_grad[k], cs_grad[k], csp, cs_ext[k + first],
+                     carried_h, carried_cs, gates[k], new_cs, off_i, off_f, off_c, off_o, use_peephole,
+                     wci, wcf, wco, acc_i, acc_f, acc_o)
+        carried_cs, new_cs = new_cs, carried_cs
+        a, b, c = gates[k].ctypes.data, w_h_t.ctypes.data, carried_h.ctypes.data
+        if double:
+            _dgemm(101, 111, 111, B, C, G, 1.0, a, G, b, C, 0.0, c, C)  # row major, no transposes
+        else:
+            _sgemm(101, 111, 111, B, C, G, 1.0, a, G, b, C, 0.0, c, C)
+
+
+_chunk_serial = njit(cache=True, nogil=True)(_chunk)
+_chunk_parallel = njit(cache=True, nogil=True, parallel=True)(_chunk)
+
+
 class NumbaGradient(XpGradient):
-    def __init__(self, parallel_min_elements: int = PARALLEL_MIN_ELEMENTS):
+    """``XpGradient`` with the fused step; with numpy's BLAS reachable, whole chunks run compiled.
+
+    ``compiled_loop=False`` keeps the time loop in Python (one kernel call and one ``np.matmul``
+    per step), as it always is with an ``observe`` callback or float16 compute.
+    """
+
+    def __init__(self, parallel_min_elements: int = PARALLEL_MIN_ELEMENTS, compiled_loop: bool = True):
         super().__init__(np)
         self.parallel_min_elements = parallel_min_elements
+        self.compiled_loop = compiled_loop and _GEMM is not None
         self._empty = {}
+
+    def _peep_args(self, dtype, peep, acc):
+        if peep is not None:
+            return True, peep, acc
+        empty = self._empty.get(dtype)
+        if empty is None:
+            empty = self._empty[dtype] = (np.zeros(0, dtype), np.zeros((0, 0), dtype))
+        return False, (empty[0],) * 3, (empty[1],) * 3
+
+    def _parallel(self, B, C):
+        return B * C >= self.parallel_min_elements and B > 1
 
     def step(self, a, carried_h, carried_cs, gates, new_cs, peep, acc, offsets, ws):
         dtype = carried_h.dtype
         if dtype not in (np.float32, np.float64):  # float16 emulation: the numpy step
             return super().step(a, carried_h, carried_cs, gates, new_cs, peep, acc, offsets, ws)
         B, C = carried_h.shape
-        if peep is None:
-            empty = self._empty.get(dtype)
-            if empty is None:
-                empty = self._empty[dtype] = (np.zeros(0, dtype), np.zeros((0, 0), dtype))
-            peep, acc = (empty[0],) * 3, (empty[1],) * 3
-            use_peephole = False
-        else:
-            use_peephole = True
-        kernel = _parallel if B * C >= self.parallel_min_elements and B > 1 else _serial
+        use_peephole, peep, acc = self._peep_args(dtype, peep, acc)
+        kernel = _parallel if self._parallel(B, C) else _serial
         kernel(dtype.type(1), a.i, a.f, a.o, a.ci, a.co, a.h_grad, a.cs_grad, a.cs_prev, a.cs,
                carried_h, carried_cs, gates, new_cs,
                offsets["i"] * C, offsets["f"] * C, offsets["c"] * C, offsets["o"] * C,
                use_peephole, *peep, *acc)
 
+    def _steps(self, lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t, peep, acc,
+               offsets, ws, observe):
+        dtype = carried_h.dtype
+        if (observe is not None or not self.compiled_loop or dtype not in (np.float32, np.float64)
+                or not (gates.flags.c_contiguous and w_h_t.flags.c_contiguous)):
+            return super()._steps(lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t,
+                                  peep, acc, offsets, ws, observe)
+        B, C = carried_h.shape
+        use_peephole, peep, acc = self._peep_args(dtype, peep, acc)
+        kernel = _chunk_parallel if self._parallel(B, C) else _chunk_serial
+        kernel(dtype.type(1), dtype == np.float64, acts["i"], acts["f"], acts["o"], acts["ci"], acts["co"],
+               acts["h_grad"], acts["cs_grad"], cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t,
+               offsets["i"] * C, offsets["f"] * C, offsets["c"] * C, offsets["o"] * C,
+               use_peephole, *peep, *acc)
+        if gates.shape[0] % 2:  # the kernel swapped the two cell-gradient buffers once per step
+            return new_cs, carried_cs
+        return carried_cs, new_cs
+
 
 class NumbaBackend:
     name = "numba"
 
-    def __init__(self, parallel_min_elements: int = PARALLEL_MIN_ELEMENTS):
-        self._gradient = NumbaGradient(parallel_min_elements)
+    def __init__(self, parallel_min_elements: int = PARALLEL_MIN_ELEMENTS, compiled_loop: bool = True):
+        self._gradient = NumbaGradient(parallel_min_elements, compiled_loop)
 
     @property
     def version(self) -> str:
