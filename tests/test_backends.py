@@ -329,14 +329,17 @@ def test_numba_compiled_time_loop_equals_numpy_bit_for_bit(dtype, peephole):
     if _numba._GEMM is None:
         pytest.skip("numpy's BLAS is not reachable here: the numba time loop stays in Python")
     assert _numba.NumbaGradient().compiled_loop
-    inputs = _random_inputs(np.random.default_rng(7), 9, 6, 5, 12, np.dtype(dtype))
-    kw = dict(seq_len_max=8, use_peephole=peephole, layout="ifco", compute_dtype=np.dtype(dtype), chunk_steps=3)
-    reference = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw)
-    for parallel_min in (0, 10**9):
-        for compiled in (True, False):
-            got = _numba.NumbaBackend(parallel_min, compiled_loop=compiled).block_lstm_grad(SeqTensors(**inputs), **kw)
-            for field, want, have in zip(reference._fields, reference, got, strict=True):
-                np.testing.assert_array_equal(have, want, err_msg=f"{field} {parallel_min} {compiled}")
+    # B = 1 and C = 1: np.matmul takes gemv there, so the compiled loop must step aside.
+    for B, C in ((6, 12), (1, 64), (40, 1)):
+        inputs = _random_inputs(np.random.default_rng(7), 9, B, 5, C, np.dtype(dtype))
+        kw = dict(seq_len_max=8, use_peephole=peephole, layout="ifco", compute_dtype=np.dtype(dtype), chunk_steps=3)
+        reference = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw)
+        for parallel_min in (0, 10**9):
+            for compiled in (True, False):
+                backend = _numba.NumbaBackend(parallel_min, compiled_loop=compiled)
+                got = backend.block_lstm_grad(SeqTensors(**inputs), **kw)
+                for field, want, have in zip(reference._fields, reference, got, strict=True):
+                    np.testing.assert_array_equal(have, want, err_msg=f"{field} B={B} C={C} {parallel_min} {compiled}")
 
 
 def test_chunk_steps_default_bounds_memory():

@@ -2,9 +2,13 @@
 
 The generic step makes 24 numpy passes over ``[B, C]`` arrays; here one compiled loop reads each
 activation once and writes the four gate gradients and the carried cell gradient, in parallel
-over the batch when the step is large enough to pay for the threads.  Matrix products stay in
-numpy's BLAS.  Every operation keeps TensorFlow's bracketing and rounds in the compute dtype (no
-fast-math, so no contraction into fused multiply-adds): float32 results equal the numpy backend's.
+over the batch when the step is large enough to pay for the threads.  A chunk's whole time loop
+runs compiled: after each step the recurrent product calls ``cblas_?gemm`` of the OpenBLAS inside
+numpy's wheel, the library ``np.matmul`` uses (no per-step Python, ~15 us of argument dispatch
+saved per step); where that library is not found the loop stays in Python with ``np.matmul``.  The
+chunk products stay in the shared code.  Every operation keeps TensorFlow's bracketing and rounds
+in the compute dtype (no fast-math, so no contraction into fused multiply-adds): float32 results
+equal the numpy backend's bit for bit.
 
 Kernels are compiled on first use with ``cache=True``, so later processes load them from numba's
 cache (``NUMBA_CACHE_DIR`` to move it).  float16 compute (TF's per-op half rounding) falls back to
@@ -195,8 +199,9 @@ class NumbaGradient(XpGradient):
     def _steps(self, lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t, peep, acc,
                offsets, ws, observe):
         dtype = carried_h.dtype
+        # With B or C equal to 1 (or 0) np.matmul takes gemv (or no BLAS), which rounds differently.
         if (observe is not None or not self.compiled_loop or dtype not in (np.float32, np.float64)
-                or not (gates.flags.c_contiguous and w_h_t.flags.c_contiguous)):
+                or min(carried_h.shape) < 2 or not (gates.flags.c_contiguous and w_h_t.flags.c_contiguous)):
             return super()._steps(lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t,
                                   peep, acc, offsets, ws, observe)
         B, C = carried_h.shape

@@ -1,7 +1,8 @@
 """The backward pass of TensorFlow's block-LSTM ops, written once against an array module ``xp``.
 
 numpy and cupy spell everything used here the same way, so both backends run this code; the numba
-and cupy backends replace only the per-step elementwise kernel (``XpGradient.step``).
+and cupy backends replace the per-step elementwise kernel (``XpGradient.step``), and numba also a
+chunk's whole time loop (``XpGradient._steps``).
 
 Structure (tf-semantics.md 3.3, reorganised for speed, same maths):
 
