@@ -26,6 +26,7 @@ import numba
 import numpy as np
 from numba import njit, prange, types
 
+from ._numpy import NumpyBackend
 from ._xp import XpGradient
 
 # Steps with fewer elements than this run on one thread: thread start-up costs more than it saves.
@@ -216,7 +217,9 @@ class NumbaGradient(XpGradient):
         return carried_cs, new_cs
 
 
-class NumbaBackend:
+class NumbaBackend(NumpyBackend):
+    """The numpy backend's host-array contract with the compiled gradient."""
+
     name = "numba"
 
     def __init__(self, parallel_min_elements: int = PARALLEL_MIN_ELEMENTS, compiled_loop: bool = True):
@@ -225,11 +228,3 @@ class NumbaBackend:
     @property
     def version(self) -> str:
         return numba.__version__
-
-    def block_lstm_grad(self, tensors, *, seq_len_max, use_peephole, layout, compute_dtype,
-                        chunk_steps=None, return_dgates=False, x_grad_out=None, observe=None):
-        with np.errstate(all="ignore"):  # NaN/Inf in inputs are computed through, as TF does
-            return self._gradient.block_lstm_grad(
-                tensors, seq_len_max, use_peephole, layout, compute_dtype, chunk_steps, return_dgates,
-                x_grad_out=x_grad_out, observe=observe,
-            )
