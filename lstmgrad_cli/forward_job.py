@@ -22,7 +22,7 @@ import numpy as np
 from . import __version__, io, validation
 from .errors import InvalidArgumentError
 from .ops import block_lstm, block_lstm_v2, lstm_block_cell
-from .problem import FORWARD_OPS
+from .problem import FORWARD_OPS, fill_absent_peepholes, resolve_param
 from .summary import TensorSummary, summarise
 
 # (forget_bias, cell_clip) defaults of each op's attributes; BlockLSTMV2 has no forget_bias at all.
@@ -88,19 +88,6 @@ class ForwardResult:
         return asdict(self)
 
 
-def _param(name, flag_value, loaded: io.LoadedFile, default, default_text, result: ForwardResult):
-    if flag_value is not None:
-        result.sources[name] = "flag"
-        return flag_value
-    if name in loaded.scalars:
-        value, origin = loaded.scalars[name]
-        result.sources[name] = origin
-        return value
-    result.sources[name] = "default"
-    result.defaults.append(f"{name}: {default_text}")
-    return default
-
-
 def run_forward_file(input_path: str | Path, output_path: str | Path, options: ForwardOptions) -> ForwardResult:
     """Run the forward op on one file's inputs and write the complete gradient-op input file."""
     start = time.perf_counter()
@@ -120,9 +107,9 @@ def run_forward_file(input_path: str | Path, output_path: str | Path, options: F
     loaded = io.read_inputs(input_path, (*INPUTS, "cs_grad", "h_grad"), scalars, options.group)
     try:
         use_peephole = validation.check_use_peephole(
-            _param("use_peephole", options.use_peephole, loaded, False, "not in the file, no peepholes (false)",
-                   result))
-        _fill_absent_peepholes(loaded, use_peephole, result)
+            resolve_param("use_peephole", options.use_peephole, loaded, False, "no peepholes (false)",
+                          result.sources, result.defaults))
+        fill_absent_peepholes(loaded, use_peephole, result.defaults)
         needed = [n for n in INPUTS if use_peephole or n not in validation.PEEPHOLES]
         missing = [n for n in needed if n not in loaded.tensors]
         if missing:
@@ -134,8 +121,8 @@ def run_forward_file(input_path: str | Path, output_path: str | Path, options: F
         dims = validation.check_forward(arrays, options.kind == "seq")
         if options.kind == "seq":
             seq_len_max = validation.check_seq_len_max(
-                _param("seq_len_max", options.seq_len_max, loaded, dims.T, f"not in the file, using T = {dims.T}",
-                       result), dims.T)
+                resolve_param("seq_len_max", options.seq_len_max, loaded, dims.T, f"using T = {dims.T}",
+                              result.sources, result.defaults), dims.T)
         else:
             seq_len_max = None
         forget_bias = float(options.forget_bias if options.forget_bias is not None else fb_default)
@@ -208,16 +195,3 @@ def _output_grads(mode, seed, loaded: io.LoadedFile, shape, dtype, result: Forwa
                 f"random:{seed}")
     fill = np.zeros if mode == "zeros" else np.ones
     return fill(shape, dtype=dtype), fill(shape, dtype=dtype), mode
-
-
-def _fill_absent_peepholes(loaded: io.LoadedFile, use_peephole: bool, result: ForwardResult) -> None:
-    """Without peepholes wci/wcf/wco are never read: absent ones become zeros (and are written)."""
-    absent = [n for n in validation.PEEPHOLES if n not in loaded.tensors]
-    if use_peephole or not absent or "w" not in loaded.tensors:
-        return
-    w = np.asarray(loaded.tensors["w"])
-    if w.ndim != 2 or w.dtype.kind != "f":
-        return  # validation explains w
-    for name in absent:
-        loaded.tensors[name] = np.zeros(w.shape[1] // 4, dtype=w.dtype)
-    result.defaults.append(f"{', '.join(absent)}: not in the file, zeros (unused without peepholes)")

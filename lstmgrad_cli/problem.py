@@ -46,6 +46,33 @@ class Problem:
         return OPS[(self.kind, self.layout)]
 
 
+def resolve_param(name: str, flag, loaded: io.LoadedFile, default, default_text: str, sources: dict,
+                  defaults: list[str]):
+    """A scalar parameter: the command-line flag, else the file (tensor or attribute), else the default;
+    records where it came from in ``sources`` and, for a default, a line in ``defaults``."""
+    if flag is not None:
+        sources[name] = "flag"
+        return flag
+    if name in loaded.scalars:
+        value, origin = loaded.scalars[name]
+        sources[name] = origin
+        return value
+    sources[name] = "default"
+    defaults.append(f"{name}: not in the file, {default_text}")
+    return default
+
+
+def fill_absent_peepholes(loaded: io.LoadedFile, use_peephole: bool, defaults: list[str]) -> None:
+    """Without peepholes wci/wcf/wco are never read: a file may leave them out (zeros of [C] are used)."""
+    w = loaded.tensors.get("w")
+    absent = [n for n in validation.PEEPHOLES if n not in loaded.tensors]
+    if not absent or use_peephole or w is None or np.ndim(w) != 2 or w.dtype.kind != "f":
+        return  # (validation explains a bad w)
+    for name in absent:
+        loaded.tensors[name] = np.zeros(np.shape(w)[1] // 4, dtype=w.dtype)
+    defaults.append(f"{', '.join(absent)}: not in the file, zeros (unused without peepholes)")
+
+
 def detect_kind(path: Path, x) -> str:
     """seq if x is rank 3, cell if rank 2."""
     if x is None:
@@ -92,25 +119,12 @@ def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole,
     problem = Problem(str(path), kind, layout, {}, validation.Dims(0, 0, 0, 0), 1, False, keys=list(loaded.keys))
 
     def param(name, flag, default, text):
-        if flag is not None:
-            problem.sources[name] = "flag"
-            return flag
-        if name in loaded.scalars:
-            problem.sources[name] = loaded.scalars[name][1]
-            return loaded.scalars[name][0]
-        problem.sources[name] = "default"
-        problem.defaults.append(f"{name}: not in the file, {text}")
-        return default
+        return resolve_param(name, flag, loaded, default, text, problem.sources, problem.defaults)
 
     try:
         problem.use_peephole = validation.check_use_peephole(
             param("use_peephole", use_peephole, False, "no peepholes (false)"))
-        w = loaded.tensors.get("w")
-        absent = [n for n in validation.PEEPHOLES if n not in loaded.tensors]
-        if absent and not problem.use_peephole and w is not None and np.ndim(w) == 2 and w.dtype.kind == "f":
-            for name in absent:
-                loaded.tensors[name] = np.zeros(np.shape(w)[1] // 4, dtype=w.dtype)
-            problem.defaults.append(f"{', '.join(absent)}: not in the file, zeros (unused without peepholes)")
+        fill_absent_peepholes(loaded, problem.use_peephole, problem.defaults)
         missing = [n for n in names if n not in loaded.tensors]
         if missing:
             raise InvalidArgumentError(
