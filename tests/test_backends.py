@@ -49,7 +49,8 @@ def cpu_backends():
         from lstmgrad_cli.backends._numba import NumbaBackend
 
         out += [("numba", NumbaBackend()), ("numba-parallel", NumbaBackend(parallel_min_elements=0)),
-                ("numba-python-loop", NumbaBackend(compiled_loop=False))]
+                ("numba-python-loop", NumbaBackend(compiled_loop=False)),
+                ("numba-sequential", NumbaBackend(overlap=False)), ("numba-overlapped", NumbaBackend(overlap=True))]
     out.append(("xp-restricted", _RestrictedXpBackend()))
     return out
 
@@ -326,7 +327,7 @@ def test_random_shapes_every_backend_matches_numpy(T, B, I, C, data, peephole, l
 def test_numba_compiled_time_loop_equals_numpy_bit_for_bit(dtype, peephole):
     from lstmgrad_cli.backends import _numba
 
-    if _numba._GEMM is None:
+    if _numba._BLAS is None:
         pytest.skip("numpy's BLAS is not reachable here: the numba time loop stays in Python")
     assert _numba.NumbaGradient().compiled_loop
     # B = 1 and C = 1: np.matmul takes gemv there, so the compiled loop must step aside.
@@ -340,6 +341,98 @@ def test_numba_compiled_time_loop_equals_numpy_bit_for_bit(dtype, peephole):
                 got = backend.block_lstm_grad(SeqTensors(**inputs), **kw)
                 for field, want, have in zip(reference._fields, reference, got, strict=True):
                     np.testing.assert_array_equal(have, want, err_msg=f"{field} B={B} C={C} {parallel_min} {compiled}")
+
+
+def _needs_compiled_loop():
+    from lstmgrad_cli.backends import _numba
+
+    if _numba._BLAS is None:
+        pytest.skip("numpy's BLAS is not reachable here: the numba time loop stays in Python")
+    return _numba
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("peephole", [False, True])
+@pytest.mark.parametrize("T, L, chunk", [(23, 23, 5), (23, 17, 4), (9, 9, 1), (40, 40, None)])
+def test_overlapped_schedule_equals_the_sequential_one_bit_for_bit(dtype, peephole, T, L, chunk):
+    _numba = _needs_compiled_loop()
+    inputs = _random_inputs(np.random.default_rng(11), T, 6, 5, 12, np.dtype(dtype))
+    kw = dict(seq_len_max=L, use_peephole=peephole, layout="ifco", compute_dtype=np.dtype(dtype))
+    overlapped = _numba.NumbaBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=chunk)
+    # The same chunks one after the other (a fifth of the steps each when not given).
+    same_chunks = chunk or -(-L // 5)
+    sequential = _numba.NumbaBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw,
+                                                                    chunk_steps=same_chunks)
+    reference = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=same_chunks)
+    for field, want, have, seq in zip(reference._fields, reference, overlapped, sequential, strict=True):
+        np.testing.assert_array_equal(have, seq, err_msg=field)
+        np.testing.assert_array_equal(have, want, err_msg=field)
+
+
+@needs_numba
+def test_overlap_is_chosen_by_shape_and_only_with_the_compiled_loop(monkeypatch):
+    _numba = _needs_compiled_loop()
+    f32 = np.dtype("float32")
+    monkeypatch.setattr(_numba, "_usable_cores", lambda: 2)
+    auto = _numba.NumbaGradient()
+    assert auto._overlap(50, 32, 128, 128, f32)                       # gate gradients of 3 MiB
+    assert not auto._overlap(200, 128, 512, 512, f32)                 # 200 MiB: over the chunk budget
+    assert not auto._overlap(1, 32, 128, 128, f32)                    # one step: nothing to overlap
+    assert not auto._overlap(50, 1, 128, 128, f32)                    # B = 1 takes gemv: no compiled loop
+    assert not auto._overlap(50, 32, 128, 128, np.dtype("float16"))   # half emulation: Python loop
+    assert not _numba.NumbaGradient(compiled_loop=False)._overlap(50, 32, 128, 128, f32)
+    monkeypatch.setattr(_numba, "_usable_cores", lambda: 1)
+    assert not auto._overlap(50, 32, 128, 128, f32)
+
+
+@needs_numba
+def test_overlap_restores_blas_threads_and_hands_on_a_worker_failure(monkeypatch):
+    _numba = _needs_compiled_loop()
+    inputs = _random_inputs(np.random.default_rng(3), 20, 4, 3, 5, np.dtype("float32"))
+    kw = dict(seq_len_max=20, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"), chunk_steps=4)
+    threads = _numba._BLAS.get_threads()
+    backend = _numba.NumbaBackend(overlap=True)
+    backend.block_lstm_grad(SeqTensors(**inputs), **kw)
+    assert _numba._BLAS.get_threads() == threads
+
+    calls = []
+
+    def failing_wb_product(self, *args):
+        calls.append(args[1])
+        if len(calls) == 2:
+            raise MemoryError("worker failed")
+        return real_wb_product(self, *args)
+
+    real_wb_product = XpGradient._wb_product
+    monkeypatch.setattr(XpGradient, "_wb_product", failing_wb_product)
+    with pytest.raises(MemoryError, match="worker failed"):
+        backend.block_lstm_grad(SeqTensors(**inputs), **kw)
+    assert _numba._BLAS.get_threads() == threads
+    assert calls[:2] == [16, 12]  # in chunk order, last steps first (lo of each chunk)
+
+
+@needs_numba
+def test_overlap_stops_the_worker_when_the_loop_fails(monkeypatch):
+    _numba = _needs_compiled_loop()
+    inputs = _random_inputs(np.random.default_rng(4), 20, 4, 3, 5, np.dtype("float32"))
+    kw = dict(seq_len_max=20, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"), chunk_steps=4)
+    threads = _numba._BLAS.get_threads()
+    real_steps = _numba.NumbaGradient._steps
+    seen = []
+
+    def interrupted_steps(self, lo, *args):
+        seen.append(lo)
+        if lo == 8:
+            raise KeyboardInterrupt
+        return real_steps(self, lo, *args)
+
+    monkeypatch.setattr(_numba.NumbaGradient, "_steps", interrupted_steps)
+    with pytest.raises(KeyboardInterrupt):
+        _numba.NumbaBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **kw)
+    assert seen == [16, 12, 8]
+    assert _numba._BLAS.get_threads() == threads
+    assert not [t for t in __import__("threading").enumerate() if t.name == "lstmgrad-products"]
 
 
 def test_chunk_steps_default_bounds_memory():

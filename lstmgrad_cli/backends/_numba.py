@@ -17,9 +17,12 @@ the numpy step.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import os
+import threading
+from typing import NamedTuple
 
 import llvmlite.binding as llvm
 import numba
@@ -27,7 +30,7 @@ import numpy as np
 from numba import njit, prange, types
 
 from ._numpy import NumpyBackend
-from ._xp import XpGradient
+from ._xp import CHUNK_BYTES, XpGradient
 
 # Steps with fewer elements than this run on one thread: thread start-up costs more than it saves.
 PARALLEL_MIN_ELEMENTS = 8 * 1024
@@ -97,8 +100,18 @@ _serial = njit(cache=True, nogil=True)(_step)
 _parallel = njit(cache=True, nogil=True, parallel=True)(_step)
 
 
-def _find_gemm():
-    """Addresses of numpy's own ``cblas_sgemm``/``cblas_dgemm`` (64-bit integer interface), or None.
+class _Blas(NamedTuple):
+    """What the compiled loop and the overlapped schedule need of numpy's own OpenBLAS."""
+
+    sgemm: int  # address of cblas_sgemm (64-bit integer interface)
+    dgemm: int
+    get_threads: object  # ctypes functions: the library's thread count, global to the process
+    set_threads: object
+    stop_pool: object  # ends the library's worker threads (started again on demand), or None
+
+
+def _find_blas():
+    """numpy's own OpenBLAS (``_Blas``), or None where it is not found.
 
     The compiled time loop calls the recurrent product itself, through the very library numpy's
     ``matmul`` uses (the OpenBLAS in numpy's wheel: one thread pool, the same speed).  Elsewhere
@@ -112,12 +125,20 @@ def _find_gemm():
             lib = ctypes.CDLL(path)
         except OSError:
             continue
-        for pattern in ("scipy_cblas_%sgemm64_", "cblas_%sgemm64_"):
+        for prefix, suffix in (("scipy_", "64_"), ("", "64_")):
             try:
-                funcs = [getattr(lib, pattern % kind) for kind in "sd"]
+                gemms = [getattr(lib, f"{prefix}cblas_{kind}gemm{suffix}") for kind in "sd"]
+                get_threads = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}")
+                set_threads = getattr(lib, f"{prefix}openblas_set_num_threads{suffix}")
             except AttributeError:
                 continue
-            return tuple(ctypes.cast(func, ctypes.c_void_p).value for func in funcs)
+            get_threads.restype, get_threads.argtypes = ctypes.c_int, []
+            set_threads.restype, set_threads.argtypes = None, [ctypes.c_int]
+            stop_pool = getattr(lib, "blas_thread_shutdown_", None)  # OpenBLAS's own fork handler
+            if stop_pool is not None:
+                stop_pool.restype, stop_pool.argtypes = ctypes.c_int, []
+            return _Blas(*(ctypes.cast(f, ctypes.c_void_p).value for f in gemms), get_threads, set_threads,
+                         stop_pool)
     return None
 
 
@@ -130,10 +151,10 @@ def _gemm_type(real):
 # Bound by name: cached kernels link against these symbols, registered in every process below.
 _sgemm = types.ExternalFunction("lstmgrad_cblas_sgemm", _gemm_type(types.float32))
 _dgemm = types.ExternalFunction("lstmgrad_cblas_dgemm", _gemm_type(types.float64))
-_GEMM = _find_gemm()
-if _GEMM is not None:
-    llvm.add_symbol("lstmgrad_cblas_sgemm", _GEMM[0])
-    llvm.add_symbol("lstmgrad_cblas_dgemm", _GEMM[1])
+_BLAS = _find_blas()
+if _BLAS is not None:
+    llvm.add_symbol("lstmgrad_cblas_sgemm", _BLAS.sgemm)
+    llvm.add_symbol("lstmgrad_cblas_dgemm", _BLAS.dgemm)
 
 _step_inline = njit(inline="always")(_step)
 
@@ -161,6 +182,13 @@ _chunk_serial = njit(cache=True, nogil=True)(_chunk)
 _chunk_parallel = njit(cache=True, nogil=True, parallel=True)(_chunk)
 
 
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 class NumbaGradient(XpGradient):
     """``XpGradient`` with the fused step; with numpy's BLAS reachable, whole chunks run compiled.
 
@@ -168,11 +196,46 @@ class NumbaGradient(XpGradient):
     per step), as it always is with an ``observe`` callback or float16 compute.
     """
 
-    def __init__(self, parallel_min_elements: int = PARALLEL_MIN_ELEMENTS, compiled_loop: bool = True):
+    def __init__(self, parallel_min_elements: int = PARALLEL_MIN_ELEMENTS, compiled_loop: bool = True,
+                 overlap: bool | None = None):
         super().__init__(np)
         self.parallel_min_elements = parallel_min_elements
-        self.compiled_loop = compiled_loop and _GEMM is not None
+        self.compiled_loop = compiled_loop and _BLAS is not None
+        self.overlap = overlap
         self._empty = {}
+
+    def _compiled(self, B, C, dtype) -> bool:
+        # With B or C equal to 1 (or 0) np.matmul takes gemv (or no BLAS), which rounds differently.
+        return self.compiled_loop and dtype in (np.float32, np.float64) and min(B, C) >= 2
+
+    def _overlap(self, L, B, C, I, cdt) -> bool:  # noqa: E741
+        """Overlap the products with the loop when the steps are too small to share between cores.
+
+        A step below ``parallel_min_elements`` runs on one core, and so, for such sizes, does the
+        recurrent product at nearly the same speed as on two: the other core is better used on the
+        products of the chunks before.  Needs the compiled loop, two or more cores, and the gate
+        gradients of all steps in the chunk budget.  ``overlap=True``/``False`` forces it (tests).
+        """
+        if not (self._compiled(B, C, cdt) and L >= 2):
+            return False
+        if self.overlap is not None:
+            return self.overlap
+        return (B * C < self.parallel_min_elements and _usable_cores() >= 2
+                and L * B * 4 * C * cdt.itemsize <= CHUNK_BYTES)
+
+    @contextlib.contextmanager
+    def _single_threaded_blas(self):
+        # numpy's OpenBLAS keeps one thread count for the whole process: set it once, put it back.
+        # Its idle workers spin for a while after each threaded call, taking the core the products
+        # need; when no other Python thread could be inside BLAS, stop them (they restart on demand).
+        previous = _BLAS.get_threads()
+        _BLAS.set_threads(1)  # first: setting a count starts the workers again
+        if _BLAS.stop_pool is not None and threading.active_count() == 1:
+            _BLAS.stop_pool()
+        try:
+            yield
+        finally:
+            _BLAS.set_threads(previous)
 
     def _peep_args(self, dtype, peep, acc):
         if peep is not None:
@@ -200,9 +263,8 @@ class NumbaGradient(XpGradient):
     def _steps(self, lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t, peep, acc,
                offsets, ws, observe):
         dtype = carried_h.dtype
-        # With B or C equal to 1 (or 0) np.matmul takes gemv (or no BLAS), which rounds differently.
-        if (observe is not None or not self.compiled_loop or dtype not in (np.float32, np.float64)
-                or min(carried_h.shape) < 2 or not (gates.flags.c_contiguous and w_h_t.flags.c_contiguous)):
+        if (observe is not None or not self._compiled(*carried_h.shape, dtype)
+                or not (gates.flags.c_contiguous and w_h_t.flags.c_contiguous)):
             return super()._steps(lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t,
                                   peep, acc, offsets, ws, observe)
         B, C = carried_h.shape
@@ -222,8 +284,9 @@ class NumbaBackend(NumpyBackend):
 
     name = "numba"
 
-    def __init__(self, parallel_min_elements: int = PARALLEL_MIN_ELEMENTS, compiled_loop: bool = True):
-        self._gradient = NumbaGradient(parallel_min_elements, compiled_loop)
+    def __init__(self, parallel_min_elements: int = PARALLEL_MIN_ELEMENTS, compiled_loop: bool = True,
+                 overlap: bool | None = None):
+        self._gradient = NumbaGradient(parallel_min_elements, compiled_loop, overlap)
 
     @property
     def version(self) -> str:

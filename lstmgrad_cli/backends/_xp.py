@@ -37,6 +37,9 @@ LAYOUTS = {
 # Budget for one chunk's buffers (gate gradients, and the cast inputs when casting).
 CHUNK_BYTES = 64 * 2**20
 
+# With the products overlapped (``XpGradient._run_overlapped``), the steps are cut into this many chunks.
+OVERLAP_CHUNKS = 5
+
 # Per-step activations, in the order the step kernels take them.
 STEP_NAMES = ("i", "f", "o", "ci", "co", "h_grad", "cs_grad")
 
@@ -203,8 +206,13 @@ class XpGradient:
         carried_h = xp.zeros((B, C), dtype=cdt)
         ws = tuple(xp.empty((B, C), dtype=cdt) for _ in range(4))
 
-        K = max(1, min(chunk_steps or default_chunk_steps(L, B, C, cdt.itemsize, I, casting), max(L, 1)))
-        if return_dgates:
+        overlap = (not return_dgates and x_grad_out is None and observe is None
+                   and self._overlap(L, B, C, I, cdt))
+        if overlap:  # chunks of about a fifth of the steps, so the products have a loop to hide behind
+            K = max(1, min(chunk_steps or -(-L // OVERLAP_CHUNKS), L))
+        else:
+            K = max(1, min(chunk_steps or default_chunk_steps(L, B, C, cdt.itemsize, I, casting), max(L, 1)))
+        if return_dgates or overlap:
             dgates_all = xp.empty((L, B, 4 * C), dtype=cdt)
         else:
             dgates_buf = xp.empty((K, B, 4 * C), dtype=cdt)
@@ -226,18 +234,31 @@ class XpGradient:
             dst[...] = src
             return dst
 
-        hi = L
-        while hi > 0:
-            lo = max(0, hi - K)
-            n = hi - lo
-            gates = dgates_all[lo:hi] if return_dgates else dgates_buf[:n]
+        def gates_of(lo, hi):
+            return dgates_all[lo:hi] if return_dgates or overlap else dgates_buf[:hi - lo]
+
+        def steps(lo, hi):
+            nonlocal carried_cs, new_cs
             acts = {name: chunk(name, lo, hi) for name in STEP_NAMES}
             first = 1 if lo > 0 else 0                     # cs_ext[k + first] is cs of step lo + k
             cs_ext = chunk("cs", lo - first, hi)
-            carried_cs, new_cs = self._steps(lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates,
-                                             w_h_t, peep, acc, offsets, ws, observe)
-            self._chunk_products(t, lo, hi, gates, w_x_t, x_grad, wb_grad, h_prev, xh_buf, cdt, hi == L)
-            hi = lo
+            carried_cs, new_cs = self._steps(lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs,
+                                             gates_of(lo, hi), w_h_t, peep, acc, offsets, ws, observe)
+
+        def x_product(lo, hi):
+            self._x_grad_product(lo, hi, gates_of(lo, hi), w_x_t, x_grad, cdt)
+
+        def wb_product(lo, hi):
+            self._wb_product(t, lo, hi, gates_of(lo, hi), wb_grad, h_prev, xh_buf, hi == L)
+
+        chunks = [(max(0, hi - K), hi) for hi in range(L, 0, -K)]  # last steps first
+        if overlap:
+            self._run_overlapped(chunks, steps, x_product, wb_product)
+        else:
+            for lo, hi in chunks:
+                steps(lo, hi)
+                x_product(lo, hi)
+                wb_product(lo, hi)
 
         peep_grads = [a.sum(axis=0) for a in acc] if use_peephole else [xp.zeros(C, dtype=cdt)] * 3
         outs = BlockLSTMGradOutputs(
@@ -267,23 +288,102 @@ class XpGradient:
                 observe(lo + k, carried_h, carried_cs)
         return carried_cs, new_cs
 
-    def _chunk_products(self, t, lo, hi, gates, w_x_t, x_grad, wb_grad, h_prev, xh_buf, cdt, first):
-        """x_grad, w_grad and b_grad of steps [lo, hi) as two large matrix products.
+    def _overlap(self, L, B, C, I, cdt) -> bool:  # noqa: E741
+        """Whether to run the chunk products beside the time loop (``_run_overlapped``); never here."""
+        return False
 
-        ``w_grad`` and ``b_grad`` are one product ``[x, h_prev, 1]^T @ dgates`` into ``wb_grad``
-        ([I+C+1, 4C]) over ``xh_buf`` ([K, B, I+C+1] in the compute dtype, its last column ones;
-        filled here, which also casts other-dtype inputs): about 10% faster than separate x and h
-        products plus a sum over the batch.  The ``first`` chunk (the last steps) writes it in place.
+    def _run_overlapped(self, chunks, steps, x_product, wb_product):
+        """Each chunk's time loop on this thread while a second thread does the products of the chunks before.
+
+        ``steps`` runs here in chunk order (the recurrence).  ``wb_product`` runs on a worker in
+        chunk order too, so w_grad and b_grad are summed in the same order on every run.
+        ``x_product`` writes its own rows of x_grad and is done by whichever thread is free: the
+        worker while it waits for the next chunk, this thread once its loop is done.  BLAS runs
+        single-threaded meanwhile (``self._single_threaded_blas``): two threads, one per core.
+        Results equal the sequential schedule with the same chunks, bit for bit.
         """
+        import queue
+        import threading
+
+        wb_queue, x_queue = queue.SimpleQueue(), queue.SimpleQueue()
+        failures, abort = [], threading.Event()
+
+        def one_x_product():
+            try:
+                item = x_queue.get_nowait()
+            except queue.Empty:
+                return False
+            x_product(*item)
+            return True
+
+        def worker():
+            try:
+                while not abort.is_set():
+                    try:
+                        item = wb_queue.get_nowait()
+                    except queue.Empty:
+                        if one_x_product():
+                            continue
+                        item = wb_queue.get()
+                    if item is None:
+                        break
+                    wb_product(*item)
+                while not abort.is_set() and one_x_product():
+                    pass
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+                failures.append(exc)
+                abort.set()
+
+        with self._single_threaded_blas():
+            thread = threading.Thread(target=worker, name="lstmgrad-products", daemon=True)
+            thread.start()
+            try:
+                for lo, hi in chunks:
+                    if abort.is_set():
+                        break
+                    steps(lo, hi)
+                    x_queue.put((lo, hi))
+                    wb_queue.put((lo, hi))
+                wb_queue.put(None)
+                while not abort.is_set() and one_x_product():
+                    pass
+            except BaseException:
+                abort.set()
+                raise
+            finally:
+                wb_queue.put(None)
+                thread.join()
+        if failures:
+            raise failures[0]
+
+    def _single_threaded_blas(self):
+        """A context manager under which BLAS calls run on one thread each (see ``_run_overlapped``)."""
+        raise NotImplementedError
+
+    def _x_grad_product(self, lo, hi, gates, w_x_t, x_grad, cdt):
+        """``x_grad[lo:hi] = dgates @ w_x^T``, one large product over the chunk's steps."""
         xp = self.xp
         n, B, G4 = gates.shape
         I = w_x_t.shape[1]  # noqa: E741
-        C = wb_grad.shape[0] - I - 1
         flat = gates.reshape(n * B, G4)
         if x_grad.dtype == cdt and hasattr(x_grad, "reshape"):  # an array (not a lazy output) to write into
             xp.matmul(flat, w_x_t, out=x_grad[lo:hi].reshape(n * B, I))
         else:  # another dtype, or a lazy output such as an h5py dataset
             x_grad[lo:hi] = xp.matmul(flat, w_x_t).reshape(n, B, I).astype(x_grad.dtype)
+
+    def _wb_product(self, t, lo, hi, gates, wb_grad, h_prev, xh_buf, first):
+        """w_grad and b_grad of steps [lo, hi): ``[w_grad; b_grad] += [x, h_prev, 1]^T @ dgates``.
+
+        One product into ``wb_grad`` ([I+C+1, 4C]) over ``xh_buf`` ([K, B, I+C+1] in the compute
+        dtype, its last column ones; filled here, which also casts other-dtype inputs): about 10%
+        faster than separate x and h products plus a sum over the batch.  The ``first`` chunk (the
+        last steps) writes it in place.
+        """
+        xp = self.xp
+        n, B, G4 = gates.shape
+        I = t.x.shape[2]  # noqa: E741
+        C = wb_grad.shape[0] - I - 1
+        flat = gates.reshape(n * B, G4)
         xh = xh_buf[:n]
         xh[:, :, :I] = t.x[lo:hi]
         # h_prev of step s is h[s-1], and the input h_prev at s = 0 (never read h at t = L-1).
