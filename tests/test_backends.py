@@ -44,7 +44,7 @@ def fresh_registry():
 
 def cpu_backends():
     """The CPU backends to check against numpy (numba: serial and parallel kernels, compiled and Python loops)."""
-    out = [("numpy", NumpyBackend())]
+    out = [("numpy", NumpyBackend()), ("numpy-overlapped", NumpyBackend(overlap=True))]
     if HAVE_NUMBA:
         from lstmgrad_cli.backends._numba import NumbaBackend
 
@@ -370,20 +370,42 @@ def test_overlapped_schedule_equals_the_sequential_one_bit_for_bit(dtype, peepho
         np.testing.assert_array_equal(have, want, err_msg=field)
 
 
-@needs_numba
-def test_overlap_is_chosen_by_shape_and_only_with_the_compiled_loop(monkeypatch):
-    _numba = _needs_compiled_loop()
+def test_chunks_depend_on_the_shape_and_the_schedule_on_the_machine(monkeypatch):
+    from lstmgrad_cli.backends import _openblas
+
     f32 = np.dtype("float32")
-    monkeypatch.setattr(_numba, "_usable_cores", lambda: 2)
-    auto = _numba.NumbaGradient()
-    assert auto._overlap(50, 32, 128, 128, f32)                       # gate gradients of 3 MiB
-    assert not auto._overlap(200, 128, 512, 512, f32)                 # 200 MiB: over the chunk budget
-    assert not auto._overlap(1, 32, 128, 128, f32)                    # one step: nothing to overlap
-    assert not auto._overlap(50, 1, 128, 128, f32)                    # B = 1 takes gemv: no compiled loop
-    assert not auto._overlap(50, 32, 128, 128, np.dtype("float16"))   # half emulation: Python loop
-    assert not _numba.NumbaGradient(compiled_loop=False)._overlap(50, 32, 128, 128, f32)
-    monkeypatch.setattr(_numba, "_usable_cores", lambda: 1)
-    assert not auto._overlap(50, 32, 128, 128, f32)
+    auto = XpGradient(np)
+    assert auto._overlap_chunks(50, 32, 128, f32)                # gate gradients of 3 MiB: five chunks
+    assert not auto._overlap_chunks(200, 128, 512, f32)          # 200 MiB: over the chunk budget
+    assert not auto._overlap_chunks(1, 32, 128, f32)             # one step: nothing to overlap
+    assert not XpGradient(types.SimpleNamespace())._overlap_chunks(50, 32, 128, f32)  # not host arrays
+    monkeypatch.setattr(_openblas, "usable_cores", lambda: 2)
+    assert auto._overlap_now() and not XpGradient(np, overlap=False)._overlap_now()
+    monkeypatch.setattr(_openblas, "usable_cores", lambda: 1)
+    assert not auto._overlap_now() and XpGradient(np, overlap=True)._overlap_now()
+
+
+@pytest.mark.parametrize("peephole", [False, True])
+def test_numpy_overlapped_equals_sequential_bit_for_bit(peephole):
+    inputs = _random_inputs(np.random.default_rng(12), 31, 5, 4, 7, np.dtype("float32"))
+    kw = dict(seq_len_max=29, use_peephole=peephole, layout="icfo", compute_dtype=np.dtype("float32"))
+    overlapped = NumpyBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **kw)
+    sequential = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw)
+    one_chunk = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=29)
+    for field, have, want, single in zip(overlapped._fields, overlapped, sequential, one_chunk, strict=True):
+        np.testing.assert_array_equal(have, want, err_msg=field)
+        np.testing.assert_allclose(have, single, rtol=1e-5, atol=1e-6, err_msg=field)
+
+
+def test_overlap_worker_keeps_the_callers_numpy_error_state():
+    inputs, _, _ = load_case("seq_v2_peep")
+    inputs["x"] = inputs["x"].copy()
+    inputs["x"][0, 0, :2] = [np.nan, np.inf]  # inf - inf in the worker's products
+    inputs["h_grad"] = inputs["h_grad"].copy()
+    inputs["h_grad"][1, 2, 3] = -np.inf
+    # RuntimeWarnings from lstmgrad_cli are errors in this suite: the worker must stay as quiet as the loop.
+    got = lg.block_lstm_grad_v2(**inputs, backend=NumpyBackend(overlap=True))
+    assert np.isnan(got.w_grad).any() and np.isnan(got.x_grad).any()
 
 
 @needs_numba
@@ -480,8 +502,9 @@ def test_cupy_backend_shared_path_on_cpu(name):
 
     inputs, expected, case = load_case(name)
     backend = CupyBackend(cp=_fake_cupy(), fused=False)
-    got = _run_seq(backend, inputs, case["layout"])
-    reference = _run_seq("numpy", inputs, case["layout"])
+    whole = dict(chunk_steps=inputs["x"].shape[0])  # numpy's chunks (the device has no overlap chunks)
+    got = _run_seq(backend, inputs, case["layout"], **whole)
+    reference = _run_seq("numpy", inputs, case["layout"], **whole)
     for field in expected:
         np.testing.assert_array_equal(getattr(got, field), getattr(reference, field))
         assert type(getattr(got, field)) is np.ndarray

@@ -17,20 +17,14 @@ the numpy step.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import glob
-import os
-import threading
-from typing import NamedTuple
-
 import llvmlite.binding as llvm
 import numba
 import numpy as np
 from numba import njit, prange, types
 
+from . import _openblas
 from ._numpy import NumpyBackend
-from ._xp import CHUNK_BYTES, XpGradient
+from ._xp import XpGradient
 
 # Steps with fewer elements than this run on one thread: thread start-up costs more than it saves.
 PARALLEL_MIN_ELEMENTS = 8 * 1024
@@ -100,48 +94,6 @@ _serial = njit(cache=True, nogil=True)(_step)
 _parallel = njit(cache=True, nogil=True, parallel=True)(_step)
 
 
-class _Blas(NamedTuple):
-    """What the compiled loop and the overlapped schedule need of numpy's own OpenBLAS."""
-
-    sgemm: int  # address of cblas_sgemm (64-bit integer interface)
-    dgemm: int
-    get_threads: object  # ctypes functions: the library's thread count, global to the process
-    set_threads: object
-    stop_pool: object  # ends the library's worker threads (started again on demand), or None
-
-
-def _find_blas():
-    """numpy's own OpenBLAS (``_Blas``), or None where it is not found.
-
-    The compiled time loop calls the recurrent product itself, through the very library numpy's
-    ``matmul`` uses (the OpenBLAS in numpy's wheel: one thread pool, the same speed).  Elsewhere
-    (another BLAS, an unknown layout) the time loop stays in Python with ``np.matmul``.
-    """
-    root = os.path.dirname(np.__file__)
-    paths = sorted(glob.glob(os.path.join(root + ".libs", "*openblas*")))
-    paths += sorted(glob.glob(os.path.join(root, ".dylibs", "*openblas*")))
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for prefix, suffix in (("scipy_", "64_"), ("", "64_")):
-            try:
-                gemms = [getattr(lib, f"{prefix}cblas_{kind}gemm{suffix}") for kind in "sd"]
-                get_threads = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}")
-                set_threads = getattr(lib, f"{prefix}openblas_set_num_threads{suffix}")
-            except AttributeError:
-                continue
-            get_threads.restype, get_threads.argtypes = ctypes.c_int, []
-            set_threads.restype, set_threads.argtypes = None, [ctypes.c_int]
-            stop_pool = getattr(lib, "blas_thread_shutdown_", None)  # OpenBLAS's own fork handler
-            if stop_pool is not None:
-                stop_pool.restype, stop_pool.argtypes = ctypes.c_int, []
-            return _Blas(*(ctypes.cast(f, ctypes.c_void_p).value for f in gemms), get_threads, set_threads,
-                         stop_pool)
-    return None
-
-
 def _gemm_type(real):
     # cblas_?gemm(order, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc); pointers as intp
     i32, i64 = types.int32, types.int64
@@ -151,7 +103,7 @@ def _gemm_type(real):
 # Bound by name: cached kernels link against these symbols, registered in every process below.
 _sgemm = types.ExternalFunction("lstmgrad_cblas_sgemm", _gemm_type(types.float32))
 _dgemm = types.ExternalFunction("lstmgrad_cblas_dgemm", _gemm_type(types.float64))
-_BLAS = _find_blas()
+_BLAS = _openblas.find()
 if _BLAS is not None:
     llvm.add_symbol("lstmgrad_cblas_sgemm", _BLAS.sgemm)
     llvm.add_symbol("lstmgrad_cblas_dgemm", _BLAS.dgemm)
@@ -182,13 +134,6 @@ _chunk_serial = njit(cache=True, nogil=True)(_chunk)
 _chunk_parallel = njit(cache=True, nogil=True, parallel=True)(_chunk)
 
 
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 class NumbaGradient(XpGradient):
     """``XpGradient`` with the fused step; with numpy's BLAS reachable, whole chunks run compiled.
 
@@ -198,44 +143,14 @@ class NumbaGradient(XpGradient):
 
     def __init__(self, parallel_min_elements: int = PARALLEL_MIN_ELEMENTS, compiled_loop: bool = True,
                  overlap: bool | None = None):
-        super().__init__(np)
+        super().__init__(np, overlap)
         self.parallel_min_elements = parallel_min_elements
         self.compiled_loop = compiled_loop and _BLAS is not None
-        self.overlap = overlap
         self._empty = {}
 
     def _compiled(self, B, C, dtype) -> bool:
         # With B or C equal to 1 (or 0) np.matmul takes gemv (or no BLAS), which rounds differently.
         return self.compiled_loop and dtype in (np.float32, np.float64) and min(B, C) >= 2
-
-    def _overlap(self, L, B, C, I, cdt) -> bool:  # noqa: E741
-        """Overlap the products with the loop when the steps are too small to share between cores.
-
-        A step below ``parallel_min_elements`` runs on one core, and so, for such sizes, does the
-        recurrent product at nearly the same speed as on two: the other core is better used on the
-        products of the chunks before.  Needs the compiled loop, two or more cores, and the gate
-        gradients of all steps in the chunk budget.  ``overlap=True``/``False`` forces it (tests).
-        """
-        if not (self._compiled(B, C, cdt) and L >= 2):
-            return False
-        if self.overlap is not None:
-            return self.overlap
-        return (B * C < self.parallel_min_elements and _usable_cores() >= 2
-                and L * B * 4 * C * cdt.itemsize <= CHUNK_BYTES)
-
-    @contextlib.contextmanager
-    def _single_threaded_blas(self):
-        # numpy's OpenBLAS keeps one thread count for the whole process: set it once, put it back.
-        # Its idle workers spin for a while after each threaded call, taking the core the products
-        # need; when no other Python thread could be inside BLAS, stop them (they restart on demand).
-        previous = _BLAS.get_threads()
-        _BLAS.set_threads(1)  # first: setting a count starts the workers again
-        if _BLAS.stop_pool is not None and threading.active_count() == 1:
-            _BLAS.stop_pool()
-        try:
-            yield
-        finally:
-            _BLAS.set_threads(previous)
 
     def _peep_args(self, dtype, peep, acc):
         if peep is not None:

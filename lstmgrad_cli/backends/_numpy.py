@@ -10,8 +10,8 @@ from ._xp import XpGradient
 class NumpyBackend:
     name = "numpy"
 
-    def __init__(self):
-        self._gradient = XpGradient(np)
+    def __init__(self, overlap: bool | None = None):
+        self._gradient = XpGradient(np, overlap)
 
     @property
     def version(self) -> str:

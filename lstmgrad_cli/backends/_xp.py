@@ -20,6 +20,10 @@ Structure (tf-semantics.md 3.3, reorganised for speed, same maths):
   in float32 the gate gradients are bit-identical to TF's.
 * Inputs whose dtype differs from the compute dtype (float16 files computed in float32) are cast
   one chunk at a time into preallocated buffers; the chunk length bounds the memory.
+* On host arrays whose gate gradients fit the chunk budget, the steps are cut into five chunks and
+  a chunk's products run on a second thread while this one does the next chunk's time loop
+  (``_run_overlapped``): the loop alone keeps one core busy, not two.  The chunks depend on the
+  shape only, and the schedule never changes a bit of the result.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+
+from . import _openblas
 
 # Gate block offsets, in units of C, for the two layouts (tf-semantics.md 1.1).
 LAYOUTS = {
@@ -107,8 +113,9 @@ class Step(NamedTuple):
 class XpGradient:
     """The chunked backward pass over an array module; subclasses may replace ``step``."""
 
-    def __init__(self, xp):
+    def __init__(self, xp, overlap: bool | None = None):
         self.xp = xp
+        self.overlap = overlap  # None: overlap the products with the loop when there are two cores
 
     # -- the per-step elementwise kernel ------------------------------------------------------
     def step(self, a: Step, carried_h, carried_cs, gates, new_cs, peep, acc, offsets, ws):
@@ -206,9 +213,11 @@ class XpGradient:
         carried_h = xp.zeros((B, C), dtype=cdt)
         ws = tuple(xp.empty((B, C), dtype=cdt) for _ in range(4))
 
-        overlap = (not return_dgates and x_grad_out is None and observe is None
-                   and self._overlap(L, B, C, I, cdt))
-        if overlap:  # chunks of about a fifth of the steps, so the products have a loop to hide behind
+        # The chunks depend on the shape only, so a result never depends on the schedule or machine.
+        overlap_chunks = self._overlap_chunks(L, B, C, cdt)
+        overlap = (overlap_chunks and not return_dgates and x_grad_out is None and observe is None
+                   and self._overlap_now())
+        if overlap_chunks:  # about a fifth of the steps each, so the products have a loop to hide behind
             K = max(1, min(chunk_steps or -(-L // OVERLAP_CHUNKS), L))
         else:
             K = max(1, min(chunk_steps or default_chunk_steps(L, B, C, cdt.itemsize, I, casting), max(L, 1)))
@@ -288,9 +297,13 @@ class XpGradient:
                 observe(lo + k, carried_h, carried_cs)
         return carried_cs, new_cs
 
-    def _overlap(self, L, B, C, I, cdt) -> bool:  # noqa: E741
-        """Whether to run the chunk products beside the time loop (``_run_overlapped``); never here."""
-        return False
+    def _overlap_chunks(self, L, B, C, cdt) -> bool:
+        """Cut the steps into ``OVERLAP_CHUNKS`` chunks: host arrays, and all gate gradients in the budget."""
+        return self.xp is np and L >= 2 and L * B * 4 * C * cdt.itemsize <= CHUNK_BYTES
+
+    def _overlap_now(self) -> bool:
+        """Run those chunks' products beside the loop (``_run_overlapped``): with two cores, unless set."""
+        return self.overlap if self.overlap is not None else _openblas.usable_cores() >= 2
 
     def _run_overlapped(self, chunks, steps, x_product, wb_product):
         """Each chunk's time loop on this thread while a second thread does the products of the chunks before.
@@ -299,7 +312,7 @@ class XpGradient:
         chunk order too, so w_grad and b_grad are summed in the same order on every run.
         ``x_product`` writes its own rows of x_grad and is done by whichever thread is free: the
         worker while it waits for the next chunk, this thread once its loop is done.  BLAS runs
-        single-threaded meanwhile (``self._single_threaded_blas``): two threads, one per core.
+        single-threaded meanwhile (``_openblas.single_threaded``): two threads, one per core.
         Results equal the sequential schedule with the same chunks, bit for bit.
         """
         import queue
@@ -307,6 +320,7 @@ class XpGradient:
 
         wb_queue, x_queue = queue.SimpleQueue(), queue.SimpleQueue()
         failures, abort = [], threading.Event()
+        errstate = np.geterr()  # numpy's error state is per thread: the worker takes the caller's
 
         def one_x_product():
             try:
@@ -318,6 +332,7 @@ class XpGradient:
 
         def worker():
             try:
+                np.seterr(**errstate)
                 while not abort.is_set():
                     try:
                         item = wb_queue.get_nowait()
@@ -334,7 +349,7 @@ class XpGradient:
                 failures.append(exc)
                 abort.set()
 
-        with self._single_threaded_blas():
+        with _openblas.single_threaded():
             thread = threading.Thread(target=worker, name="lstmgrad-products", daemon=True)
             thread.start()
             try:
@@ -355,10 +370,6 @@ class XpGradient:
                 thread.join()
         if failures:
             raise failures[0]
-
-    def _single_threaded_blas(self):
-        """A context manager under which BLAS calls run on one thread each (see ``_run_overlapped``)."""
-        raise NotImplementedError
 
     def _x_grad_product(self, lo, hi, gates, w_x_t, x_grad, cdt):
         """``x_grad[lo:hi] = dgates @ w_x^T``, one large product over the chunk's steps."""

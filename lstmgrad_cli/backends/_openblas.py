@@ -1,0 +1,87 @@
+"""numpy's own OpenBLAS, reached through ctypes: its ``cblas_?gemm`` and its thread count.
+
+The numba backend calls the recurrent product from compiled code through the very library numpy's
+``matmul`` uses (one thread pool, the same speed and rounding), and the host backends run BLAS
+single-threaded on two threads of their own while the chunk products overlap the time loop
+(``XpGradient._run_overlapped``).  Where numpy's OpenBLAS is not found (another BLAS, an unknown
+wheel layout), ``find()`` gives None: the numba loop stays in Python and ``single_threaded`` does
+nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import glob
+import os
+import threading
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Blas(NamedTuple):
+    sgemm: int  # address of cblas_sgemm (64-bit integer interface)
+    dgemm: int
+    get_threads: object  # ctypes functions: the library's thread count, global to the process
+    set_threads: object
+    stop_pool: object  # ends the library's worker threads (started again on demand), or None
+
+
+@functools.cache
+def find() -> Blas | None:
+    """The OpenBLAS inside numpy's wheel, or None."""
+    root = os.path.dirname(np.__file__)
+    paths = sorted(glob.glob(os.path.join(root + ".libs", "*openblas*")))
+    paths += sorted(glob.glob(os.path.join(root, ".dylibs", "*openblas*")))
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix, suffix in (("scipy_", "64_"), ("", "64_")):
+            try:
+                gemms = [getattr(lib, f"{prefix}cblas_{kind}gemm{suffix}") for kind in "sd"]
+                get_threads = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}")
+                set_threads = getattr(lib, f"{prefix}openblas_set_num_threads{suffix}")
+            except AttributeError:
+                continue
+            get_threads.restype, get_threads.argtypes = ctypes.c_int, []
+            set_threads.restype, set_threads.argtypes = None, [ctypes.c_int]
+            stop_pool = getattr(lib, "blas_thread_shutdown_", None)  # OpenBLAS's own fork handler
+            if stop_pool is not None:
+                stop_pool.restype, stop_pool.argtypes = ctypes.c_int, []
+            return Blas(*(ctypes.cast(f, ctypes.c_void_p).value for f in gemms), get_threads, set_threads,
+                        stop_pool)
+    return None
+
+
+@contextlib.contextmanager
+def single_threaded():
+    """Run BLAS calls on one thread each meanwhile (a no-op where numpy's OpenBLAS is not found).
+
+    OpenBLAS keeps one thread count for the whole process: it is set once and put back.  Its idle
+    workers spin for a while after each threaded call, taking a core from the caller's own
+    threads; when no other Python thread could be inside BLAS they are stopped (OpenBLAS starts
+    them again on demand).
+    """
+    blas = find()
+    if blas is None:
+        yield
+        return
+    previous = blas.get_threads()
+    blas.set_threads(1)  # first: setting a count starts the workers again
+    if blas.stop_pool is not None and threading.active_count() == 1:
+        blas.stop_pool()
+    try:
+        yield
+    finally:
+        blas.set_threads(previous)
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
