@@ -375,10 +375,12 @@ def test_chunks_depend_on_the_shape_and_the_schedule_on_the_machine(monkeypatch)
 
     f32 = np.dtype("float32")
     auto = XpGradient(np)
-    assert auto._overlap_chunks(50, 32, 128, f32)                # gate gradients of 3 MiB: five chunks
-    assert not auto._overlap_chunks(200, 128, 512, f32)          # 200 MiB: over the chunk budget
-    assert not auto._overlap_chunks(1, 32, 128, f32)             # one step: nothing to overlap
-    assert not XpGradient(types.SimpleNamespace())._overlap_chunks(50, 32, 128, f32)  # not host arrays
+    assert auto._overlap_chunks(50, 32, 128, 128, f32)           # 0.8 GFLOP, gate gradients of 3 MiB
+    assert not auto._overlap_chunks(200, 128, 512, 512, f32)     # 200 MiB: over the chunk budget
+    assert not auto._overlap_chunks(1, 32, 128, 128, f32)        # one step: nothing to overlap
+    assert not auto._overlap_chunks(20, 16, 64, 64, f32)         # 42 MFLOP: a thread costs more than it saves
+    assert XpGradient(np, overlap=True)._overlap_chunks(20, 16, 64, 64, f32)
+    assert not XpGradient(types.SimpleNamespace())._overlap_chunks(50, 32, 128, 128, f32)  # not host arrays
     monkeypatch.setattr(_openblas, "usable_cores", lambda: 2)
     assert auto._overlap_now() and not XpGradient(np, overlap=False)._overlap_now()
     monkeypatch.setattr(_openblas, "usable_cores", lambda: 1)
@@ -389,9 +391,9 @@ def test_chunks_depend_on_the_shape_and_the_schedule_on_the_machine(monkeypatch)
 def test_numpy_overlapped_equals_sequential_bit_for_bit(peephole):
     inputs = _random_inputs(np.random.default_rng(12), 31, 5, 4, 7, np.dtype("float32"))
     kw = dict(seq_len_max=29, use_peephole=peephole, layout="icfo", compute_dtype=np.dtype("float32"))
-    overlapped = NumpyBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **kw)
-    sequential = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw)
-    one_chunk = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=29)
+    overlapped = NumpyBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **kw)  # five chunks of 6
+    sequential = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=6)
+    one_chunk = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw)
     for field, have, want, single in zip(overlapped._fields, overlapped, sequential, one_chunk, strict=True):
         np.testing.assert_array_equal(have, want, err_msg=field)
         np.testing.assert_allclose(have, single, rtol=1e-5, atol=1e-6, err_msg=field)

@@ -43,8 +43,10 @@ LAYOUTS = {
 # Budget for one chunk's buffers (gate gradients, and the cast inputs when casting).
 CHUNK_BYTES = 64 * 2**20
 
-# With the products overlapped (``XpGradient._run_overlapped``), the steps are cut into this many chunks.
+# With the products overlapped (``XpGradient._run_overlapped``), the steps are cut into this many chunks,
+# for problems of at least this many flops (measured crossover: ~1e8 for numba, ~2e8 for numpy).
 OVERLAP_CHUNKS = 5
+OVERLAP_MIN_FLOPS = 2 * 10**8
 
 # Per-step activations, in the order the step kernels take them.
 STEP_NAMES = ("i", "f", "o", "ci", "co", "h_grad", "cs_grad")
@@ -115,7 +117,7 @@ class XpGradient:
 
     def __init__(self, xp, overlap: bool | None = None):
         self.xp = xp
-        self.overlap = overlap  # None: overlap the products with the loop when there are two cores
+        self.overlap = overlap  # None: by size and cores; True/False: always/never overlap (tests)
 
     # -- the per-step elementwise kernel ------------------------------------------------------
     def step(self, a: Step, carried_h, carried_cs, gates, new_cs, peep, acc, offsets, ws):
@@ -214,7 +216,7 @@ class XpGradient:
         ws = tuple(xp.empty((B, C), dtype=cdt) for _ in range(4))
 
         # The chunks depend on the shape only, so a result never depends on the schedule or machine.
-        overlap_chunks = self._overlap_chunks(L, B, C, cdt)
+        overlap_chunks = self._overlap_chunks(L, B, I, C, cdt)
         overlap = (overlap_chunks and not return_dgates and x_grad_out is None and observe is None
                    and self._overlap_now())
         if overlap_chunks:  # about a fifth of the steps each, so the products have a loop to hide behind
@@ -297,9 +299,11 @@ class XpGradient:
                 observe(lo + k, carried_h, carried_cs)
         return carried_cs, new_cs
 
-    def _overlap_chunks(self, L, B, C, cdt) -> bool:
-        """Cut the steps into ``OVERLAP_CHUNKS`` chunks: host arrays, and all gate gradients in the budget."""
-        return self.xp is np and L >= 2 and L * B * 4 * C * cdt.itemsize <= CHUNK_BYTES
+    def _overlap_chunks(self, L, B, I, C, cdt) -> bool:  # noqa: E741
+        """Cut the steps into ``OVERLAP_CHUNKS`` chunks: host arrays, all gate gradients within the
+        chunk budget, and big enough to pay for a second thread (~0.5 ms; ``overlap=True`` skips this)."""
+        big_enough = self.overlap is True or 16 * L * B * C * (I + C) >= OVERLAP_MIN_FLOPS
+        return self.xp is np and L >= 2 and big_enough and L * B * 4 * C * cdt.itemsize <= CHUNK_BYTES
 
     def _overlap_now(self) -> bool:
         """Run those chunks' products beside the loop (``_run_overlapped``): with two cores, unless set."""
