@@ -70,7 +70,23 @@ def test_child_mode_reports_missing_frameworks(tmp_path):
     proc = subprocess.run([sys.executable, str(script), "--child", str(path), "--repeats", "1",
                            "--frameworks", "no_such_framework"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "error" in json.loads(proc.stdout)["no_such_framework"]
+    out = json.loads(proc.stdout)
+    assert "error" in out["no_such_framework"]
+    assert len(out["gemm-limit"]["seconds"]) == 1 and out["gemm-limit"]["seconds"][0] > 0
+
+
+def test_frameworks_from_another_interpreter_are_compared_with_its_own_gemm_limit(monkeypatch):
+    def child(python, inputs, frameworks, repeats, use_peephole):
+        assert python == "other-python" and "torch" in frameworks
+        return {"gemm-limit": {"seconds": [4.0, 2.0, 3.0]},
+                "torch": {"seconds": [1.5, 1.5, 1.5], "version": "9.9", "note": "no peepholes"}}
+
+    monkeypatch.setattr(bench, "FRAMEWORKS", ("torch",))
+    monkeypatch.setattr(bench, "_child_times", child)
+    report = bench.run(["numpy"], shapes=[(2, 1, 2, 2)], repeats=3, compare_python=["other-python"])
+    torch_row = next(r for r in report.results if r.engine == "torch")
+    assert torch_row.median == 1.5 and torch_row.ratio_to_gemm == pytest.approx(0.5)  # 1.5 s / median 3.0 s
+    assert torch_row.note.startswith("no peepholes; ratio to the GEMM limit timed in the same rounds")
 
 
 def test_bench_command_json(runner):
