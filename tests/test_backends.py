@@ -314,9 +314,10 @@ def test_random_shapes_every_backend_matches_numpy(T, B, I, C, data, peephole, l
         for field, want, have in zip(reference._fields, reference, got, strict=True):
             assert have.dtype == np.dtype(dtype) and have.shape == want.shape, (label, field)
             tol = 2e-3 if cdt == np.float16 else 8 * float(np.finfo(cdt).eps)
+            out_ulp = float(np.finfo(np.dtype(dtype)).eps)  # rounding to a float16 output may flip its last bit
             scale = max(float(np.max(np.abs(want.astype(np.float64)), initial=0)), 1.0)
             err = float(np.max(np.abs(have.astype(np.float64) - want), initial=0))
-            assert err <= tol * scale * (2 + L), (label, field, err)
+            assert err <= (tol * (2 + L) + out_ulp) * scale, (label, field, err)
         if L < T:
             assert not np.any(got.x_grad[L:]), label
 
@@ -445,11 +446,11 @@ def test_overlap_stops_the_worker_when_the_loop_fails(monkeypatch):
     real_steps = _numba.NumbaGradient._steps
     seen = []
 
-    def interrupted_steps(self, lo, *args):
+    def interrupted_steps(self, lo, *args, **kwargs):
         seen.append(lo)
         if lo == 8:
             raise KeyboardInterrupt
-        return real_steps(self, lo, *args)
+        return real_steps(self, lo, *args, **kwargs)
 
     monkeypatch.setattr(_numba.NumbaGradient, "_steps", interrupted_steps)
     with pytest.raises(KeyboardInterrupt):

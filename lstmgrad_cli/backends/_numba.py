@@ -176,7 +176,7 @@ class NumbaGradient(XpGradient):
                use_peephole, *peep, *acc)
 
     def _steps(self, lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t, peep, acc,
-               offsets, ws, observe):
+               offsets, ws, observe, one_core=False):
         dtype = carried_h.dtype
         if (observe is not None or not self._compiled(*carried_h.shape, dtype)
                 or not (gates.flags.c_contiguous and w_h_t.flags.c_contiguous)):
@@ -184,7 +184,8 @@ class NumbaGradient(XpGradient):
                                   peep, acc, offsets, ws, observe)
         B, C = carried_h.shape
         use_peephole, peep, acc = self._peep_args(dtype, peep, acc)
-        kernel = _chunk_parallel if self._parallel(B, C) else _chunk_serial
+        # Overlapped, the products have the other core: numba's threads would only contend for it.
+        kernel = _chunk_parallel if self._parallel(B, C) and not one_core else _chunk_serial
         kernel(dtype.type(1), dtype == np.float64, acts["i"], acts["f"], acts["o"], acts["ci"], acts["co"],
                acts["h_grad"], acts["cs_grad"], cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t,
                offsets["i"] * C, offsets["f"] * C, offsets["c"] * C, offsets["o"] * C,

@@ -254,7 +254,8 @@ class XpGradient:
             first = 1 if lo > 0 else 0                     # cs_ext[k + first] is cs of step lo + k
             cs_ext = chunk("cs", lo - first, hi)
             carried_cs, new_cs = self._steps(lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs,
-                                             gates_of(lo, hi), w_h_t, peep, acc, offsets, ws, observe)
+                                             gates_of(lo, hi), w_h_t, peep, acc, offsets, ws, observe,
+                                             one_core=overlap)
 
         def x_product(lo, hi):
             self._x_grad_product(lo, hi, gates_of(lo, hi), w_x_t, x_grad, cdt)
@@ -281,12 +282,13 @@ class XpGradient:
         return outs
 
     def _steps(self, lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t, peep, acc,
-               offsets, ws, observe):
+               offsets, ws, observe, one_core=False):
         """The time loop of one chunk, last step first: ``self.step`` then the recurrent product.
 
         ``acts`` maps ``STEP_NAMES`` to the chunk's ``[n, B, C]`` activations, ``cs_ext[k + first]``
         is cs of step ``lo + k``.  Returns the swapped pair (carried_cs, new_cs): the first holds
-        the cell gradient carried out of the chunk.
+        the cell gradient carried out of the chunk.  ``one_core``: the other core is busy with the
+        products (``_run_overlapped``), so a subclass's kernels should not spread out.
         """
         xp = self.xp
         for k in range(gates.shape[0] - 1, -1, -1):
