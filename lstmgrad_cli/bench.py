@@ -11,7 +11,8 @@ another interpreter given as ``compare_python`` (this file runs there as a scrip
 only; neither library is ever a dependency).
 
 Engines are timed round-robin, one call each per round, so a noisy machine slows all of them
-alike; the median of the rounds is reported.
+alike; the median of the rounds is reported.  Each call starts after a short pause, once the thread
+pools of the call before (OpenBLAS, OpenMP) have stopped spinning, as in a fresh ``lstmgrad`` run.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ DTYPES = ("float32", "float16", "float64")
 SCHEMA = 1
 FRAMEWORKS = ("tensorflow", "torch")
 CHILD_TIMEOUT = 3600.0
+SETTLE_SECONDS = 0.3
 CHILD_RATIO_NOTE = "ratio to the GEMM limit timed in the same rounds of its own interpreter"
 
 
@@ -195,11 +197,18 @@ def framework_call(name: str, inputs: dict, use_peephole: bool):
 
 
 def _round_robin(calls: dict, repeats: int, progress=None) -> dict[str, list[float]]:
+    """``repeats`` rounds of one call per engine; each call after a pause of ``SETTLE_SECONDS``.
+
+    Thread pools spin for a while after their work (OpenBLAS ~0.1 s, OpenMP up to 0.2 s): without the
+    pause, an engine would be timed against the previous engine's spinning threads on 2 cores.
+    """
     times = {name: [] for name in calls}
     for call in calls.values():  # warm up: first-call costs (compiles, allocations) are not timed
         call()
     for r in range(repeats):
         for name, call in calls.items():
+            if SETTLE_SECONDS:
+                time.sleep(SETTLE_SECONDS)
             t0 = time.perf_counter()
             call()
             times[name].append(time.perf_counter() - t0)

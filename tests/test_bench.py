@@ -31,6 +31,20 @@ def test_flops_and_shapes():
             bench.parse_shape(bad)
 
 
+@pytest.fixture(autouse=True)
+def no_settling(monkeypatch):
+    monkeypatch.setattr(bench, "SETTLE_SECONDS", 0)
+
+
+def test_each_timed_call_waits_for_the_thread_pools_to_settle(monkeypatch):
+    events = []
+    monkeypatch.setattr(bench, "SETTLE_SECONDS", 0.25)
+    monkeypatch.setattr(bench.time, "sleep", lambda s: events.append(("sleep", s)))
+    times = bench._round_robin({"a": lambda: events.append("a"), "b": lambda: events.append("b")}, repeats=2)
+    assert events == ["a", "b"] + [("sleep", 0.25), "a", ("sleep", 0.25), "b"] * 2  # warm-up calls first
+    assert [len(t) for t in times.values()] == [2, 2]
+
+
 def test_inputs_are_plausible():
     inputs = bench.make_inputs((3, 2, 5, 4), "float16")
     assert inputs["x"].shape == (3, 2, 5) and inputs["w"].shape == (9, 16) and inputs["i"].dtype == np.float16
