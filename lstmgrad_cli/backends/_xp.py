@@ -20,10 +20,10 @@ Structure (tf-semantics.md 3.3, reorganised for speed, same maths):
   in float32 the gate gradients are bit-identical to TF's.
 * Inputs whose dtype differs from the compute dtype (float16 files computed in float32) are cast
   one chunk at a time into preallocated buffers; the chunk length bounds the memory.
-* On host arrays whose gate gradients fit the chunk budget, the steps are cut into five chunks and
-  a chunk's products run on a second thread while this one does the next chunk's time loop
-  (``_run_overlapped``): the loop alone keeps one core busy, not two.  The chunks depend on the
-  shape only, and the schedule never changes a bit of the result.
+* On host arrays, problems of 2e8 flops or more are cut into five chunks (smaller when three do
+  not fit the budget), and a chunk's products run on a second thread while this one does the next
+  chunk's time loop (``_run_overlapped``): the loop alone keeps one core busy, not two.  The chunks
+  depend on the shape only, and the schedule never changes a bit of the result.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ CHUNK_BYTES = 64 * 2**20
 # for problems of at least this many flops (measured crossover: ~1e8 for numba, ~2e8 for numpy).
 OVERLAP_CHUNKS = 5
 OVERLAP_MIN_FLOPS = 2 * 10**8
+# ... and at least this many chunks' gate gradients fit CHUNK_BYTES (a ring of slots; more when they fit).
+OVERLAP_SLOTS = 3
 
 # Per-step activations, in the order the step kernels take them.
 STEP_NAMES = ("i", "f", "o", "ci", "co", "h_grad", "cs_grad")
@@ -219,14 +221,18 @@ class XpGradient:
         overlap_chunks = self._overlap_chunks(L, B, I, C, cdt)
         overlap = (overlap_chunks and not return_dgates and x_grad_out is None and observe is None
                    and self._overlap_now())
-        if overlap_chunks:  # about a fifth of the steps each, so the products have a loop to hide behind
-            K = max(1, min(chunk_steps or -(-L // OVERLAP_CHUNKS), L))
+        gates_step = B * 4 * C * cdt.itemsize
+        if overlap_chunks:  # a fifth of the steps each, or fewer so that a few chunks fit the budget
+            k_fit = CHUNK_BYTES // max(OVERLAP_SLOTS * gates_step, 1)
+            K = max(1, min(chunk_steps or min(-(-L // OVERLAP_CHUNKS), k_fit), L))
         else:
             K = max(1, min(chunk_steps or default_chunk_steps(L, B, C, cdt.itemsize, I, casting), max(L, 1)))
-        if return_dgates or overlap:
+        # Overlapped, the chunks' gate gradients live in a ring of slots until their products are done.
+        slots = max(1, min(-(-L // K), CHUNK_BYTES // max(K * gates_step, 1))) if overlap else 1
+        if return_dgates:
             dgates_all = xp.empty((L, B, 4 * C), dtype=cdt)
         else:
-            dgates_buf = xp.empty((K, B, 4 * C), dtype=cdt)
+            dgates_buf = xp.empty((slots, K, B, 4 * C), dtype=cdt)
         cast_bufs = {}  # name -> [K(+1), B, C] buffer in the compute dtype, made on first use
         xh_buf = None  # [x, h_prev, 1] of a chunk's steps, [K, B, I+C+1]
         if L > 0:
@@ -245,32 +251,32 @@ class XpGradient:
             dst[...] = src
             return dst
 
-        def gates_of(lo, hi):
-            return dgates_all[lo:hi] if return_dgates or overlap else dgates_buf[:hi - lo]
+        def gates_of(j, lo, hi):
+            return dgates_all[lo:hi] if return_dgates else dgates_buf[j % slots, :hi - lo]
 
-        def steps(lo, hi):
+        def steps(j, lo, hi):
             nonlocal carried_cs, new_cs
             acts = {name: chunk(name, lo, hi) for name in STEP_NAMES}
             first = 1 if lo > 0 else 0                     # cs_ext[k + first] is cs of step lo + k
             cs_ext = chunk("cs", lo - first, hi)
             carried_cs, new_cs = self._steps(lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs,
-                                             gates_of(lo, hi), w_h_t, peep, acc, offsets, ws, observe,
+                                             gates_of(j, lo, hi), w_h_t, peep, acc, offsets, ws, observe,
                                              one_core=overlap)
 
-        def x_product(lo, hi):
-            self._x_grad_product(lo, hi, gates_of(lo, hi), w_x_t, x_grad, cdt)
+        def x_product(j, lo, hi):
+            self._x_grad_product(lo, hi, gates_of(j, lo, hi), w_x_t, x_grad, cdt)
 
-        def wb_product(lo, hi):
-            self._wb_product(t, lo, hi, gates_of(lo, hi), wb_grad, h_prev, xh_buf, hi == L)
+        def wb_product(j, lo, hi):
+            self._wb_product(t, lo, hi, gates_of(j, lo, hi), wb_grad, h_prev, xh_buf, hi == L)
 
         chunks = [(max(0, hi - K), hi) for hi in range(L, 0, -K)]  # last steps first
         if overlap:
-            self._run_overlapped(chunks, steps, x_product, wb_product)
+            self._run_overlapped(chunks, slots, steps, x_product, wb_product)
         else:
-            for lo, hi in chunks:
-                steps(lo, hi)
-                x_product(lo, hi)
-                wb_product(lo, hi)
+            for j, (lo, hi) in enumerate(chunks):
+                steps(j, lo, hi)
+                x_product(j, lo, hi)
+                wb_product(j, lo, hi)
 
         peep_grads = [a.sum(axis=0) for a in acc] if use_peephole else [xp.zeros(C, dtype=cdt)] * 3
         outs = BlockLSTMGradOutputs(
@@ -302,31 +308,40 @@ class XpGradient:
         return carried_cs, new_cs
 
     def _overlap_chunks(self, L, B, I, C, cdt) -> bool:  # noqa: E741
-        """Cut the steps into ``OVERLAP_CHUNKS`` chunks: host arrays, all gate gradients within the
-        chunk budget, and big enough to pay for a second thread (~0.5 ms; ``overlap=True`` skips this)."""
+        """Chunks for the overlapped schedule: host arrays, and big enough to pay for a second
+        thread (~0.5 ms; ``overlap=True`` skips this)."""
         big_enough = self.overlap is True or 16 * L * B * C * (I + C) >= OVERLAP_MIN_FLOPS
-        return self.xp is np and L >= 2 and big_enough and L * B * 4 * C * cdt.itemsize <= CHUNK_BYTES
+        return self.xp is np and L >= 2 and big_enough
 
     def _overlap_now(self) -> bool:
         """Run those chunks' products beside the loop (``_run_overlapped``): with two cores, unless set."""
         return self.overlap if self.overlap is not None else _openblas.usable_cores() >= 2
 
-    def _run_overlapped(self, chunks, steps, x_product, wb_product):
+    def _run_overlapped(self, chunks, slots, steps, x_product, wb_product):
         """Each chunk's time loop on this thread while a second thread does the products of the chunks before.
 
-        ``steps`` runs here in chunk order (the recurrence).  ``wb_product`` runs on a worker in
-        chunk order too, so w_grad and b_grad are summed in the same order on every run.
+        ``steps(j, lo, hi)`` runs here in chunk order (the recurrence) and fills slot ``j % slots``
+        of the gate gradients, once chunk ``j - slots`` is done with it.  ``wb_product`` runs on a
+        worker in chunk order too, so w_grad and b_grad are summed in the same order on every run.
         ``x_product`` writes its own rows of x_grad and is done by whichever thread is free: the
-        worker while it waits for the next chunk, this thread once its loop is done.  BLAS runs
-        single-threaded meanwhile (``_openblas.single_threaded``): two threads, one per core.
-        Results equal the sequential schedule with the same chunks, bit for bit.
+        worker while it waits for the next chunk, this thread while it waits for a slot and once
+        its loop is done.  BLAS runs single-threaded meanwhile (``_openblas.single_threaded``): two
+        threads, one per core.  Results equal the sequential schedule with the same chunks, bit for bit.
         """
         import queue
         import threading
 
         wb_queue, x_queue = queue.SimpleQueue(), queue.SimpleQueue()
-        failures, abort = [], threading.Event()
+        failures, abort, lock = [], threading.Event(), threading.Lock()
+        pending = [2] * len(chunks)  # products still to do, per chunk
+        done = [threading.Event() for _ in chunks]
         errstate = np.geterr()  # numpy's error state is per thread: the worker takes the caller's
+
+        def finished(j):
+            with lock:
+                pending[j] -= 1
+                if not pending[j]:
+                    done[j].set()
 
         def one_x_product():
             try:
@@ -334,6 +349,7 @@ class XpGradient:
             except queue.Empty:
                 return False
             x_product(*item)
+            finished(item[0])
             return True
 
         def worker():
@@ -349,6 +365,7 @@ class XpGradient:
                     if item is None:
                         break
                     wb_product(*item)
+                    finished(item[0])
                 while not abort.is_set() and one_x_product():
                     pass
             except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
@@ -359,12 +376,15 @@ class XpGradient:
             thread = threading.Thread(target=worker, name="lstmgrad-products", daemon=True)
             thread.start()
             try:
-                for lo, hi in chunks:
+                for j, (lo, hi) in enumerate(chunks):
+                    while j >= slots and not done[j - slots].is_set() and not abort.is_set():
+                        if not one_x_product():  # the slot waits for the worker: help or wait
+                            done[j - slots].wait(0.01)
                     if abort.is_set():
                         break
-                    steps(lo, hi)
-                    x_queue.put((lo, hi))
-                    wb_queue.put((lo, hi))
+                    steps(j, lo, hi)
+                    x_queue.put((j, lo, hi))
+                    wb_queue.put((j, lo, hi))
                 wb_queue.put(None)
                 while not abort.is_set() and one_x_product():
                     pass
