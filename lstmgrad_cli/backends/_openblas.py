@@ -4,8 +4,8 @@ The numba backend calls the recurrent product from compiled code through the ver
 ``matmul`` uses (one thread pool, the same speed and rounding), and the host backends run BLAS
 single-threaded on two threads of their own while the chunk products overlap the time loop
 (``XpGradient._run_overlapped``).  Where numpy's OpenBLAS is not found (another BLAS, an unknown
-wheel layout), ``find()`` gives None: the numba loop stays in Python and ``single_threaded`` does
-nothing.
+wheel layout), ``find()`` gives None: the numba loop stays in Python, and ``single_threaded`` and
+``stop_spinning_workers`` do nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import ctypes
 import functools
 import glob
 import os
-import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -61,23 +60,29 @@ def find() -> Blas | None:
 def single_threaded():
     """Run BLAS calls on one thread each meanwhile (a no-op where numpy's OpenBLAS is not found).
 
-    OpenBLAS keeps one thread count for the whole process: it is set once and put back.  Its idle
-    workers spin for a while after each threaded call, taking a core from the caller's own
-    threads; when no other Python thread could be inside BLAS they are stopped (OpenBLAS starts
-    them again on demand).
+    OpenBLAS keeps one thread count for the whole process: it is set once and put back.
     """
     blas = find()
     if blas is None:
         yield
         return
     previous = blas.get_threads()
-    blas.set_threads(1)  # first: setting a count starts the workers again
-    if blas.stop_pool is not None and threading.active_count() == 1:
-        blas.stop_pool()
+    blas.set_threads(1)
     try:
         yield
     finally:
         blas.set_threads(previous)
+
+
+def stop_spinning_workers():
+    """End OpenBLAS's idle worker threads, which spin for ~0.1 s after each threaded call.
+
+    OpenBLAS starts them again on demand.  Only call this when no other thread can be inside BLAS,
+    and after setting the thread count (setting it starts them again).
+    """
+    blas = find()
+    if blas is not None and blas.stop_pool is not None:
+        blas.stop_pool()
 
 
 def usable_cores() -> int:

@@ -328,6 +328,7 @@ class XpGradient:
         its loop is done.  BLAS runs single-threaded meanwhile (``_openblas.single_threaded``): two
         threads, one per core.  Results equal the sequential schedule with the same chunks, bit for bit.
         """
+        import _thread
         import queue
         import threading
 
@@ -336,6 +337,7 @@ class XpGradient:
         pending = [2] * len(chunks)  # products still to do, per chunk
         done = [threading.Event() for _ in chunks]
         errstate = np.geterr()  # numpy's error state is per thread: the worker takes the caller's
+        worker_done = threading.Event()
 
         def finished(j):
             with lock:
@@ -371,10 +373,17 @@ class XpGradient:
             except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
                 failures.append(exc)
                 abort.set()
+            finally:
+                worker_done.set()
+
+        # With no other Python thread alive, nothing else can be inside BLAS: OpenBLAS's idle workers,
+        # which spin for ~0.1 s after a threaded call, can be stopped to free the core they take.
+        stop_spinning = threading.active_count() == 1
 
         with _openblas.single_threaded():
-            thread = threading.Thread(target=worker, name="lstmgrad-products", daemon=True)
-            thread.start()
+            if stop_spinning:
+                _openblas.stop_spinning_workers()  # before either thread calls BLAS
+            _thread.start_new_thread(worker, ())  # returns at once, unlike Thread.start()
             try:
                 for j, (lo, hi) in enumerate(chunks):
                     while j >= slots and not done[j - slots].is_set() and not abort.is_set():
@@ -393,7 +402,7 @@ class XpGradient:
                 raise
             finally:
                 wb_queue.put(None)
-                thread.join()
+                worker_done.wait()
         if failures:
             raise failures[0]
 
