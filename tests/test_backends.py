@@ -13,6 +13,7 @@ import subprocess
 import sys
 import types
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -49,9 +50,13 @@ def cpu_backends():
     if HAVE_NUMBA:
         from lstmgrad_cli.backends._numba import NumbaBackend
 
-        out += [("numba", NumbaBackend()), ("numba-parallel", NumbaBackend(parallel_min_elements=0)),
-                ("numba-python-loop", NumbaBackend(compiled_loop=False)),
-                ("numba-sequential", NumbaBackend(overlap=False)), ("numba-overlapped", NumbaBackend(overlap=True))]
+        # kernel_min_flops=0: the compiled kernels even on these small shapes
+        out += [("numba", NumbaBackend(kernel_min_flops=0)),
+                ("numba-parallel", NumbaBackend(parallel_min_elements=0, kernel_min_flops=0)),
+                ("numba-python-loop", NumbaBackend(compiled_loop=False, kernel_min_flops=0)),
+                ("numba-sequential", NumbaBackend(overlap=False, kernel_min_flops=0)),
+                ("numba-overlapped", NumbaBackend(overlap=True, kernel_min_flops=0)),
+                ("numba-small-problems", NumbaBackend())]
     out.append(("xp-restricted", _RestrictedXpBackend()))
     return out
 
@@ -339,7 +344,7 @@ def test_numba_compiled_time_loop_equals_numpy_bit_for_bit(dtype, peephole):
         reference = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw)
         for parallel_min in (0, 10**9):
             for compiled in (True, False):
-                backend = _numba.NumbaBackend(parallel_min, compiled_loop=compiled)
+                backend = _numba.NumbaBackend(parallel_min, compiled_loop=compiled, kernel_min_flops=0)
                 got = backend.block_lstm_grad(SeqTensors(**inputs), **kw)
                 for field, want, have in zip(reference._fields, reference, got, strict=True):
                     np.testing.assert_array_equal(have, want, err_msg=f"{field} B={B} C={C} {parallel_min} {compiled}")
@@ -361,10 +366,11 @@ def test_overlapped_schedule_equals_the_sequential_one_bit_for_bit(dtype, peepho
     _numba = _needs_compiled_loop()
     inputs = _random_inputs(np.random.default_rng(11), T, 6, 5, 12, np.dtype(dtype))
     kw = dict(seq_len_max=L, use_peephole=peephole, layout="ifco", compute_dtype=np.dtype(dtype))
-    overlapped = _numba.NumbaBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=chunk)
+    backend = _numba.NumbaBackend(overlap=True, kernel_min_flops=0)
+    overlapped = backend.block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=chunk)
     # The same chunks one after the other (a fifth of the steps each when not given).
     same_chunks = chunk or -(-L // 5)
-    sequential = _numba.NumbaBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw,
+    sequential = _numba.NumbaBackend(overlap=False, kernel_min_flops=0).block_lstm_grad(SeqTensors(**inputs), **kw,
                                                                     chunk_steps=same_chunks)
     reference = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=same_chunks)
     for field, want, have, seq in zip(reference._fields, reference, overlapped, sequential, strict=True):
@@ -436,7 +442,7 @@ def test_overlap_restores_blas_threads_and_hands_on_a_worker_failure(monkeypatch
     inputs = _random_inputs(np.random.default_rng(3), 20, 4, 3, 5, np.dtype("float32"))
     kw = dict(seq_len_max=20, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"), chunk_steps=4)
     threads = _numba._BLAS.get_threads()
-    backend = _numba.NumbaBackend(overlap=True)
+    backend = _numba.NumbaBackend(overlap=True, kernel_min_flops=0)
     backend.block_lstm_grad(SeqTensors(**inputs), **kw)
     assert _numba._BLAS.get_threads() == threads
 
@@ -474,10 +480,59 @@ def test_overlap_stops_the_worker_when_the_loop_fails(monkeypatch):
     monkeypatch.setattr(_numba.NumbaGradient, "_steps", interrupted_steps)
     running = _thread._count()
     with pytest.raises(KeyboardInterrupt):
-        _numba.NumbaBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **kw)
+        _numba.NumbaBackend(overlap=True, kernel_min_flops=0).block_lstm_grad(SeqTensors(**inputs), **kw)
     assert seen == [16, 12, 8]
     assert _numba._BLAS.get_threads() == threads
     assert _thread._count() == running  # the worker has ended
+
+
+@needs_numba
+def test_small_problems_on_numba_never_import_it():
+    # Importing numba and loading its kernels takes ~0.5 s; a small file must not pay for it.
+    code = """
+import sys, json, numpy as np
+sys.path.insert(0, sys.argv[1])
+from conftest import load_case
+import lstmgrad_cli as lg
+from lstmgrad_cli.backends import get_backend
+inputs, _, _ = load_case("seq_v2_peep")
+backend = get_backend("numba")
+got = lg.block_lstm_grad_v2(**inputs, backend=backend)
+want = lg.block_lstm_grad_v2(**inputs, backend="numpy")
+same = all(np.array_equal(a, b) for a, b in zip(got, want))
+print(json.dumps([sorted(m for m in ("numba", "llvmlite") if m in sys.modules), backend.version, same]))
+"""
+    proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parent)], capture_output=True,
+                          text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    loaded, version, same = json.loads(proc.stdout.strip().splitlines()[-1])
+    import importlib.metadata
+
+    assert loaded == [] and version == importlib.metadata.version("numba") and same
+
+
+@needs_numba
+def test_big_problems_load_the_kernels_and_then_every_size_uses_them():
+    from lstmgrad_cli.backends import _numba
+
+    inputs = _random_inputs(np.random.default_rng(2), 6, 4, 3, 5, np.dtype("float32"))
+    kw = dict(seq_len_max=6, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
+    small_flops = 16 * 6 * 4 * 5 * (3 + 5)
+    calls = []
+    gradient = _numba.NumbaGradient(kernel_min_flops=small_flops + 1)
+    real = _numba.NumbaGradient._steps
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_numba, "_KERNELS", "lstmgrad_test_kernels_not_loaded")  # as in a fresh process
+        mp.setattr(_numba.NumbaGradient, "_steps", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+        gradient.block_lstm_grad(SeqTensors(**inputs), **kw)
+        assert not calls  # under the threshold, kernels not loaded: the plain numpy code
+        _numba.NumbaGradient(kernel_min_flops=small_flops).block_lstm_grad(SeqTensors(**inputs), **kw)
+        assert calls
+        calls.clear()
+        mp.setitem(sys.modules, "lstmgrad_test_kernels_not_loaded", _numba._kernels())  # loaded now
+        gradient.block_lstm_grad(SeqTensors(**inputs), **kw)
+        assert calls  # loaded now: they cost nothing more
 
 
 def test_chunk_steps_default_bounds_memory():
