@@ -40,8 +40,10 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
 
     The backward pass is 16*T*B*C*(I+C) flops of matrix products; the GEMM limit is the time of
     those flops as two large products on this machine's BLAS, measured in the same run.  Engines
-    are timed round-robin so machine noise hits them alike.  For stable numbers on OpenBLAS, run
-    with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset.
+    are timed round-robin so machine noise hits them alike, each call 0.3 s after the one before
+    (thread pools stop spinning).  Engines run in another interpreter (--compare-python) are rated
+    against a GEMM limit timed in their own rounds.  For stable numbers on OpenBLAS, run with
+    OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset.
 
     \b
     lstmgrad bench
