@@ -436,11 +436,17 @@ def test_overlap_worker_keeps_the_callers_numpy_error_state():
     assert np.isnan(got.w_grad).any() and np.isnan(got.x_grad).any()
 
 
+def _five_chunks(seed):
+    """Inputs and arguments for a 20-step problem in five chunks of 4 steps."""
+    inputs = _random_inputs(np.random.default_rng(seed), 20, 4, 3, 5, np.dtype("float32"))
+    return inputs, dict(seq_len_max=20, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"),
+                        chunk_steps=4)
+
+
 @needs_numba
 def test_overlap_restores_blas_threads_and_hands_on_a_worker_failure(monkeypatch):
     _numba = _needs_compiled_loop()
-    inputs = _random_inputs(np.random.default_rng(3), 20, 4, 3, 5, np.dtype("float32"))
-    kw = dict(seq_len_max=20, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"), chunk_steps=4)
+    inputs, kw = _five_chunks(3)
     threads = _numba._BLAS.get_threads()
     backend = _numba.NumbaBackend(overlap=True, kernel_min_flops=0)
     backend.block_lstm_grad(SeqTensors(**inputs), **kw)
@@ -465,8 +471,7 @@ def test_overlap_restores_blas_threads_and_hands_on_a_worker_failure(monkeypatch
 @needs_numba
 def test_overlap_stops_the_worker_when_the_loop_fails(monkeypatch):
     _numba = _needs_compiled_loop()
-    inputs = _random_inputs(np.random.default_rng(4), 20, 4, 3, 5, np.dtype("float32"))
-    kw = dict(seq_len_max=20, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"), chunk_steps=4)
+    inputs, kw = _five_chunks(4)
     threads = _numba._BLAS.get_threads()
     real_steps = _numba.NumbaGradient._steps
     seen = []
