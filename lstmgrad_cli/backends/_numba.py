@@ -63,7 +63,7 @@ class NumbaGradient(XpGradient):
         self._empty = {}
 
     def block_lstm_grad(self, t, seq_len_max, *args, **kwargs):
-        T, B, I = t.x.shape  # noqa: E741
+        B, I = t.x.shape[1:]  # noqa: E741
         C = t.w.shape[1] // 4
         if 16 * seq_len_max * B * C * (I + C) < self.kernel_min_flops and _KERNELS not in sys.modules:
             return self._plain.block_lstm_grad(t, seq_len_max, *args, **kwargs)
