@@ -425,6 +425,70 @@ def test_overlap_reuses_gate_slots_and_stays_bit_for_bit(monkeypatch, budget_chu
         np.testing.assert_array_equal(have, want, err_msg=field)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_matmul_into_writes_or_adds_a_product_in_one_blas_call(dtype):
+    from lstmgrad_cli.backends import _openblas
+
+    if _openblas.find() is None:
+        pytest.skip("numpy's OpenBLAS is not reachable here")
+    rng = np.random.default_rng(21)
+    for n, m, k in [(40, 9, 12), (1, 5, 7), (700, 129, 300)]:
+        xh, g = rng.standard_normal((n, m)).astype(dtype), rng.standard_normal((n, k)).astype(dtype)
+        out = np.full((m, k), np.nan, dtype)
+        assert _openblas.matmul_into(xh.T, g, out, accumulate=False)  # a transposed view, as _wb_product passes
+        np.testing.assert_array_equal(out, np.matmul(xh.T, g))  # the very call numpy makes: the same bits
+        start = rng.standard_normal((m, k)).astype(dtype)
+        out[...] = start
+        assert _openblas.matmul_into(xh.T, g, out, accumulate=True)
+        want = start.astype(np.float64) + xh.T.astype(np.float64) @ g.astype(np.float64)
+        np.testing.assert_allclose(out, want, rtol=1e-4 if dtype == "float32" else 1e-12, atol=1e-4 * np.sqrt(n))
+        c_order = np.empty((m, k), dtype)
+        assert _openblas.matmul_into(np.ascontiguousarray(xh.T), g, c_order, accumulate=False)
+        np.testing.assert_array_equal(c_order, np.ascontiguousarray(xh.T) @ g)
+
+
+def test_matmul_into_declines_what_blas_cannot_take_as_it_is(monkeypatch):
+    from lstmgrad_cli.backends import _openblas
+
+    a, b = np.ones((4, 3), np.float32), np.ones((3, 5), np.float32)
+    out = np.zeros((4, 5), np.float32)
+    frozen = np.zeros((4, 5), np.float32)
+    frozen.flags.writeable = False
+    declined = [
+        (a.astype(np.float16), b.astype(np.float16), out.astype(np.float16)),  # no half-precision GEMM
+        (a, b.astype(np.float64), out),                                           # mixed dtypes
+        (np.ones((4, 6), np.float32)[:, ::2], b, out),                            # a strided operand
+        (a, b, np.zeros((5, 4), np.float32).T),                                   # out not C-contiguous
+        (a, b, frozen),                                                           # out read-only
+        (a, np.ones((2, 5), np.float32), out),                                    # inner sizes differ
+        (np.ones((4, 0), np.float32), np.ones((0, 5), np.float32), out),          # nothing to add up
+        (a.tolist(), b, out),                                                     # not arrays
+        (a, b, np.zeros((1, 4, 5), np.float32)),                                  # not 2-D
+    ]
+    for left, right, target in declined:
+        before = np.array(target, copy=True)
+        assert not _openblas.matmul_into(left, right, target, accumulate=True)
+        np.testing.assert_array_equal(target, before)
+    monkeypatch.setattr(_openblas, "find", lambda: None)  # another BLAS: numpy does it
+    assert not _openblas.matmul_into(a, b, out, accumulate=False)
+
+
+def test_w_grad_is_the_same_whether_blas_or_numpy_adds_the_chunks(monkeypatch):
+    from lstmgrad_cli.backends import _openblas
+
+    inputs = _random_inputs(np.random.default_rng(22), 30, 5, 6, 7, np.dtype("float64"))
+    kw = dict(seq_len_max=27, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float64"), chunk_steps=4)
+    calls = []
+    real = _openblas.matmul_into
+    monkeypatch.setattr(_openblas, "matmul_into", lambda *a, **k: calls.append(k["accumulate"]) or real(*a, **k))
+    in_blas = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw)
+    assert calls == [False] + [True] * 6  # 7 chunks: the first writes, the others add
+    monkeypatch.setattr(_openblas, "matmul_into", lambda *a, **k: False)
+    in_numpy = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw)
+    for field, have, want in zip(in_blas._fields, in_blas, in_numpy, strict=True):
+        np.testing.assert_allclose(have, want, rtol=1e-13, atol=1e-13, err_msg=field)
+
+
 def test_overlap_worker_keeps_the_callers_numpy_error_state():
     inputs, _, _ = load_case("seq_v2_peep")
     inputs["x"] = inputs["x"].copy()

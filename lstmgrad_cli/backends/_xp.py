@@ -423,7 +423,8 @@ class XpGradient:
         One product into ``wb_grad`` ([I+C+1, 4C]) over ``xh_buf`` ([K, B, I+C+1] in the compute
         dtype, its last column ones; filled here, which also casts other-dtype inputs): about 10%
         faster than separate x and h products plus a sum over the batch.  The ``first`` chunk (the
-        last steps) writes it in place.
+        last steps) writes it in place; later ones add into it in the same BLAS call where numpy's
+        OpenBLAS is reachable (``_openblas.matmul_into``: 113 vs 118 ms a call at 100,64,256,256).
         """
         xp = self.xp
         n, B, G4 = gates.shape
@@ -440,6 +441,8 @@ class XpGradient:
             if n > 1:
                 xh[1:, :, I:I + C] = t.h[0:hi - 1]
         xh = xh.reshape(n * B, I + C + 1)
+        if _openblas.matmul_into(xh.T, flat, wb_grad, accumulate=not first):
+            return  # one BLAS call adds the product in: no [I+C+1, 4C] temporary, no extra pass
         if first:  # still zero
             xp.matmul(xh.T, flat, out=wb_grad)
         else:
