@@ -489,6 +489,23 @@ def test_w_grad_is_the_same_whether_blas_or_numpy_adds_the_chunks(monkeypatch):
         np.testing.assert_allclose(have, want, rtol=1e-13, atol=1e-13, err_msg=field)
 
 
+def test_outputs_own_their_values_even_from_dirty_buffers(monkeypatch):
+    from lstmgrad_cli.backends import _xp
+
+    inputs = _random_inputs(np.random.default_rng(23), 9, 3, 4, 5, np.dtype("float32"))
+    kw = dict(seq_len_max=6, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
+    clean = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw)
+    real_empty = np.empty
+    monkeypatch.setattr(_xp.np, "empty", lambda *a, **k: np.full(real_empty(*a, **k).shape, np.nan,
+                                                                 k.get("dtype", a[1] if len(a) > 1 else None)))
+    dirty = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw)
+    for field, have, want in zip(clean._fields, dirty, clean, strict=True):
+        np.testing.assert_array_equal(have, want, err_msg=field)  # x_grad beyond seq_len_max is zero
+    assert not dirty.x_grad[6:].any()
+    dirty.wci_grad[0] = 1  # the three zero peephole gradients are three arrays
+    assert not dirty.wcf_grad.any() and not dirty.wco_grad.any()
+
+
 def test_overlap_worker_keeps_the_callers_numpy_error_state():
     inputs, _, _ = load_case("seq_v2_peep")
     inputs["x"] = inputs["x"].copy()

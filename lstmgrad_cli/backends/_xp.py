@@ -210,7 +210,11 @@ class XpGradient:
         acc = tuple(xp.zeros((B, C), dtype=cdt) for _ in range(3)) if use_peephole else None
         cs_prev, h_prev = cast(t.cs_prev), cast(t.h_prev)
 
-        x_grad = xp.zeros((T, B, I), dtype=out_dtype) if x_grad_out is None else x_grad_out
+        if x_grad_out is None:  # the chunk products write steps [0, L); no zero-filling pass under them
+            x_grad = xp.empty((T, B, I), dtype=out_dtype)
+            x_grad[L:] = 0
+        else:
+            x_grad = x_grad_out
         wb_grad = xp.zeros((I + C + 1, 4 * C), dtype=cdt)  # w_grad, then b_grad as the last row
         carried_cs = xp.zeros((B, C), dtype=cdt)
         new_cs = xp.empty((B, C), dtype=cdt)
@@ -278,10 +282,13 @@ class XpGradient:
                 x_product(j, lo, hi)
                 wb_product(j, lo, hi)
 
-        peep_grads = [a.sum(axis=0) for a in acc] if use_peephole else [xp.zeros(C, dtype=cdt)] * 3
+        peep_grads = [a.sum(axis=0) for a in acc] if use_peephole else [xp.zeros(C, dtype=cdt) for _ in range(3)]
+
+        def out(a):  # no copy when the compute dtype is the output dtype
+            return a.astype(out_dtype, copy=False)
+
         outs = BlockLSTMGradOutputs(
-            x_grad, carried_cs.astype(out_dtype), carried_h.astype(out_dtype), wb_grad[:I + C].astype(out_dtype),
-            *(g.astype(out_dtype) for g in peep_grads), wb_grad[I + C].astype(out_dtype),
+            x_grad, out(carried_cs), out(carried_h), out(wb_grad[:I + C]), *map(out, peep_grads), out(wb_grad[I + C]),
         )
         if return_dgates:
             return outs, dgates_all.astype(out_dtype)
