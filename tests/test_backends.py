@@ -489,6 +489,18 @@ def test_w_grad_is_the_same_whether_blas_or_numpy_adds_the_chunks(monkeypatch):
         np.testing.assert_allclose(have, want, rtol=1e-13, atol=1e-13, err_msg=field)
 
 
+@pytest.mark.parametrize("shape", [(512, 2048), (300, 7), (1, 130), (0, 4), (129, 129)])
+def test_contiguous_transpose_in_tiles_equals_the_transpose(shape):
+    from lstmgrad_cli.backends._xp import contiguous_transpose
+
+    a = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    for source in (a, a[:, ::-1]):  # contiguous or not
+        got = contiguous_transpose(np, source)
+        assert got.flags.c_contiguous and got.dtype == source.dtype
+        np.testing.assert_array_equal(got, source.T)
+    assert contiguous_transpose(np, a, tile=5).tobytes() == np.ascontiguousarray(a.T).tobytes()
+
+
 def test_outputs_own_their_values_even_from_dirty_buffers(monkeypatch):
     from lstmgrad_cli.backends import _xp
 

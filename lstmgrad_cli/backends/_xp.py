@@ -100,6 +100,23 @@ def default_chunk_steps(L: int, B: int, C: int, itemsize: int, I: int = 0, casti
     return -(-L // chunks)
 
 
+def contiguous_transpose(xp, a, tile: int = 128):
+    """``a.T`` as a C-contiguous copy; on the host in square tiles.
+
+    A plain strided copy reads columns whose elements lie a row apart, and when rows are a multiple
+    of 4 KiB long those all fall in the same cache sets: w_h of 200,128,512,512 ([512, 2048] float32)
+    took 11 ms that way and 2.5 ms in tiles, on the critical path before the first step.
+    """
+    if xp is not np:
+        return xp.ascontiguousarray(a.T)
+    rows, cols = a.shape
+    out = np.empty((cols, rows), dtype=a.dtype)
+    for i in range(0, rows, tile):
+        for j in range(0, cols, tile):
+            out[j:j + tile, i:i + tile] = a[i:i + tile, j:j + tile].T
+    return out
+
+
 class Step(NamedTuple):
     """What one time step's elementwise kernel reads: ``[B, C]`` arrays in the compute dtype."""
 
@@ -205,7 +222,7 @@ class XpGradient:
 
         w = cast(t.w)
         w_x_t = w[:I].T                                    # [4C, I]: BLAS reads the transpose in place
-        w_h_t = xp.ascontiguousarray(w[I:].T)              # [4C, C]: the per-step product, kept compact
+        w_h_t = contiguous_transpose(xp, w[I:])            # [4C, C]: the per-step product, kept compact
         peep = tuple(cast(p) for p in (t.wci, t.wcf, t.wco)) if use_peephole else None
         acc = tuple(xp.zeros((B, C), dtype=cdt) for _ in range(3)) if use_peephole else None
         cs_prev, h_prev = cast(t.cs_prev), cast(t.h_prev)
