@@ -505,15 +505,17 @@ def test_outputs_own_their_values_even_from_dirty_buffers(monkeypatch):
     from lstmgrad_cli.backends import _xp
 
     inputs = _random_inputs(np.random.default_rng(23), 9, 3, 4, 5, np.dtype("float32"))
-    kw = dict(seq_len_max=6, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
-    clean = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw)
+    kw = dict(use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
+    clean = {L: NumpyBackend().block_lstm_grad(SeqTensors(**inputs), seq_len_max=L, **kw) for L in (6, 0)}
     real_empty = np.empty
     monkeypatch.setattr(_xp.np, "empty", lambda *a, **k: np.full(real_empty(*a, **k).shape, np.nan,
                                                                  k.get("dtype", a[1] if len(a) > 1 else None)))
-    dirty = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw)
-    for field, have, want in zip(clean._fields, dirty, clean, strict=True):
-        np.testing.assert_array_equal(have, want, err_msg=field)  # x_grad beyond seq_len_max is zero
-    assert not dirty.x_grad[6:].any()
+    for L in (6, 0):
+        dirty = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), seq_len_max=L, **kw)
+        for field, have, want in zip(dirty._fields, dirty, clean[L], strict=True):
+            np.testing.assert_array_equal(have, want, err_msg=field)  # x_grad beyond seq_len_max is zero
+        assert not dirty.x_grad[L:].any()
+    assert not dirty.w_grad.any() and not dirty.b_grad.any()  # no steps: nothing to add up
     dirty.wci_grad[0] = 1  # the three zero peephole gradients are three arrays
     assert not dirty.wcf_grad.any() and not dirty.wco_grad.any()
 

@@ -232,7 +232,8 @@ class XpGradient:
             x_grad[L:] = 0
         else:
             x_grad = x_grad_out
-        wb_grad = xp.zeros((I + C + 1, 4 * C), dtype=cdt)  # w_grad, then b_grad as the last row
+        # w_grad, then b_grad as the last row; the first chunk's product writes it, so zeros only without steps
+        wb_grad = (xp.empty if L > 0 else xp.zeros)((I + C + 1, 4 * C), dtype=cdt)
         carried_cs = xp.zeros((B, C), dtype=cdt)
         new_cs = xp.empty((B, C), dtype=cdt)
         carried_h = xp.zeros((B, C), dtype=cdt)
