@@ -8,6 +8,7 @@ array code is exercised on the CPU through a numpy stand-in for the cupy module.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import json
 import subprocess
 import sys
@@ -368,14 +369,37 @@ def test_overlapped_schedule_equals_the_sequential_one_bit_for_bit(dtype, peepho
     kw = dict(seq_len_max=L, use_peephole=peephole, layout="ifco", compute_dtype=np.dtype(dtype))
     backend = _numba.NumbaBackend(overlap=True, kernel_min_flops=0)
     overlapped = backend.block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=chunk)
-    # The same chunks one after the other (a fifth of the steps each when not given).
-    same_chunks = chunk or -(-L // 5)
-    sequential = _numba.NumbaBackend(overlap=False, kernel_min_flops=0).block_lstm_grad(SeqTensors(**inputs), **kw,
-                                                                    chunk_steps=same_chunks)
-    reference = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=same_chunks)
+    with _one_core():  # the same chunks one after the other (a fifth of the steps each when not given)
+        sequential = backend.block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=chunk)
+        reference = NumpyBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=chunk)
     for field, want, have, seq in zip(reference._fields, reference, overlapped, sequential, strict=True):
         np.testing.assert_array_equal(have, seq, err_msg=field)
         np.testing.assert_array_equal(have, want, err_msg=field)
+
+
+@contextlib.contextmanager
+def _one_core():
+    """Backends made with ``overlap=True`` cut the overlapped schedule's chunks but run them one after
+    the other, as on a one-core machine."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(XpGradient, "_overlap_now", lambda self: False)
+        yield
+
+
+def test_chunk_bounds_cover_the_steps_once_last_first():
+    from lstmgrad_cli.backends._xp import chunk_bounds
+
+    assert chunk_bounds(10, 4) == [(6, 10), (2, 6), (0, 2)]
+    assert chunk_bounds(10, 4, short_first=True) == [(8, 10), (4, 8), (0, 4)]
+    assert chunk_bounds(100, 20, short_first=True) == [(90, 100)] + [(hi - 20, hi) for hi in (90, 70, 50, 30)] + [
+        (0, 10)]
+    assert chunk_bounds(3, 5, short_first=True) == [(0, 3)]  # one chunk: nothing to start sooner
+    assert chunk_bounds(0, 1) == [] and chunk_bounds(1, 1, short_first=True) == [(0, 1)]
+    for L, K in [(29, 6), (7, 1), (50, 10), (41, 7)]:
+        for short in (False, True):
+            bounds = chunk_bounds(L, K, short)
+            steps = [t for lo, hi in bounds for t in range(hi - 1, lo - 1, -1)]
+            assert steps == list(range(L - 1, -1, -1)) and all(0 < hi - lo <= K for lo, hi in bounds)
 
 
 def test_chunks_depend_on_the_shape_and_the_schedule_on_the_machine(monkeypatch):
@@ -399,8 +423,9 @@ def test_chunks_depend_on_the_shape_and_the_schedule_on_the_machine(monkeypatch)
 def test_numpy_overlapped_equals_sequential_bit_for_bit(peephole):
     inputs = _random_inputs(np.random.default_rng(12), 31, 5, 4, 7, np.dtype("float32"))
     kw = dict(seq_len_max=29, use_peephole=peephole, layout="icfo", compute_dtype=np.dtype("float32"))
-    overlapped = NumpyBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **kw)  # five chunks of 6
-    sequential = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=6)
+    overlapped = NumpyBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **kw)  # 3 steps, then chunks of 6
+    with _one_core():
+        sequential = NumpyBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **kw)
     one_chunk = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw)
     for field, have, want, single in zip(overlapped._fields, overlapped, sequential, one_chunk, strict=True):
         np.testing.assert_array_equal(have, want, err_msg=field)

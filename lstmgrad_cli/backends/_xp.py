@@ -21,9 +21,10 @@ Structure (tf-semantics.md 3.3, reorganised for speed, same maths):
 * Inputs whose dtype differs from the compute dtype (float16 files computed in float32) are cast
   one chunk at a time into preallocated buffers; the chunk length bounds the memory.
 * On host arrays, problems of 2e8 flops or more are cut into five chunks (smaller when three do
-  not fit the budget), and a chunk's products run on a second thread while this one does the next
-  chunk's time loop (``_run_overlapped``): the loop alone keeps one core busy, not two.  The chunks
-  depend on the shape only, and the schedule never changes a bit of the result.
+  not fit the budget; the first one half as long), and a chunk's products run on a second thread
+  while this one does the next chunk's time loop (``_run_overlapped``): the loop alone keeps one
+  core busy, not two.  The chunks depend on the shape only, and the schedule never changes a bit
+  of the result.
 """
 
 from __future__ import annotations
@@ -115,6 +116,18 @@ def contiguous_transpose(xp, a, tile: int = 128):
         for j in range(0, cols, tile):
             out[j:j + tile, i:i + tile] = a[i:i + tile, j:j + tile].T
     return out
+
+
+def chunk_bounds(L: int, K: int, short_first: bool = False) -> list[tuple[int, int]]:  # noqa: E741
+    """``(lo, hi)`` of each chunk of at most K steps, last steps first, covering ``[0, L)``.
+
+    With ``short_first`` the first chunk is half as long: in the overlapped schedule the second
+    thread idles until the first chunk's gate gradients exist (100,64,256,256: 110 vs 116 ms a
+    call, 15 of 21 alternating pairs; 50,32,128,128: 10.1 vs 10.4 ms, 28 of 41).
+    """
+    first = -(-K // 2) if short_first and L > K else K
+    bounds = [(max(0, L - first), L)] if L > 0 else []
+    return bounds + [(max(0, hi - K), hi) for hi in range(L - first, 0, -K)]
 
 
 class Step(NamedTuple):
@@ -249,8 +262,9 @@ class XpGradient:
             K = max(1, min(chunk_steps or min(-(-L // OVERLAP_CHUNKS), k_fit), L))
         else:
             K = max(1, min(chunk_steps or default_chunk_steps(L, B, C, cdt.itemsize, I, casting), max(L, 1)))
+        chunks = chunk_bounds(L, K, short_first=overlap_chunks and not chunk_steps)
         # Overlapped, the chunks' gate gradients live in a ring of slots until their products are done.
-        slots = max(1, min(-(-L // K), CHUNK_BYTES // max(K * gates_step, 1))) if overlap else 1
+        slots = max(1, min(len(chunks), CHUNK_BYTES // max(K * gates_step, 1))) if overlap else 1
         if return_dgates:
             dgates_all = xp.empty((L, B, 4 * C), dtype=cdt)
         else:
@@ -291,7 +305,6 @@ class XpGradient:
         def wb_product(j, lo, hi):
             self._wb_product(t, lo, hi, gates_of(j, lo, hi), wb_grad, h_prev, xh_buf, hi == L)
 
-        chunks = [(max(0, hi - K), hi) for hi in range(L, 0, -K)]  # last steps first
         if overlap:
             self._run_overlapped(chunks, slots, steps, x_product, wb_product)
         else:
