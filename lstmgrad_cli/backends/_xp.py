@@ -481,7 +481,7 @@ class XpGradient:
         xh = xh.reshape(n * B, I + C + 1)
         if _openblas.matmul_into(xh.T, flat, wb_grad, accumulate=not first):
             return  # one BLAS call adds the product in: no [I+C+1, 4C] temporary, no extra pass
-        if first:  # still zero
+        if first:  # not written yet
             xp.matmul(xh.T, flat, out=wb_grad)
         else:
             wb_grad += xh.T @ flat
