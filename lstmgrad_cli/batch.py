@@ -97,6 +97,37 @@ def _outcome(future: cf.Future, task: Task, options: GradOptions) -> GradResult:
                           error=f"{task.input}: the worker process failed ({type(err).__name__}: {reason})")
 
 
+def _submit(executor: cf.Executor, task: Task, options: GradOptions, threads: int | None) -> cf.Future:
+    """``executor.submit(run_task, ...)``, or a future holding the error when handing out fails.
+
+    A worker killed while tasks are still being handed out breaks the pool: later submits raise
+    BrokenProcessPool, and one that is starting a worker at that moment can raise whatever starting it
+    does (ValueError from a pipe the pool just closed).  Either is that file's failure (``_outcome``).
+    """
+    try:
+        return executor.submit(run_task, task, options, threads)
+    except Exception as err:  # noqa: BLE001 - BrokenProcessPool, RuntimeError after shutdown, a failed spawn
+        failed: cf.Future = cf.Future()
+        failed.set_exception(err)
+        return failed
+
+
+def _start_all_workers(pool: cf.ProcessPoolExecutor) -> None:
+    """Start every worker process now, before the first task.
+
+    With the spawn method the pool starts workers inside ``submit``, one per task handed out, while its
+    manager thread watches them.  If a worker dies meanwhile (killed), the manager tears the pool down
+    while ``submit`` adds a worker to it (CPython 3.11): the manager crashed on the changed worker
+    table, a worker it never stopped was waited for forever, or starting one failed on a pipe it had
+    just closed.  Started up front, the workers are all known before the manager runs.  This uses
+    the pool's own start-up method (``_launch_processes``, which it calls itself for the fork
+    method); where a Python lacks it, workers start on demand as before.
+    """
+    launch = getattr(pool, "_launch_processes", None)
+    if launch is not None:
+        launch()
+
+
 def _blas_limits(threads: int | None):
     if not threads:
         return contextlib.nullcontext()
@@ -146,6 +177,7 @@ def make_executor(workers: int = 1, dask_address: str | None = None) -> Iterator
         with _thread_env(threads):
             pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
             with pool:
+                _start_all_workers(pool)
                 yield pool, threads
         return
     yield None, None  # serial: tasks run in this process, one after another
@@ -189,7 +221,7 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
                 if results[index].status == "failed" and not keep_going:
                     break
             return results
-        futures = {executor.submit(run_task, tasks[index], options, threads): index for index in pending}
+        futures = {_submit(executor, tasks[index], options, threads): index for index in pending}
         try:
             for future in cf.as_completed(futures):
                 index = futures[future]

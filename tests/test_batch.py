@@ -238,6 +238,73 @@ def test_a_killed_worker_is_a_failed_file_not_a_crash(tmp_path):
     assert len(list(out.glob("*.grads.h5"))) == len(inputs)
 
 
+def test_killed_as_the_pool_starts_never_hangs_nor_prints_a_traceback(tmp_path):
+    # Killing a worker while the pool was still starting others used to race the pool's own teardown
+    # (CPython 3.11): a hang, or a traceback from its manager thread, in ~1 run of 5 here.
+    _long_inputs(tmp_path / "in", 4)
+    for attempt in range(4):
+        out = tmp_path / f"out{attempt}"
+        out.mkdir()
+        cmd = [sys.executable, "-m", "lstmgrad_cli", "seq", str(tmp_path / "in"), "--out-dir", str(out),
+               "--workers", "2", "--keep-going", "--json"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        children: list[int] = []
+        while not children and time.monotonic() < deadline:
+            time.sleep(0.002)
+            children = _worker_pids(proc.pid)
+        assert children, "no worker process appeared"
+        os.kill(children[0], signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 1 and "Traceback" not in stderr, stderr
+        assert all(r["status"] == "failed" and "worker process failed" in r["error"]
+                   for r in json.loads(stdout)["results"] if r["status"] != "ok")
+
+
+def test_a_task_that_cannot_be_handed_out_is_that_files_failure(tmp_path, monkeypatch):
+    import concurrent.futures as cf
+    import contextlib
+    from concurrent.futures.process import BrokenProcessPool
+
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.jobs import GradOptions
+
+    inputs = make_inputs(tmp_path / "in")[:3]
+    tasks = batch.plan_tasks(inputs, None, tmp_path)
+
+    class BreaksOnSecond(cf.ThreadPoolExecutor):
+        handed = 0
+
+        def submit(self, fn, *args, **kwargs):
+            self.handed += 1
+            if self.handed == 2:
+                raise BrokenProcessPool("a worker died while tasks were handed out")
+            return super().submit(fn, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def executor(workers=1, dask_address=None):
+        with BreaksOnSecond(2) as pool:
+            yield pool, 1
+
+    monkeypatch.setattr(batch, "make_executor", executor)
+    results = batch.run_batch(tasks, GradOptions("seq"), workers=2, keep_going=True)
+    assert [r.status for r in results] == ["ok", "failed", "ok"]
+    assert "the worker process failed (BrokenProcessPool: a worker died" in results[1].error
+    assert Path(results[0].output).exists() and not tasks[1].output.exists()
+
+
+def test_every_worker_starts_before_the_first_task():
+    import multiprocessing
+
+    from lstmgrad_cli.batch import make_executor
+
+    before = set(multiprocessing.active_children())
+    with make_executor(workers=2) as (pool, threads):
+        started = set(multiprocessing.active_children()) - before
+        assert len(started) == 2 and threads >= 1  # nothing submitted yet
+        assert pool.submit(sum, [1, 2]).result(timeout=60) == 3
+
+
 def _worker_pids(parent: int) -> list[int]:
     """Worker processes of a process pool: children of ``parent`` that run the multiprocessing spawn main."""
     pids = []
