@@ -212,7 +212,8 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
         pending.append(index)
     if not pending:
         return results
-    with make_executor(workers, dask_address) as (executor, threads):
+    # No more worker processes than files: all of them start before the first task (_start_all_workers).
+    with make_executor(min(workers, len(pending)), dask_address) as (executor, threads):
         if executor is None:
             for index in pending:
                 if stop():

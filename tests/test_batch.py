@@ -305,6 +305,19 @@ def test_every_worker_starts_before_the_first_task():
         assert pool.submit(sum, [1, 2]).result(timeout=60) == 3
 
 
+def test_no_more_worker_processes_than_files(tmp_path, monkeypatch):
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.jobs import GradOptions
+
+    tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:2], None, tmp_path)
+    asked = []
+    real = batch.make_executor
+    monkeypatch.setattr(batch, "make_executor", lambda workers=1, dask_address=None: asked.append(workers) or real(
+        workers, dask_address))
+    results = batch.run_batch(tasks, GradOptions("seq"), workers=4)
+    assert asked == [2] and [r.status for r in results] == ["ok", "ok"]
+
+
 def _worker_pids(parent: int) -> list[int]:
     """Worker processes of a process pool: children of ``parent`` that run the multiprocessing spawn main."""
     pids = []
