@@ -211,19 +211,25 @@ def test_progress_bar_on_a_terminal_only_for_humans(tmp_path):
     assert code == 0 and b"6/6" in seen and b"files" in seen
 
 
+def _kill_the_first_worker(cmd: list[str], poll: float) -> subprocess.Popen:
+    """Start ``cmd`` (a batch with --workers) and SIGKILL its first worker process as soon as it appears."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    children: list[int] = []
+    while not children and time.monotonic() < deadline:
+        time.sleep(poll)
+        children = _worker_pids(proc.pid)
+    assert children, "no worker process appeared"
+    os.kill(children[0], signal.SIGKILL)
+    return proc
+
+
 def test_a_killed_worker_is_a_failed_file_not_a_crash(tmp_path):
     inputs = _long_inputs(tmp_path / "in", 6)
     out = tmp_path / "out"
     out.mkdir()
     cmd = [sys.executable, "-m", "lstmgrad_cli", "seq", str(tmp_path / "in"), "--out-dir", str(out), "--workers", "2"]
-    proc = subprocess.Popen(cmd + ["--keep-going", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    children: list[int] = []
-    while not children and time.monotonic() < deadline:
-        time.sleep(0.05)
-        children = _worker_pids(proc.pid)
-    assert children, "no worker process appeared"
-    os.kill(children[0], signal.SIGKILL)
+    proc = _kill_the_first_worker(cmd + ["--keep-going", "--json"], poll=0.05)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 1, stderr
     assert "Traceback" not in stderr
@@ -247,14 +253,7 @@ def test_killed_as_the_pool_starts_never_hangs_nor_prints_a_traceback(tmp_path):
         out.mkdir()
         cmd = [sys.executable, "-m", "lstmgrad_cli", "seq", str(tmp_path / "in"), "--out-dir", str(out),
                "--workers", "2", "--keep-going", "--json"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60
-        children: list[int] = []
-        while not children and time.monotonic() < deadline:
-            time.sleep(0.002)
-            children = _worker_pids(proc.pid)
-        assert children, "no worker process appeared"
-        os.kill(children[0], signal.SIGKILL)
+        proc = _kill_the_first_worker(cmd, poll=0.002)
         stdout, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 1 and "Traceback" not in stderr, stderr
         assert all(r["status"] == "failed" and "worker process failed" in r["error"]
