@@ -229,6 +229,18 @@ def test_backends_command_table(runner):
     assert "numpy" in result.stdout and "cupy" in result.stdout
 
 
+def test_backends_table_keeps_the_extras_of_install_hints(runner, monkeypatch):
+    # rich reads "[cuda]" as markup and dropped it: the hint said pip install 'lstmgrad' (CUDA 13).
+    from lstmgrad_cli.cli import main
+
+    if reg.status("cupy", probe_device=False).available:
+        pytest.skip("cupy is installed here, so there is no install hint to show")
+    monkeypatch.setenv("COLUMNS", "200")
+    result = runner.invoke(main, ["backends"], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert "pip install 'lstmgrad[cuda]' (CUDA 13) or 'lstmgrad[cuda12]'" in result.stdout
+
+
 IMPORT_CHECK = """
 import sys
 from lstmgrad_cli.cli import main

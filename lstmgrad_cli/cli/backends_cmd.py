@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from .. import backends as registry
@@ -34,5 +35,5 @@ def backends_command(as_json: bool) -> None:
         mark = "[green]yes[/]" if r.available else "[red]no[/]"
         tags = [t for t, on in (("default", r.name == default), ("auto", r.name == auto)) if on]
         name = f"{r.name} ({', '.join(tags)})" if tags else r.name
-        table.add_row(name, mark, r.version or "-", r.source, r.reason)
+        table.add_row(name, mark, r.version or "-", r.source, escape(r.reason))  # hints hold [extras]
     stdout_console().print(table)
