@@ -117,16 +117,22 @@ def machine_info() -> dict:
         blas = f"{info.get('name')} {info.get('version')}".strip()
     except Exception:  # noqa: BLE001 - informational only
         pass
+    from .backends import _blas
+
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-            "blas": blas, "platform": platform.platform(),
+            "blas": blas, "backends_blas": _blas.describe(), "platform": platform.platform(),
             "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
-                                                   "OMP_NUM_THREADS", "NUMBA_NUM_THREADS")
+                                                   "OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "LSTMGRAD_BLAS",
+                                                   "MKL_NUM_THREADS", "MKL_THREADING_LAYER")
                     if os.environ.get(k) is not None}}
 
 
 # -- engines: each is a zero-argument callable timed round-robin ---------------------------------
 
-def _gemm_limit_call(shape, dtype):
+def _gemm_limit_call(shape, dtype, matmul=None):
+    """The two large products of the GEMM limit, on ``matmul(a, b, out)`` (default ``np.matmul``; ``run``
+    passes the BLAS the CPU backends use, MKL when installed)."""
+    matmul = matmul or (lambda a, b, out: np.matmul(a, b, out=out))
     T, B, I, C = shape  # noqa: E741
     cdt = np.float64 if np.dtype(dtype) == np.float64 else np.float32
     rng = np.random.default_rng(1)
@@ -136,8 +142,8 @@ def _gemm_limit_call(shape, dtype):
     out1, out2 = np.empty((T * B, I + C), cdt), np.empty((I + C, 4 * C), cdt)
 
     def call():
-        np.matmul(dg, w.T, out=out1)
-        np.matmul(xh.T, dg, out=out2)
+        matmul(dg, w.T, out1)
+        matmul(xh.T, dg, out2)
 
     return call
 
@@ -242,6 +248,7 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
     ``progress`` (optional) is called with short status strings.
     """
     from . import backends as registry
+    from .backends import _blas
 
     if dtype not in DTYPES:
         from .errors import InvalidArgumentError
@@ -267,7 +274,7 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
         shape = tuple(int(d) for d in shape)
         say = (lambda msg, s=shape: progress(f"{s}: {msg}")) if progress else None
         inputs = make_inputs(shape, dtype)
-        calls, versions, notes = {"gemm-limit": _gemm_limit_call(shape, dtype)}, {"gemm-limit": None}, {}
+        calls, versions, notes = {"gemm-limit": _gemm_limit_call(shape, dtype, _blas.matmul)}, {"gemm-limit": None}, {}
         for backend in loaded:
             calls[backend.name] = _backend_call(backend, inputs, use_peephole)
             versions[backend.name] = backend.version

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
+
+# The suite runs on numpy's OpenBLAS, the BLAS of a default install (set LSTMGRAD_BLAS=mkl to run it all on
+# MKL); tests/test_blas.py runs the MKL path in subprocesses.
+os.environ.setdefault("LSTMGRAD_BLAS", "openblas")
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import lstmgrad_cli as lg
 from lstmgrad_cli import backends as reg
+from lstmgrad_cli.backends import _blas
 from lstmgrad_cli.backends._numpy import NumpyBackend
 from lstmgrad_cli.backends._xp import SeqTensors, XpGradient, default_chunk_steps
 from lstmgrad_cli.errors import BackendUnavailableError, UnknownBackendError
@@ -415,7 +416,7 @@ def test_chunk_bounds_cover_the_steps_once_last_first():
 
 
 def test_chunks_depend_on_the_shape_and_the_schedule_on_the_machine(monkeypatch):
-    from lstmgrad_cli.backends import _openblas
+
 
     f32 = np.dtype("float32")
     auto = XpGradient(np)
@@ -425,9 +426,9 @@ def test_chunks_depend_on_the_shape_and_the_schedule_on_the_machine(monkeypatch)
     assert not auto._overlap_chunks(20, 16, 64, 64, f32)         # 42 MFLOP: a thread costs more than it saves
     assert XpGradient(np, overlap=True)._overlap_chunks(20, 16, 64, 64, f32)
     assert not XpGradient(types.SimpleNamespace())._overlap_chunks(50, 32, 128, 128, f32)  # not host arrays
-    monkeypatch.setattr(_openblas, "usable_cores", lambda: 2)
+    monkeypatch.setattr(_blas, "usable_cores", lambda: 2)
     assert auto._overlap_now() and not XpGradient(np, overlap=False)._overlap_now()
-    monkeypatch.setattr(_openblas, "usable_cores", lambda: 1)
+    monkeypatch.setattr(_blas, "usable_cores", lambda: 1)
     assert not auto._overlap_now() and XpGradient(np, overlap=True)._overlap_now()
 
 
@@ -462,30 +463,42 @@ def test_overlap_reuses_gate_slots_and_stays_bit_for_bit(monkeypatch, budget_chu
         np.testing.assert_array_equal(have, want, err_msg=field)
 
 
+@pytest.mark.parametrize("library", ["openblas", "mkl"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_matmul_into_writes_or_adds_a_product_in_one_blas_call(dtype):
-    from lstmgrad_cli.backends import _openblas
+def test_matmul_into_writes_or_adds_a_product_in_one_blas_call(dtype, library, monkeypatch):
 
-    if _openblas.find() is None:
-        pytest.skip("numpy's OpenBLAS is not reachable here")
+
+    blas = _blas.numpy_openblas() if library == "openblas" else _blas.mkl()
+    if blas is None:
+        pytest.skip(f"{library} is not reachable here")
+    monkeypatch.setattr(_blas, "find", lambda: blas)
     rng = np.random.default_rng(21)
+    rtol = 1e-4 if dtype == "float32" else 1e-12
+
+    def same_product(have, a, b):
+        if library == "openblas":  # the very call numpy makes: the same bits
+            np.testing.assert_array_equal(have, np.matmul(a, b))
+        else:
+            np.testing.assert_allclose(have, a.astype(np.float64) @ b.astype(np.float64), rtol=rtol,
+                                       atol=1e-4 * np.sqrt(a.shape[1]))
+
     for n, m, k in [(40, 9, 12), (1, 5, 7), (700, 129, 300)]:
         xh, g = rng.standard_normal((n, m)).astype(dtype), rng.standard_normal((n, k)).astype(dtype)
         out = np.full((m, k), np.nan, dtype)
-        assert _openblas.matmul_into(xh.T, g, out, accumulate=False)  # a transposed view, as _wb_product passes
-        np.testing.assert_array_equal(out, np.matmul(xh.T, g))  # the very call numpy makes: the same bits
+        assert _blas.matmul_into(xh.T, g, out, accumulate=False)  # a transposed view, as _wb_product passes
+        same_product(out, xh.T, g)
         start = rng.standard_normal((m, k)).astype(dtype)
         out[...] = start
-        assert _openblas.matmul_into(xh.T, g, out, accumulate=True)
+        assert _blas.matmul_into(xh.T, g, out, accumulate=True)
         want = start.astype(np.float64) + xh.T.astype(np.float64) @ g.astype(np.float64)
-        np.testing.assert_allclose(out, want, rtol=1e-4 if dtype == "float32" else 1e-12, atol=1e-4 * np.sqrt(n))
+        np.testing.assert_allclose(out, want, rtol=rtol, atol=1e-4 * np.sqrt(n))
         c_order = np.empty((m, k), dtype)
-        assert _openblas.matmul_into(np.ascontiguousarray(xh.T), g, c_order, accumulate=False)
-        np.testing.assert_array_equal(c_order, np.ascontiguousarray(xh.T) @ g)
+        assert _blas.matmul_into(np.ascontiguousarray(xh.T), g, c_order, accumulate=False)
+        same_product(c_order, np.ascontiguousarray(xh.T), g)
 
 
 def test_matmul_into_declines_what_blas_cannot_take_as_it_is(monkeypatch):
-    from lstmgrad_cli.backends import _openblas
+
 
     a, b = np.ones((4, 3), np.float32), np.ones((3, 5), np.float32)
     out = np.zeros((4, 5), np.float32)
@@ -504,23 +517,29 @@ def test_matmul_into_declines_what_blas_cannot_take_as_it_is(monkeypatch):
     ]
     for left, right, target in declined:
         before = np.array(target, copy=True)
-        assert not _openblas.matmul_into(left, right, target, accumulate=True)
+        assert not _blas.matmul_into(left, right, target, accumulate=True)
         np.testing.assert_array_equal(target, before)
-    monkeypatch.setattr(_openblas, "find", lambda: None)  # another BLAS: numpy does it
-    assert not _openblas.matmul_into(a, b, out, accumulate=False)
+    monkeypatch.setattr(_blas, "find", lambda: None)  # another BLAS: numpy does it
+    assert not _blas.matmul_into(a, b, out, accumulate=False)
 
 
 def test_w_grad_is_the_same_whether_blas_or_numpy_adds_the_chunks(monkeypatch):
-    from lstmgrad_cli.backends import _openblas
+
 
     inputs = _random_inputs(np.random.default_rng(22), 30, 5, 6, 7, np.dtype("float64"))
     kw = dict(seq_len_max=27, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float64"), chunk_steps=4)
-    calls = []
-    real = _openblas.matmul_into
-    monkeypatch.setattr(_openblas, "matmul_into", lambda *a, **k: calls.append(k["accumulate"]) or real(*a, **k))
+    calls = []  # accumulate flags of the products into [w_grad; b_grad] ([I+C+1, 4C])
+    real = _blas.matmul_into
+
+    def spy(a, b, out, accumulate):
+        if out.shape == (6 + 7 + 1, 4 * 7):
+            calls.append(accumulate)
+        return real(a, b, out, accumulate=accumulate)
+
+    monkeypatch.setattr(_blas, "matmul_into", spy)
     in_blas = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw)
     assert calls == [False] + [True] * 6  # 7 chunks: the first writes, the others add
-    monkeypatch.setattr(_openblas, "matmul_into", lambda *a, **k: False)
+    monkeypatch.setattr(_blas, "matmul_into", lambda *a, **k: False)
     in_numpy = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw)
     for field, have, want in zip(in_blas._fields, in_blas, in_numpy, strict=True):
         np.testing.assert_allclose(have, want, rtol=1e-13, atol=1e-13, err_msg=field)
@@ -646,7 +665,7 @@ print(json.dumps([sorted(m for m in ("numba", "llvmlite") if m in sys.modules), 
     loaded, version, same = json.loads(proc.stdout.strip().splitlines()[-1])
     import importlib.metadata
 
-    assert loaded == [] and version == importlib.metadata.version("numba") and same
+    assert loaded == [] and version == importlib.metadata.version("numba") + _blas.version_note() and same
 
 
 @needs_numba

@@ -3,12 +3,12 @@
 The generic step makes 24 numpy passes over ``[B, C]`` arrays; here one compiled loop reads each
 activation once and writes the four gate gradients and the carried cell gradient, in parallel
 over the batch when the step is large enough to pay for the threads.  A chunk's whole time loop
-runs compiled: after each step the recurrent product calls ``cblas_?gemm`` of the OpenBLAS inside
-numpy's wheel, the library ``np.matmul`` uses (no per-step Python, ~15 us of argument dispatch
-saved per step); where that library is not found the loop stays in Python with ``np.matmul``.  The
-chunk products stay in the shared code.  Every operation keeps TensorFlow's bracketing and rounds
-in the compute dtype (no fast-math, so no contraction into fused multiply-adds): float32 results
-equal the numpy backend's bit for bit.
+runs compiled: after each step the recurrent product calls ``cblas_?gemm`` of the library every
+host product goes through (``_blas.find()``: MKL when installed, else the OpenBLAS inside numpy's
+wheel; no per-step Python, ~15 us of argument dispatch saved per step); where no library is found
+the loop stays in Python with ``np.matmul``.  The chunk products stay in the shared code.  Every
+operation keeps TensorFlow's bracketing and rounds in the compute dtype (no fast-math, so no
+contraction into fused multiply-adds): float32 results equal the numpy backend's bit for bit.
 
 The kernels live in ``_numba_kernels``, compiled on first use with ``cache=True`` so later
 processes load them from numba's cache (``NUMBA_CACHE_DIR`` to move it).  Importing numba and
@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from . import _openblas
+from . import _blas
 from ._numpy import NumpyBackend
 from ._xp import XpGradient
 
@@ -35,7 +35,7 @@ PARALLEL_MIN_ELEMENTS = 8 * 1024
 KERNEL_MIN_FLOPS = 2 * 10**8
 
 _KERNELS = __name__ + "_kernels"
-_BLAS = _openblas.find()
+_BLAS = _blas.find()
 
 
 def _kernels():
@@ -132,8 +132,8 @@ class NumbaBackend(NumpyBackend):
         from importlib.metadata import PackageNotFoundError, version
 
         try:
-            return version("numba")  # without importing it
+            return version("numba") + _blas.version_note()  # without importing it
         except PackageNotFoundError:
             import numba
 
-            return numba.__version__
+            return numba.__version__ + _blas.version_note()

@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _openblas
+from . import _blas
 
 # Gate block offsets, in units of C, for the two layouts (tf-semantics.md 1.1).
 LAYOUTS = {
@@ -334,16 +334,22 @@ class XpGradient:
         the cell gradient carried out of the chunk.  ``one_core``: the other core is busy with the
         products (``_run_overlapped``), so a subclass's kernels should not spread out.
         """
-        xp = self.xp
         for k in range(gates.shape[0] - 1, -1, -1):
             step_in = Step(*(acts[name][k] for name in STEP_NAMES),
                            cs_ext[k + first - 1] if lo + k > 0 else cs_prev, cs_ext[k + first])
             self.step(step_in, carried_h, carried_cs, gates[k], new_cs, peep, acc, offsets, ws)
             carried_cs, new_cs = new_cs, carried_cs
-            xp.matmul(gates[k], w_h_t, out=carried_h)
+            self._matmul(gates[k], w_h_t, carried_h)
             if observe is not None:
                 observe(lo + k, carried_h, carried_cs)
         return carried_cs, new_cs
+
+    def _matmul(self, a, b, out):
+        """``out = a @ b``; on the host through the one BLAS of every product (``_blas.matmul``)."""
+        if self.xp is np:
+            _blas.matmul(a, b, out)
+        else:
+            self.xp.matmul(a, b, out=out)
 
     def _overlap_chunks(self, L, B, I, C, cdt) -> bool:  # noqa: E741
         """Chunks for the overlapped schedule: host arrays, and big enough to pay for a second
@@ -353,7 +359,7 @@ class XpGradient:
 
     def _overlap_now(self) -> bool:
         """Run those chunks' products beside the loop (``_run_overlapped``): with two cores, unless set."""
-        return self.overlap if self.overlap is not None else _openblas.usable_cores() >= 2
+        return self.overlap if self.overlap is not None else _blas.usable_cores() >= 2
 
     def _run_overlapped(self, chunks, slots, steps, x_product, wb_product):
         """Each chunk's time loop on this thread while a second thread does the products of the chunks before.
@@ -363,7 +369,7 @@ class XpGradient:
         worker in chunk order too, so w_grad and b_grad are summed in the same order on every run.
         ``x_product`` writes its own rows of x_grad and is done by whichever thread is free: the
         worker while it waits for the next chunk, this thread while it waits for a slot and once
-        its loop is done.  BLAS runs single-threaded meanwhile (``_openblas.single_threaded``): two
+        its loop is done.  BLAS runs single-threaded meanwhile (``_blas.single_threaded``): two
         threads, one per core.  Results equal the sequential schedule with the same chunks, bit for bit.
         """
         import _thread
@@ -418,9 +424,9 @@ class XpGradient:
         # which spin for ~0.1 s after a threaded call, can be stopped to free the core they take.
         stop_spinning = threading.active_count() == 1
 
-        with _openblas.single_threaded():
+        with _blas.single_threaded():
             if stop_spinning:
-                _openblas.stop_spinning_workers()  # before either thread calls BLAS
+                _blas.stop_spinning_workers()  # before either thread calls BLAS
             _thread.start_new_thread(worker, ())  # returns at once, unlike Thread.start()
             try:
                 for j, (lo, hi) in enumerate(chunks):
@@ -451,9 +457,11 @@ class XpGradient:
         I = w_x_t.shape[1]  # noqa: E741
         flat = gates.reshape(n * B, G4)
         if x_grad.dtype == cdt and hasattr(x_grad, "reshape"):  # an array (not a lazy output) to write into
-            xp.matmul(flat, w_x_t, out=x_grad[lo:hi].reshape(n * B, I))
+            self._matmul(flat, w_x_t, x_grad[lo:hi].reshape(n * B, I))
         else:  # another dtype, or a lazy output such as an h5py dataset
-            x_grad[lo:hi] = xp.matmul(flat, w_x_t).reshape(n, B, I).astype(x_grad.dtype)
+            product = xp.empty((n * B, I), dtype=cdt)
+            self._matmul(flat, w_x_t, product)
+            x_grad[lo:hi] = product.reshape(n, B, I).astype(x_grad.dtype)
 
     def _wb_product(self, t, lo, hi, gates, wb_grad, h_prev, xh_buf, first):
         """w_grad and b_grad of steps [lo, hi): ``[w_grad; b_grad] += [x, h_prev, 1]^T @ dgates``.
@@ -461,8 +469,8 @@ class XpGradient:
         One product into ``wb_grad`` ([I+C+1, 4C]) over ``xh_buf`` ([K, B, I+C+1] in the compute
         dtype, its last column ones; filled here, which also casts other-dtype inputs): about 10%
         faster than separate x and h products plus a sum over the batch.  The ``first`` chunk (the
-        last steps) writes it in place; later ones add into it in the same BLAS call where numpy's
-        OpenBLAS is reachable (``_openblas.matmul_into``: 113 vs 118 ms a call at 100,64,256,256).
+        last steps) writes it in place; later ones add into it in the same BLAS call where a BLAS is
+        reachable (``_blas.matmul_into``: 113 vs 118 ms a call at 100,64,256,256).
         """
         xp = self.xp
         n, B, G4 = gates.shape
@@ -479,7 +487,7 @@ class XpGradient:
             if n > 1:
                 xh[1:, :, I:I + C] = t.h[0:hi - 1]
         xh = xh.reshape(n * B, I + C + 1)
-        if _openblas.matmul_into(xh.T, flat, wb_grad, accumulate=not first):
+        if _blas.matmul_into(xh.T, flat, wb_grad, accumulate=not first):
             return  # one BLAS call adds the product in: no [I+C+1, 4C] temporary, no extra pass
         if first:  # not written yet
             xp.matmul(xh.T, flat, out=wb_grad)

@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import backends as registry
+from ..backends import _blas
 from ._common import handle_errors, print_json, stdout_console
 
 
@@ -18,17 +19,20 @@ def backends_command(as_json: bool) -> None:
 
     Nothing is imported to find out: numba and cupy are looked up, not loaded (whether a CUDA
     device is usable is asked of a child process).  Choose one with --backend NAME or
-    LSTMGRAD_BACKEND; `auto` means cupy with a usable GPU, else numba, else numpy.
+    LSTMGRAD_BACKEND; `auto` means cupy with a usable GPU, else numba, else numpy.  The numpy and
+    numba backends do their matrix products on MKL when the mkl wheel is installed
+    (pip install 'lstmgrad[mkl]'), else on numpy's OpenBLAS; LSTMGRAD_BLAS=openblas|mkl|auto chooses.
     """
     rows = registry.statuses()
     default = registry.resolve_name(None)
     auto = registry.resolve_name("auto")
+    blas = _blas.describe()
     if as_json:
-        print_json({"default": default, "auto": auto, "backends": [
+        print_json({"default": default, "auto": auto, "host_blas": blas, "backends": [
             {"name": r.name, "available": r.available, "reason": r.reason or None, "version": r.version,
              "source": r.source} for r in rows]})
         return
-    table = Table(title="lstmgrad backends")
+    table = Table(title="lstmgrad backends", caption=f"numpy and numba products on {blas}")
     for col in ("backend", "available", "version", "source", "notes"):
         table.add_column(col)
     for r in rows:

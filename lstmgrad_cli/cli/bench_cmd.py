@@ -60,13 +60,13 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
         print_json(report.to_json())
         return
     m = report.machine
+    machine = f"{m['cpu']}, {m['cores']} cores, numpy {m['numpy']} ({m['blas']}), products on {m['backends_blas']}"
     if markdown:
-        click.echo(f"{m['cpu']}, {m['cores']} cores, numpy {m['numpy']} ({m['blas']}); {dtype}, "
-                   f"{'peephole' if peephole else 'no peephole'}, median of {repeats} rounds\n")
+        click.echo(f"{machine}; {dtype}, {'peephole' if peephole else 'no peephole'}, median of {repeats} rounds\n")
         click.echo(bench.markdown_table(report))
         return
     table = Table(title=f"lstmgrad bench: {dtype}, {'peephole' if peephole else 'no peephole'}, median of {repeats}",
-                  caption=f"{m['cpu']}, {m['cores']} cores, numpy {m['numpy']} ({m['blas']})")
+                  caption=machine)
     for col, justify in (("T,B,I,C", "left"), ("engine", "left"), ("version", "left"), ("median", "right"),
                          ("GFLOP/s", "right"), ("x GEMM limit", "right"), ("note", "left")):
         table.add_column(col, justify=justify)

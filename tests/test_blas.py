@@ -1,0 +1,196 @@
+"""Which BLAS the CPU backends call (``_blas``), and the whole pass on MKL.
+
+The rest of the suite runs on numpy's OpenBLAS (conftest sets LSTMGRAD_BLAS=openblas).  The library
+is chosen once per process, and the numba kernels bind its address when they load, so the MKL
+runs here are real subprocesses with LSTMGRAD_BLAS=mkl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import CELL_CASES, FIXTURES, SEQ_CASES, load_case
+
+from lstmgrad_cli.backends import _blas
+
+TESTS = Path(__file__).resolve().parent
+needs_mkl = pytest.mark.skipif(_blas.mkl() is None, reason="needs the mkl wheel: pip install 'lstmgrad[mkl]'")
+
+
+@pytest.fixture
+def choose(monkeypatch):
+    """Set LSTMGRAD_BLAS and choose again; the process's own choice is back afterwards."""
+
+    def set_choice(value):
+        if value is None:
+            monkeypatch.delenv(_blas.BLAS_ENV, raising=False)
+        else:
+            monkeypatch.setenv(_blas.BLAS_ENV, value)
+        _blas.find.cache_clear()
+        return _blas.find()
+
+    yield set_choice
+    monkeypatch.undo()
+    _blas.find.cache_clear()
+
+
+def test_openblas_is_numpys_own_library(choose):
+    blas = choose("openblas")
+    if _blas.numpy_openblas() is None:
+        pytest.skip("numpy's OpenBLAS is not reachable here")
+    assert blas is _blas.numpy_openblas() and blas.name == "OpenBLAS (numpy's)"
+    assert _blas.describe() == "OpenBLAS (numpy's)" and _blas.version_note() == ""
+
+
+@needs_mkl
+@pytest.mark.parametrize("value", [None, "auto", "MKL", " mkl "])
+def test_mkl_is_chosen_when_installed_unless_openblas_is_asked_for(choose, value):
+    blas = choose(value)
+    assert blas is _blas.mkl() and blas.name == f"MKL {_blas.mkl_version()}"
+    assert _blas.version_note() == f" with MKL {_blas.mkl_version()}"
+
+
+def test_mkl_asked_for_but_absent_warns_and_uses_openblas(choose, monkeypatch):
+    monkeypatch.setattr(_blas, "mkl", lambda: None)
+    with pytest.warns(UserWarning, match=r"LSTMGRAD_BLAS=mkl, but MKL is not installed .*lstmgrad\[mkl\]"):
+        blas = choose("mkl")
+    assert blas is _blas.numpy_openblas()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # auto without MKL is quiet
+        assert choose("auto") is _blas.numpy_openblas()
+
+
+def test_an_unknown_choice_warns_and_counts_as_auto(choose, monkeypatch):
+    monkeypatch.setattr(_blas, "mkl", lambda: None)
+    with pytest.warns(UserWarning, match=r"LSTMGRAD_BLAS='atlas' is not one of auto, mkl, openblas; using auto"):
+        assert choose("atlas") is _blas.numpy_openblas()
+
+
+@needs_mkl
+def test_single_threaded_sets_both_libraries_and_puts_them_back(choose):
+    mkl, own = choose("mkl"), _blas.numpy_openblas()
+    libraries = [mkl] + ([own] if own is not None else [])
+    before = [blas.get_threads() for blas in libraries]
+    for blas in libraries:
+        blas.set_threads(2)
+    try:
+        with _blas.single_threaded():
+            assert [blas.get_threads() for blas in libraries] == [1] * len(libraries)
+        assert [blas.get_threads() for blas in libraries] == [2] * len(libraries)
+    finally:
+        for blas, count in zip(libraries, before, strict=True):
+            blas.set_threads(count)
+
+
+@needs_mkl
+def test_matmul_goes_through_the_chosen_library(choose, monkeypatch):
+    choose("mkl")
+    seen = []
+    real = _blas.matmul_into
+    monkeypatch.setattr(_blas, "matmul_into", lambda *a, **k: seen.append(a[2].shape) or real(*a, **k))
+    a, b = np.ones((3, 4), np.float32), np.ones((4, 5), np.float32)
+    out = np.empty((3, 5), np.float32)
+    _blas.matmul(a, b, out)
+    np.testing.assert_array_equal(out, np.full((3, 5), 4, np.float32))
+    _blas.matmul(a.astype(np.float16), b.astype(np.float16), out.astype(np.float16))  # declined: numpy does it
+    assert seen == [(3, 5), (3, 5)]
+
+
+def test_describe_loads_nothing():
+    # `lstmgrad backends` and backend versions name the library without loading MKL (~0.1 s).
+    code = """
+import json, os
+from lstmgrad_cli.backends import _blas
+name = _blas.describe()
+maps = open("/proc/self/maps").read() if os.path.exists("/proc/self/maps") else ""
+print(json.dumps([name, _blas.find.cache_info().currsize, "libmkl" in maps]))
+"""
+    env = {**os.environ, _blas.BLAS_ENV: "auto"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    name, chosen, loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    want = f"MKL {_blas.mkl_version()}" if _blas.mkl_version() else "OpenBLAS (numpy's)"
+    assert (name, chosen, loaded) == (want, 0, False)
+
+
+MKL_RUN = """
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from conftest import load_case, assert_close_scaled
+import lstmgrad_cli as lg
+from lstmgrad_cli.backends import _blas, _numba, _numba_kernels, get_backend
+from lstmgrad_cli.backends._xp import SeqTensors
+from lstmgrad_cli.backends._numpy import NumpyBackend
+
+assert _blas.find() is _blas.mkl() and _numba_kernels._BLAS is _blas.mkl(), _blas.find()
+numba = _numba.NumbaBackend(kernel_min_flops=0)
+from test_ops_golden import cell_args, seq_call
+
+for name in sys.argv[2].split(","):  # every fixture against TensorFlow's numbers, both host backends
+    inputs, expected, case = load_case(name)
+    for backend in ("numpy", numba):
+        got = seq_call(inputs, case["layout"], backend=backend)
+        for key, value in got._asdict().items():
+            assert_close_scaled(value, expected[key], name=f"{name} {key}")
+for name in sys.argv[3].split(","):
+    inputs, expected, case = load_case(name)
+    args, peep = cell_args(inputs)
+    for backend in ("numpy", numba):
+        got = lg.lstm_block_cell_grad_full(**args, use_peephole=peep, backend=backend)
+        for key, value in got._asdict().items():
+            assert_close_scaled(value, expected[key], name=f"{name} {key}")
+
+# A problem big enough for the overlapped schedule: numba and numpy agree bit for bit on MKL, both schedules.
+rng = np.random.default_rng(5)
+T, B, I, C = 24, 32, 96, 128
+f32 = lambda *s: rng.standard_normal(s).astype(np.float32)
+u = lambda *s: rng.uniform(0.05, 0.95, s).astype(np.float32)
+t = SeqTensors(x=f32(T, B, I), cs_prev=f32(B, C), h_prev=f32(B, C), w=f32(I + C, 4 * C) * 0.1, wci=f32(C),
+               wcf=f32(C), wco=f32(C), b=f32(4 * C), i=u(T, B, C), cs=f32(T, B, C), f=u(T, B, C), o=u(T, B, C),
+               ci=u(T, B, C) * 2 - 1, co=u(T, B, C) * 2 - 1, h=f32(T, B, C), cs_grad=f32(T, B, C), h_grad=f32(T, B, C))
+kw = dict(seq_len_max=T - 3, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float32"))
+runs = {}
+for overlap in (True, False):
+    runs[f"numba-{overlap}"] = _numba.NumbaBackend(overlap=overlap, kernel_min_flops=0).block_lstm_grad(t, **kw)
+    runs[f"numpy-{overlap}"] = NumpyBackend(overlap=overlap).block_lstm_grad(t, **kw)
+first = runs.pop("numpy-False")
+same = all(np.array_equal(a, b) for run in runs.values() for a, b in zip(run, first))
+print(json.dumps({"same": same, "versions": [get_backend("numpy").version, numba.version]}))
+"""
+
+
+@needs_mkl
+def test_the_whole_pass_on_mkl_matches_tensorflow_and_the_backends_agree_bit_for_bit():
+    env = {**os.environ, _blas.BLAS_ENV: "mkl"}
+    proc = subprocess.run([sys.executable, "-c", MKL_RUN, str(TESTS), ",".join(SEQ_CASES), ",".join(CELL_CASES)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["same"], "numpy and numba, overlapped or not, differ on MKL"
+    assert all(v.endswith(f" with MKL {_blas.mkl_version()}") for v in doc["versions"]), doc["versions"]
+
+
+@needs_mkl
+def test_cli_on_mkl_records_it_in_the_output(tmp_path):
+    from conftest import assert_close_scaled
+
+    from lstmgrad_cli.io import read_metadata
+
+    out = tmp_path / "grads.npz"
+    lstmgrad = Path(sys.executable).with_name("lstmgrad")
+    env = {**os.environ, _blas.BLAS_ENV: "mkl"}
+    proc = subprocess.run([str(lstmgrad), "seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out),
+                           "--backend", "numba"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert read_metadata(out)["backend_version"].endswith(f" with MKL {_blas.mkl_version()}")
+    with np.load(out) as got:
+        for key, value in load_case("seq_v2_peep")[1].items():
+            assert_close_scaled(got[key], value, name=key)
