@@ -224,14 +224,21 @@ def _round_robin(calls: dict, repeats: int, progress=None) -> dict[str, list[flo
 
 
 def _child_times(python: str, inputs: dict, frameworks, repeats: int, use_peephole: bool) -> dict:
-    """Time frameworks in another interpreter (this file as a script there) on the same arrays."""
+    """Time frameworks in another interpreter (this file as a script there) on the same arrays.
+
+    The child times its GEMM limit on the library this process's backends use where it has it
+    (``LSTMGRAD_BLAS`` is passed on; ``_child_blas``) and says which one it used.
+    """
+    from .backends import _blas
+
+    env = {**os.environ, _blas.BLAS_ENV: "mkl" if _blas.describe().startswith("MKL") else "openblas"}
     with tempfile.TemporaryDirectory(prefix="lstmgrad-bench-") as tmp:
         path = os.path.join(tmp, "inputs.npz")
         np.savez(path, **inputs)
         cmd = [python, os.path.abspath(__file__), "--child", path, "--repeats", str(repeats),
                "--frameworks", ",".join(frameworks)] + (["--peephole"] if use_peephole else [])
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=False)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=False, env=env)
         except (OSError, subprocess.SubprocessError) as err:
             return {"error": f"{python}: {err}"}
         if proc.returncode != 0:
@@ -295,14 +302,15 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
                 say(f"timing {', '.join(missing)} with {python}")
             child = _child_times(python, inputs, missing, repeats, use_peephole)
             child_limit = child.get("gemm-limit", {}).get("seconds")
+            limit_note = f"{CHILD_RATIO_NOTE}, on {child.get('blas') or 'numpy.matmul'}"
             for name, entry in child.items():
-                if name in ("error", "gemm-limit") or "seconds" not in entry:
+                if name in ("error", "gemm-limit", "blas") or "seconds" not in entry:
                     continue
                 times[name] = entry["seconds"]
                 versions[name], notes[name] = entry["version"], entry["note"]
                 if child_limit:
                     limits[name] = float(np.median(child_limit))
-                    notes[name] = "; ".join(filter(None, [notes[name], CHILD_RATIO_NOTE]))
+                    notes[name] = "; ".join(filter(None, [notes[name], limit_note]))
         limit = float(np.median(times["gemm-limit"]))
         for name, secs in times.items():
             med = float(np.median(secs))
@@ -324,6 +332,21 @@ def markdown_table(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
+def _child_blas():
+    """``backends/_blas.py`` loaded by path (it needs only numpy), or None: in a child interpreter this
+    file runs as a script, where lstmgrad itself may not be installed."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "backends", "_blas.py")
+    try:
+        spec = importlib.util.spec_from_file_location("_lstmgrad_bench_blas", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception:  # noqa: BLE001 - the child then times numpy's own matmul
+        return None
+    return module
+
+
 def _child_main(argv) -> int:
     """``python bench.py --child INPUTS.npz --repeats N --frameworks a,b [--peephole]``: JSON on stdout."""
     path = argv[argv.index("--child") + 1]
@@ -334,7 +357,9 @@ def _child_main(argv) -> int:
         inputs = {k: src[k] for k in src.files}
     T, B, I = inputs["x"].shape  # noqa: E741
     # The GEMM limit again, in these rounds: the machine's noise then hits the ratio's two sides alike.
-    calls = {"gemm-limit": _gemm_limit_call((T, B, I, inputs["w"].shape[1] // 4), inputs["x"].dtype)}
+    blas = _child_blas()
+    matmul = blas.matmul if blas is not None else None
+    calls = {"gemm-limit": _gemm_limit_call((T, B, I, inputs["w"].shape[1] // 4), inputs["x"].dtype, matmul)}
     out = {"gemm-limit": {}}
     for name in names:
         try:
@@ -347,6 +372,7 @@ def _child_main(argv) -> int:
         out[name] = {"version": version, "note": note}
     for name, secs in _round_robin(calls, repeats).items():
         out[name]["seconds"] = secs
+    out["blas"] = blas.describe() if blas is not None else None  # the library the limit was timed on
     print(json.dumps(out))
     return 0
 

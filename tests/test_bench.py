@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,22 +78,27 @@ def test_a_missing_comparison_interpreter_is_not_fatal(tmp_path):
     assert {r.engine for r in report.results} >= {"gemm-limit", "numpy"}
 
 
-def test_child_mode_reports_missing_frameworks(tmp_path):
+@pytest.mark.parametrize("library", ["openblas", "mkl"])
+def test_child_mode_reports_missing_frameworks_and_its_blas(tmp_path, library):
+    if library == "mkl" and _blas.mkl() is None:
+        pytest.skip("needs the mkl wheel")
     path = tmp_path / "in.npz"
     np.savez(path, **bench.make_inputs((2, 1, 2, 2)))
     script = ROOT / "lstmgrad_cli" / "bench.py"
+    env = {**os.environ, _blas.BLAS_ENV: library}  # what the parent passes on
     proc = subprocess.run([sys.executable, str(script), "--child", str(path), "--repeats", "1",
-                           "--frameworks", "no_such_framework"], capture_output=True, text=True, timeout=60)
+                           "--frameworks", "no_such_framework"], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert "error" in out["no_such_framework"]
     assert len(out["gemm-limit"]["seconds"]) == 1 and out["gemm-limit"]["seconds"][0] > 0
+    assert out["blas"] == (f"MKL {_blas.mkl_version()}" if library == "mkl" else "OpenBLAS (numpy's)")
 
 
 def test_frameworks_from_another_interpreter_are_compared_with_its_own_gemm_limit(monkeypatch):
     def child(python, inputs, frameworks, repeats, use_peephole):
         assert python == "other-python" and "torch" in frameworks
-        return {"gemm-limit": {"seconds": [4.0, 2.0, 3.0]},
+        return {"gemm-limit": {"seconds": [4.0, 2.0, 3.0]}, "blas": "MKL 9.9",
                 "torch": {"seconds": [1.5, 1.5, 1.5], "version": "9.9", "note": "no peepholes"}}
 
     monkeypatch.setattr(bench, "FRAMEWORKS", ("torch",))
@@ -101,6 +107,7 @@ def test_frameworks_from_another_interpreter_are_compared_with_its_own_gemm_limi
     torch_row = next(r for r in report.results if r.engine == "torch")
     assert torch_row.median == 1.5 and torch_row.ratio_to_gemm == pytest.approx(0.5)  # 1.5 s / median 3.0 s
     assert torch_row.note.startswith("no peepholes; ratio to the GEMM limit timed in the same rounds")
+    assert torch_row.note.endswith(", on MKL 9.9")
 
 
 def test_bench_command_json(runner):
