@@ -416,8 +416,6 @@ def test_chunk_bounds_cover_the_steps_once_last_first():
 
 
 def test_chunks_depend_on_the_shape_and_the_schedule_on_the_machine(monkeypatch):
-
-
     f32 = np.dtype("float32")
     auto = XpGradient(np)
     assert auto._overlap_chunks(50, 32, 128, 128, f32)           # 0.8 GFLOP, gate gradients of 3 MiB
@@ -466,8 +464,6 @@ def test_overlap_reuses_gate_slots_and_stays_bit_for_bit(monkeypatch, budget_chu
 @pytest.mark.parametrize("library", ["openblas", "mkl"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_matmul_into_writes_or_adds_a_product_in_one_blas_call(dtype, library, monkeypatch):
-
-
     blas = _blas.numpy_openblas() if library == "openblas" else _blas.mkl()
     if blas is None:
         pytest.skip(f"{library} is not reachable here")
@@ -520,8 +516,6 @@ def test_matmul_into_takes_blocks_of_columns_in_place(library, monkeypatch):
 
 
 def test_matmul_into_declines_what_blas_cannot_take_as_it_is(monkeypatch):
-
-
     a, b = np.ones((4, 3), np.float32), np.ones((3, 5), np.float32)
     out = np.zeros((4, 5), np.float32)
     frozen = np.zeros((4, 5), np.float32)
@@ -546,8 +540,6 @@ def test_matmul_into_declines_what_blas_cannot_take_as_it_is(monkeypatch):
 
 
 def test_w_grad_is_the_same_whether_blas_or_numpy_adds_the_chunks(monkeypatch):
-
-
     inputs = _random_inputs(np.random.default_rng(22), 30, 5, 6, 7, np.dtype("float64"))
     kw = dict(seq_len_max=27, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float64"), chunk_steps=4)
     calls = []  # accumulate flags of the products into [w_grad; b_grad] ([I+C+1, 4C])
