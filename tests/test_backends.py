@@ -493,28 +493,6 @@ def test_matmul_into_writes_or_adds_a_product_in_one_blas_call(dtype, library, m
         same_product(c_order, np.ascontiguousarray(xh.T), g)
 
 
-@pytest.mark.parametrize("library", ["openblas", "mkl"])
-def test_matmul_into_takes_blocks_of_columns_in_place(library, monkeypatch):
-    # w_grad/b_grad in two column blocks: operands and output are views with a longer row stride.
-    blas = _blas.numpy_openblas() if library == "openblas" else _blas.mkl()
-    if blas is None:
-        pytest.skip(f"{library} is not reachable here")
-    monkeypatch.setattr(_blas, "find", lambda: blas)
-    rng = np.random.default_rng(23)
-    xh, g = rng.standard_normal((50, 9)), rng.standard_normal((50, 12))
-    whole = rng.standard_normal((9, 12))
-    want = whole + xh.T @ g
-    for lo, hi in [(0, 5), (5, 12)]:
-        block = whole[:, lo:hi]
-        assert not block.flags.c_contiguous and _blas.matmul_into(xh.T, g[:, lo:hi], block, accumulate=True)
-    np.testing.assert_allclose(whole, want, rtol=1e-12, atol=1e-12)
-    tall = rng.standard_normal((12, 50)).T[3:40, 2:7]  # columns contiguous, lying 50 apart
-    assert not (tall.flags.c_contiguous or tall.flags.f_contiguous)
-    out = np.empty((9, 5))
-    assert _blas.matmul_into(xh[3:40].T, tall, out, accumulate=False)
-    np.testing.assert_allclose(out, xh[3:40].T @ tall, rtol=1e-12, atol=1e-12)
-
-
 def test_matmul_into_declines_what_blas_cannot_take_as_it_is(monkeypatch):
     a, b = np.ones((4, 3), np.float32), np.ones((3, 5), np.float32)
     out = np.zeros((4, 5), np.float32)

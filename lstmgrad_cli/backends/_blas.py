@@ -159,21 +159,11 @@ def _gemm(address: int, dtype):
 
 
 def _operand(a):
-    """(transpose flag, leading dimension) of a 2-D array BLAS reads in place, or None.
-
-    Rows (or columns) must be contiguous; they may lie further apart than their length, as in a
-    block of columns ``m[:, j:k]`` of a C-contiguous matrix.
-    """
+    """(transpose flag, leading dimension) of a 2-D array BLAS reads in place, or None."""
     if a.flags.c_contiguous:
         return _NO_TRANS, max(a.shape[1], 1)
     if a.flags.f_contiguous:
         return _TRANS, max(a.shape[0], 1)
-    item = a.itemsize
-    rows, cols = a.strides
-    if cols == item and rows % item == 0 and rows >= a.shape[1] * item:
-        return _NO_TRANS, rows // item
-    if rows == item and cols % item == 0 and cols >= a.shape[0] * item:
-        return _TRANS, cols // item
     return None
 
 
@@ -182,25 +172,25 @@ def matmul_into(a, b, out, accumulate: bool) -> bool:
 
     Accumulating this way needs no ``[M, N]`` temporary and no separate addition pass.  Returns
     False, having done nothing, where BLAS cannot take the arrays as they are (no library found,
-    not one float32/float64 dtype, not 2-D, an operand without contiguous rows or columns, ``out``
-    without contiguous rows or not writeable, an empty product); the caller then uses numpy.
+    not one float32/float64 dtype, not 2-D, an operand neither C- nor F-contiguous, ``out`` not
+    C-contiguous and writeable, an empty product); the caller then uses numpy.
     """
     blas = find()
     dtype = out.dtype if isinstance(out, np.ndarray) else None
     if (blas is None or dtype not in (np.float32, np.float64)
             or not all(isinstance(m, np.ndarray) and m.dtype == dtype and m.ndim == 2 for m in (a, b))
-            or out.ndim != 2 or not out.flags.writeable
+            or out.ndim != 2 or not (out.flags.c_contiguous and out.flags.writeable)
             or a.shape[1] != b.shape[0] or out.shape != (a.shape[0], b.shape[1])):
         return False
-    layout_a, layout_b, layout_out = _operand(a), _operand(b), _operand(out)
-    if layout_a is None or layout_b is None or layout_out is None or layout_out[0] != _NO_TRANS:
+    layout_a, layout_b = _operand(a), _operand(b)
+    if layout_a is None or layout_b is None:
         return False
     (M, K), N = a.shape, b.shape[1]
     if min(M, N, K) == 0:  # BLAS returns at once; numpy's rules for empty products apply
         return False
     gemm = _gemm(blas.sgemm if dtype == np.float32 else blas.dgemm, dtype.type)
     gemm(_ROW_MAJOR, layout_a[0], layout_b[0], M, N, K, 1.0, a.ctypes.data, layout_a[1],
-         b.ctypes.data, layout_b[1], 1.0 if accumulate else 0.0, out.ctypes.data, layout_out[1])
+         b.ctypes.data, layout_b[1], 1.0 if accumulate else 0.0, out.ctypes.data, max(N, 1))
     return True
 
 
