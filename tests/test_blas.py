@@ -194,3 +194,15 @@ def test_cli_on_mkl_records_it_in_the_output(tmp_path):
     with np.load(out) as got:
         for key, value in load_case("seq_v2_peep")[1].items():
             assert_close_scaled(got[key], value, name=key)
+
+
+def test_cli_shows_an_unknown_choice_as_one_warning_line(runner, choose, tmp_path, monkeypatch):
+    from lstmgrad_cli.cli import main
+
+    monkeypatch.setattr(_blas, "mkl", lambda: None)
+    choose(None)  # the CLI reads LSTMGRAD_BLAS itself, below
+    monkeypatch.setenv(_blas.BLAS_ENV, "atlas")
+    _blas.find.cache_clear()
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_tiny.in.npz"), "-o", str(tmp_path / "g.npz"), "-q"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == "Warning: LSTMGRAD_BLAS='atlas' is not one of auto, mkl, openblas; using auto\n"

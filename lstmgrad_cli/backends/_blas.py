@@ -106,11 +106,12 @@ def mkl() -> Blas | None:
     return None
 
 
-def choice() -> str:
-    """``LSTMGRAD_BLAS``, lower-cased; an unknown value warns and counts as ``auto``."""
+def choice(warn: bool = True) -> str:
+    """``LSTMGRAD_BLAS``, lower-cased; an unknown value counts as ``auto`` (with a warning when ``warn``)."""
     value = os.environ.get(BLAS_ENV, "auto").strip().lower() or "auto"
     if value not in CHOICES:
-        warnings.warn(f"{BLAS_ENV}={value!r} is not one of {', '.join(CHOICES)}; using auto", stacklevel=3)
+        if warn:
+            warnings.warn(f"{BLAS_ENV}={value!r} is not one of {', '.join(CHOICES)}; using auto", stacklevel=3)
         return "auto"
     return value
 
@@ -134,7 +135,7 @@ def describe() -> str:
     if find.cache_info().currsize:  # already chosen in this process
         blas = find()
         return blas.name if blas is not None else "numpy.matmul"
-    if choice() != "openblas" and mkl_version() is not None:
+    if choice(warn=False) != "openblas" and mkl_version() is not None:  # find() warns, once
         return f"MKL {mkl_version()}"
     return "OpenBLAS (numpy's)"
 

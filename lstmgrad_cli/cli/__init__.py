@@ -8,6 +8,7 @@ in one place (``_common.handle_errors``); usage errors exit 2.
 from __future__ import annotations
 
 import importlib
+import warnings
 
 import click
 
@@ -51,3 +52,9 @@ def main() -> None:
     lstmgrad check dump.h5 -r ref.npz   compare with reference gradients, explain differences
     lstmgrad backends                   compute backends and whether they are usable
     """
+    warnings.showwarning = _warning_on_one_line
+
+
+def _warning_on_one_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """Library warnings (a broken backend plugin, an unknown LSTMGRAD_BLAS) as ``Warning: ...`` lines."""
+    click.echo(f"Warning: {message}", err=True)
