@@ -120,7 +120,7 @@ def machine_info() -> dict:
     from .backends import _blas
 
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-            "blas": blas, "backends_blas": _blas.describe(), "platform": platform.platform(),
+            "blas": blas, "host_blas": _blas.describe(), "platform": platform.platform(),
             "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
                                                    "OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "LSTMGRAD_BLAS",
                                                    "MKL_NUM_THREADS", "MKL_THREADING_LAYER")

@@ -216,7 +216,7 @@ def test_backends_command_json(runner):
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     rows = {r["name"]: r for r in doc["backends"]}
-    assert doc["default"] == "numpy" and doc["auto"] in rows
+    assert doc["default"] == "numpy" and doc["auto"] in rows and doc["host_blas"] == _blas.describe()
     assert rows["numpy"]["available"] and rows["numpy"]["version"] == np.__version__
     assert rows["numpy"]["source"] == "built-in"
     assert rows["cupy"]["available"] or rows["cupy"]["reason"]

@@ -6,7 +6,7 @@ time loop (``XpGradient._run_overlapped``).  Which library (``find()``), once pe
 
 * ``LSTMGRAD_BLAS=auto`` (the default): MKL from the ``mkl`` wheel (``pip install 'lstmgrad[mkl]'``)
   when it is installed and loads, else the OpenBLAS inside numpy's wheel.  On this project's AVX-512
-  machine MKL ran the per-step product 1.3-1.45x and the large products 1.1-1.2x faster than numpy's
+  machine MKL ran the per-step product 1.3-1.55x and the large products 1.1-1.2x faster than numpy's
   OpenBLAS 0.3.31; PyTorch's CPU build uses it too.
 * ``LSTMGRAD_BLAS=openblas``: numpy's OpenBLAS, the library ``np.matmul`` uses.
 * ``LSTMGRAD_BLAS=mkl``: MKL, with a warning and numpy's OpenBLAS when it is not installed.

@@ -39,7 +39,8 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
     """Time each backend on standard shapes: median, GFLOP/s and the ratio to the GEMM limit.
 
     The backward pass is 16*T*B*C*(I+C) flops of matrix products; the GEMM limit is the time of
-    those flops as two large products on this machine's BLAS, measured in the same run.  Engines
+    those flops as two large products on the BLAS the numpy and numba backends use (MKL when the
+    mkl wheel is installed), measured in the same run.  Engines
     are timed round-robin so machine noise hits them alike, each call 0.3 s after the one before
     (thread pools stop spinning).  Engines run in another interpreter (--compare-python) are rated
     against a GEMM limit timed in their own rounds.  For stable numbers on OpenBLAS, run with
@@ -60,7 +61,7 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
         print_json(report.to_json())
         return
     m = report.machine
-    machine = f"{m['cpu']}, {m['cores']} cores, numpy {m['numpy']} ({m['blas']}), products on {m['backends_blas']}"
+    machine = f"{m['cpu']}, {m['cores']} cores, numpy {m['numpy']} ({m['blas']}), products on {m['host_blas']}"
     if markdown:
         click.echo(f"{machine}; {dtype}, {'peephole' if peephole else 'no peephole'}, median of {repeats} rounds\n")
         click.echo(bench.markdown_table(report))
