@@ -21,7 +21,7 @@ from conftest import CELL_CASES, FIXTURES, SEQ_CASES, load_case
 from lstmgrad_cli.backends import _blas
 
 TESTS = Path(__file__).resolve().parent
-needs_mkl = pytest.mark.skipif(_blas.mkl() is None, reason="needs the mkl wheel: pip install 'lstmgrad[mkl]'")
+needs_mkl = pytest.mark.skipif(_blas.mkl_version() is None, reason="needs the mkl wheel: pip install 'lstmgrad[mkl]'")
 
 
 @pytest.fixture
