@@ -231,7 +231,7 @@ def _child_times(python: str, inputs: dict, frameworks, repeats: int, use_peepho
     """
     from .backends import _blas
 
-    env = {**os.environ, _blas.BLAS_ENV: "mkl" if _blas.describe().startswith("MKL") else "openblas"}
+    env = {**os.environ, _blas.BLAS_ENV: "mkl" if _blas.on_mkl() else "openblas"}
     with tempfile.TemporaryDirectory(prefix="lstmgrad-bench-") as tmp:
         path = os.path.join(tmp, "inputs.npz")
         np.savez(path, **inputs)

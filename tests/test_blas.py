@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CELL_CASES, FIXTURES, SEQ_CASES, load_case
+from conftest import CELL_CASES, FIXTURES, SEQ_CASES, assert_close_scaled, load_case
 
 from lstmgrad_cli.backends import _blas
 
@@ -129,6 +129,7 @@ import lstmgrad_cli as lg
 from lstmgrad_cli.backends import _blas, _numba, _numba_kernels, get_backend
 from lstmgrad_cli.backends._xp import SeqTensors
 from lstmgrad_cli.backends._numpy import NumpyBackend
+from lstmgrad_cli.bench import make_inputs
 
 assert _blas.find() is _blas.mkl() and _numba_kernels._BLAS is _blas.mkl(), _blas.find()
 numba = _numba.NumbaBackend(kernel_min_flops=0)
@@ -149,13 +150,8 @@ for name in sys.argv[3].split(","):
             assert_close_scaled(value, expected[key], name=f"{name} {key}")
 
 # A problem big enough for the overlapped schedule: numba and numpy agree bit for bit on MKL, both schedules.
-rng = np.random.default_rng(5)
-T, B, I, C = 24, 32, 96, 128
-f32 = lambda *s: rng.standard_normal(s).astype(np.float32)
-u = lambda *s: rng.uniform(0.05, 0.95, s).astype(np.float32)
-t = SeqTensors(x=f32(T, B, I), cs_prev=f32(B, C), h_prev=f32(B, C), w=f32(I + C, 4 * C) * 0.1, wci=f32(C),
-               wcf=f32(C), wco=f32(C), b=f32(4 * C), i=u(T, B, C), cs=f32(T, B, C), f=u(T, B, C), o=u(T, B, C),
-               ci=u(T, B, C) * 2 - 1, co=u(T, B, C) * 2 - 1, h=f32(T, B, C), cs_grad=f32(T, B, C), h_grad=f32(T, B, C))
+T = 24
+t = SeqTensors(**make_inputs((T, 32, 96, 128), seed=5))
 kw = dict(seq_len_max=T - 3, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float32"))
 runs = {}
 for overlap in (True, False):
@@ -180,8 +176,6 @@ def test_the_whole_pass_on_mkl_matches_tensorflow_and_the_backends_agree_bit_for
 
 @needs_mkl
 def test_cli_on_mkl_records_it_in_the_output(tmp_path):
-    from conftest import assert_close_scaled
-
     from lstmgrad_cli.io import read_metadata
 
     out = tmp_path / "grads.npz"

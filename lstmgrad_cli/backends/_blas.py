@@ -61,14 +61,18 @@ def numpy_openblas() -> Blas | None:
                 set_threads = getattr(lib, f"{prefix}openblas_set_num_threads{suffix}")
             except AttributeError:
                 continue
-            get_threads.restype, get_threads.argtypes = ctypes.c_int, []
-            set_threads.restype, set_threads.argtypes = None, [ctypes.c_int]
             stop_pool = getattr(lib, "blas_thread_shutdown_", None)  # OpenBLAS's own fork handler
             if stop_pool is not None:
                 stop_pool.restype, stop_pool.argtypes = ctypes.c_int, []
-            return Blas("OpenBLAS (numpy's)", *(ctypes.cast(f, ctypes.c_void_p).value for f in gemms),
-                        get_threads, set_threads, stop_pool)
+            return _library("OpenBLAS (numpy's)", gemms, get_threads, set_threads, stop_pool)
     return None
+
+
+def _library(name, gemms, get_threads, set_threads, stop_pool) -> Blas:
+    """A ``Blas`` of ctypes functions: the gemms as addresses, the thread-count pair typed."""
+    get_threads.restype, get_threads.argtypes = ctypes.c_int, []
+    set_threads.restype, set_threads.argtypes = None, [ctypes.c_int]
+    return Blas(name, *(ctypes.cast(f, ctypes.c_void_p).value for f in gemms), get_threads, set_threads, stop_pool)
 
 
 def mkl_version() -> str | None:
@@ -99,10 +103,7 @@ def mkl() -> Blas | None:
             get_threads, set_threads = lib.MKL_Get_Max_Threads, lib.MKL_Set_Num_Threads
         except (OSError, AttributeError):
             continue
-        get_threads.restype, get_threads.argtypes = ctypes.c_int, []
-        set_threads.restype, set_threads.argtypes = None, [ctypes.c_int]
-        return Blas(f"MKL {dist.version}", *(ctypes.cast(f, ctypes.c_void_p).value for f in gemms),
-                    get_threads, set_threads, None)
+        return _library(f"MKL {dist.version}", gemms, get_threads, set_threads, None)
     return None
 
 
@@ -140,11 +141,15 @@ def describe() -> str:
     return "OpenBLAS (numpy's)"
 
 
+def on_mkl() -> bool:
+    """Whether the host products go through MKL (``describe()``: nothing is loaded to find out)."""
+    return describe().startswith("MKL")
+
+
 def version_note() -> str:
     """``" with MKL <version>"`` when the host products go through MKL, else ``""``: for backend versions,
     which the outputs record (the last bits of a result depend on the BLAS)."""
-    name = describe()
-    return f" with {name}" if name.startswith("MKL") else ""
+    return f" with {describe()}" if on_mkl() else ""
 
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
