@@ -18,7 +18,7 @@ from conftest import FIXTURES, assert_close_scaled, load_case, write_h5
 
 from lstmgrad_cli import io, validation
 from lstmgrad_cli.cli import main
-from lstmgrad_cli.errors import InputFileError
+from lstmgrad_cli.errors import InputFileError, OutputFileError
 from lstmgrad_cli.summary import summarise
 
 SEQ_OUTPUTS = ["x_grad", "cs_prev_grad", "h_prev_grad", "w_grad", "wci_grad", "wcf_grad", "wco_grad", "b_grad"]
@@ -169,7 +169,7 @@ def test_read_metadata_of_a_hostile_file_is_a_clean_error(tmp_path):
 def test_existing_output_is_not_replaced_without_force(tmp_path):
     out = tmp_path / "o.npz"
     out.write_bytes(b"keep me")
-    with pytest.raises(io.OutputFileError, match="already exists"):
+    with pytest.raises(OutputFileError, match="already exists"):
         io.write_outputs(out, {"a": np.zeros(1)}, {})
     assert out.read_bytes() == b"keep me" and [p.name for p in tmp_path.iterdir()] == ["o.npz"]
 

@@ -1,0 +1,173 @@
+"""Reading tensors from input files and directories, and writing gradient files atomically.
+
+Inputs are recognised by their content, not their name: each format module declares how to sniff
+its own (``FORMATS``, a table like the backend registry) and how to read it.  Only the tensors
+asked for are read, so unrelated (or hostile) entries are never touched.  Input files come from
+other people's jobs, so every reader assumes the worst:
+
+* nothing is ever unpickled; ``.npy`` data (NPZ members, ``.npy`` files) is parsed by hand;
+* a tensor's declared size (shape x itemsize) is checked against the memory limit before anything
+  is allocated, with its size in the message.  The limit is half of the physical (or cgroup)
+  memory, or ``LSTMGRAD_MAX_TENSOR_BYTES``; it bounds each tensor and one input's tensors together;
+* HDF5 links are followed one at a time and never out of the file;
+* anything that goes wrong becomes an ``InputFileError`` naming the file and the tensor.
+
+Writing (output.py): a temporary file beside the target, renamed into place only when complete; an
+existing file is replaced only with ``force``; an input is never opened for writing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from ..errors import InputFileError
+from . import hdf5, npz
+from ._common import (
+    HEAD_BYTES,
+    MAX_BYTES_ENV,
+    METADATA_KEY,
+    Format,
+    LoadedFile,
+    camel,
+    describe_keys,
+    file_kind,
+    max_tensor_bytes,
+)
+from .hdf5 import HDF5_MAGIC, HDF5_OFFSETS, LazyDataset
+from .npy import NPY_MAGIC
+from .output import (
+    OUTPUT_FORMATS,
+    check_output,
+    default_output_path,
+    open_hdf5_output,
+    os_reason,
+    output_format,
+    write_metadata,
+    write_outputs,
+)
+
+__all__ = [
+    "FORMATS", "HDF5_MAGIC", "HDF5_OFFSETS", "MAX_BYTES_ENV", "METADATA_KEY", "OUTPUT_FORMATS", "Format",
+    "LazyDataset", "LoadedFile", "camel", "check_output", "default_output", "describe_keys", "input_directory_format",
+    "max_tensor_bytes", "open_hdf5_output", "open_inputs", "output_format", "read_inputs", "read_metadata",
+    "sniff_format", "write_metadata", "write_outputs",
+]
+
+# Every input format, in the order they are tried.  File formats are told apart by their first bytes;
+# directory formats by the names of the directory's entries.
+FORMATS: dict[str, Format] = {f.name: f for f in (hdf5.FORMAT, npz.FORMAT)}
+
+_os_reason = os_reason  # the name tests and older callers use
+
+
+def _file_formats() -> str:
+    """"HDF5 or NPZ file", from the table (for "not an ..." and "expected an ..." messages)."""
+    names = [f.description.removeprefix("an ").removeprefix("a ").removesuffix(" file")
+             for f in FORMATS.values() if not f.directory]
+    return (", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]) + " file"
+
+
+def input_directory_format(path: str | os.PathLike) -> str | None:
+    """The format of a directory that is itself one input (a directory of .npy files, ...), else None."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return None
+    return next((f.name for f in FORMATS.values() if f.directory and f.sniff(names)), None)
+
+
+def sniff_format(path: str | os.PathLike) -> str:
+    """The name of ``path``'s format in ``FORMATS``, from its content; InputFileError for anything else.
+
+    Only regular files and directories are opened: a FIFO, socket or device would block or never end.
+    """
+    path = Path(path)
+    expected = f"expected an {_file_formats()}"
+    try:
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            found = input_directory_format(path)
+            if found is not None:
+                return found
+            kinds = ", ".join(f.description for f in FORMATS.values() if f.directory)
+            raise InputFileError(f"{path}: is a directory, not a file (nor {kinds})")
+        if not stat.S_ISREG(info.st_mode):
+            raise InputFileError(f"{path}: is not a regular file ({file_kind(info.st_mode)}); {expected}")
+        with open(path, "rb") as fh:
+            head = fh.read(HEAD_BYTES)
+    except InputFileError:
+        raise
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputFileError(f"{path}: is a directory, not a file") from None
+    except PermissionError:
+        raise InputFileError(f"{path}: permission denied") from None
+    except (OSError, ValueError) as err:  # ValueError: an embedded NUL byte in the path
+        raise InputFileError(f"{path}: cannot read: {os_reason(err) if isinstance(err, OSError) else err}") from None
+    for fmt in FORMATS.values():
+        if not fmt.directory and fmt.sniff(head):
+            return fmt.name
+    if not head:
+        raise InputFileError(f"{path}: file is empty (0 bytes); {expected}")
+    if head.startswith(NPY_MAGIC):
+        raise InputFileError(
+            f"{path}: is a single .npy array, and lstmgrad needs all of the op's tensors together: put them in "
+            "one directory as x.npy, cs_prev.npy, h_prev.npy, ... (one file per tensor, named after it) and give "
+            "the directory, or save them into one file with np.savez(path, x=x, cs_prev=cs_prev, ...)")
+    raise InputFileError(f"{path}: not an {_file_formats()} (it starts with {head[:8]!r})")
+
+
+def default_output(input_path: Path, input_format: str) -> Path:
+    """``<stem>.grads.<ext>`` beside the input, in the input's format (NPZ for formats lstmgrad does not write)."""
+    return default_output_path(input_path, FORMATS[input_format].output_format)
+
+
+def read_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable[str] = (),
+                group: str | None = None, collect_errors: bool = False) -> LoadedFile:
+    """Read the tensors ``names`` (and scalar parameters ``scalars``) from an input of any format.
+
+    Names are TF's snake_case argument names; camelCase aliases are accepted.  Missing tensors are
+    simply absent from the result (the caller names them all at once); scalars may also come from
+    HDF5 attributes of the group.  Raises InputFileError, and nothing else, for a bad input; with
+    ``collect_errors`` a tensor that cannot be read is recorded in ``errors`` and the rest are read
+    (one open file, one memory budget: what ``lstmgrad inspect`` needs).
+    """
+    with open_inputs(path, names, scalars, group, collect_errors=collect_errors) as loaded:
+        return loaded
+
+
+@contextlib.contextmanager
+def open_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable[str] = (), group: str | None = None,
+                lazy: Iterable[str] = (), collect_errors: bool = False) -> Iterator[LoadedFile]:
+    """``read_inputs`` that may leave tensors on disk while the block runs.
+
+    Tensors named in ``lazy`` that are HDF5 datasets come back as ``LazyDataset``s, read later by
+    slicing (a chunk of time steps at a time), after the same safety checks as an eager read; they
+    do not count against the memory limit, which is what lets an input larger than memory be
+    processed.  Other formats, and big-endian HDF5 data, are always read into memory.
+    """
+    path = Path(path)
+    fmt = FORMATS[sniff_format(path)]
+    with fmt.open(path, list(names), list(scalars), group, frozenset(lazy), collect_errors) as loaded:
+        yield loaded
+
+
+def read_metadata(path: str | os.PathLike) -> dict:
+    """The provenance an lstmgrad output carries (NPZ metadata entry or HDF5 root attributes); {} if none."""
+    path = Path(path)
+    if sniff_format(path) != "hdf5":
+        loaded = read_inputs(path, [], [METADATA_KEY])
+        if METADATA_KEY not in loaded.scalars:
+            return {}
+        try:
+            return json.loads(str(loaded.scalars[METADATA_KEY][0]))
+        except ValueError:
+            raise InputFileError(f"{path}: its {METADATA_KEY} entry is not valid JSON") from None
+    with hdf5.open_hdf5(path) as (fh, _h5py), hdf5.hdf5_errors(path):
+        return {k: (v.item() if hasattr(v, "item") else v) for k, v in fh.attrs.items()}

@@ -1,0 +1,195 @@
+"""What every reader shares: the loaded-file record, tensor names, the memory budget, messages.
+
+Nothing here opens a file of a particular format; the format modules (npz.py, hdf5.py, npydir.py)
+do, and all of them refuse a tensor through ``Budget`` before allocating it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputFileError, LstmGradError
+
+METADATA_KEY = "__lstmgrad__"
+MAX_BYTES_ENV = "LSTMGRAD_MAX_TENSOR_BYTES"
+READ_CHUNK = 1 << 20
+
+
+@dataclass
+class LoadedFile:
+    """What was read from one input: the tensors asked for, scalar parameters, and what else is there."""
+
+    path: Path
+    format: str  # a name in io.FORMATS: "hdf5", "npz", "npy-dir", ...
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    scalars: dict[str, tuple[object, str]] = field(default_factory=dict)  # name -> (value, "tensor"|"attribute")
+    keys: list[str] = field(default_factory=list)  # every entry of the group, as stored
+    errors: dict[str, InputFileError] = field(default_factory=dict)  # with collect_errors: tensor -> why unreadable
+
+
+def file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+
+def camel(name: str) -> str:
+    """The camelCase spelling of TensorFlow's Java API (cs_prev -> csPrev), accepted beside snake_case."""
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def key_for(name: str, keys: Iterable[str], path: Path) -> str | None:
+    present = [k for k in dict.fromkeys((name, camel(name))) if k in keys]
+    if len(present) > 1:
+        raise InputFileError(f"{path}: both {present[0]!r} and {present[1]!r} are present; keep one")
+    return present[0] if present else None
+
+
+def describe_keys(keys: Iterable[str], limit: int = 20, width: int = 60) -> str:
+    """Key names for a one-line message: control characters escaped, long names cut, long lists counted.
+
+    Key names come from the file, so they may hold terminal escape sequences, newlines or thousands
+    of characters; messages that list them should use this rather than joining them raw.
+    """
+    keys = list(keys)
+    shown = []
+    for key in keys[:limit]:
+        text = key if key.isprintable() else repr(key)[1:-1]
+        shown.append(text if len(text) <= width else f"{text[:width - 3]}...")
+    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
+    return (", ".join(shown) + more) or "nothing"
+
+
+
+# -- memory limit -------------------------------------------------------------------------------
+
+def max_tensor_bytes() -> int:
+    """Bytes one input file's tensors may occupy: ``LSTMGRAD_MAX_TENSOR_BYTES``, else half the memory."""
+    text = os.environ.get(MAX_BYTES_ENV, "").strip()
+    if text:
+        match = re.fullmatch(r"(\d+)\s*([kKmMgGtT]?)(i?[bB])?", text)
+        if not match:
+            raise LstmGradError(f"{MAX_BYTES_ENV}={text!r}: expected a byte count such as 1000000 or 512M")
+        return int(match.group(1)) * 1024 ** " KMGT".index(match.group(2).upper() or " ")
+    return memory_bytes() // 2
+
+
+def memory_bytes() -> int:
+    """Physical memory, or the cgroup's memory limit when that is smaller (containers)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 << 30
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with contextlib.suppress(OSError, ValueError):
+            text = Path(limit_file).read_text().strip()
+            if text.isdigit() and 0 < int(text) < total:
+                total = int(text)
+    return total
+
+
+def human(nbytes: int) -> str:
+    value = float(nbytes)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if value < 1024 or unit == "EiB":
+            return f"{int(value)} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{nbytes} bytes"  # pragma: no cover
+
+
+class Budget:
+    """The bytes a file's tensors may still occupy; refuses a tensor before it is allocated."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.limit = max_tensor_bytes()
+        self.used = 0
+
+    def take(self, key: str, shape: tuple, dtype: np.dtype, what: str = "") -> int:
+        if any(int(n) < 0 for n in shape):
+            raise InputFileError(f"{self.path}: {key} declares a negative dimension (shape {list(shape)}); refused")
+        nbytes = math.prod(int(n) for n in shape) * dtype.itemsize
+        if self.used + nbytes > self.limit:
+            source = MAX_BYTES_ENV if os.environ.get(MAX_BYTES_ENV, "").strip() else "half of this machine's memory"
+            also = f" on top of {human(self.used)} already read" if self.used else ""
+            raise InputFileError(
+                f"{self.path}: {key} declares {what}shape {list(shape)} of {dtype_text(dtype)} = {human(nbytes)} "
+                f"({nbytes} bytes){also}, more than the {human(self.limit)} limit ({source}; set {MAX_BYTES_ENV} "
+                f"to change it); refused before reading")
+        self.used += nbytes
+        return nbytes
+
+    def check_slice(self, key: str, shape: tuple, dtype: np.dtype) -> None:
+        """A tensor read one time step at a time: one step (``shape[1:]``) must fit in the limit."""
+        if any(int(n) < 0 for n in shape):
+            raise InputFileError(f"{self.path}: {key} declares a negative dimension (shape {list(shape)}); refused")
+        step = math.prod(int(n) for n in shape[1:]) * dtype.itemsize
+        if step > self.limit:
+            total = math.prod(int(n) for n in shape) * dtype.itemsize
+            source = MAX_BYTES_ENV if os.environ.get(MAX_BYTES_ENV, "").strip() else "half of this machine's memory"
+            raise InputFileError(
+                f"{self.path}: {key} declares shape {list(shape)} of {dtype_text(dtype)} = {human(total)} "
+                f"({total} bytes), and one time step of it ({human(step)}) is more than the {human(self.limit)} "
+                f"limit ({source}; set {MAX_BYTES_ENV} to change it); refused before reading")
+
+
+def dtype_text(dtype: np.dtype) -> str:
+    return "object" if dtype.hasobject else str(dtype)
+
+
+def native(array: np.ndarray) -> np.ndarray:
+    """Numbers in this machine's byte order (a file from a big-endian machine is fine)."""
+    if array.dtype.kind in "biufc" and not array.dtype.isnative:
+        return array.astype(array.dtype.newbyteorder("="))
+    return array
+
+
+@contextlib.contextmanager
+def collecting(loaded: LoadedFile, name: str, collect: bool) -> Iterator[None]:
+    """With ``collect``, one tensor's InputFileError is recorded instead of ending the read."""
+    try:
+        yield
+    except InputFileError as err:
+        if not collect:
+            raise
+        loaded.errors[name] = err
+
+
+
+def reason(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+
+@dataclass(frozen=True)
+class Format:
+    """One input format in ``io.FORMATS``: how to recognise it by content and how to read it.
+
+    ``sniff`` gets the first bytes of a file (``HEAD_BYTES``), or for a directory format the names of
+    the directory's entries; ``open(path, names, scalars, group, lazy, collect_errors)`` is a context
+    manager yielding the ``LoadedFile``.
+    """
+
+    name: str
+    description: str  # for messages: "an NPZ file"
+    directory: bool
+    sniff: object
+    open: object
+    output_format: str = "npz"  # the format of the default output beside such an input
+
+
+HEAD_BYTES = 8192 + 8  # enough for HDF5's signature at any of its user-block offsets

@@ -1,0 +1,232 @@
+"""HDF5 files (h5py), read one link at a time and never out of the file.
+
+External links, dangling soft links, soft-link loops, virtual datasets and datasets whose raw data
+lives in external files are refused; a compression filter that is not available is named.  Tensors
+asked for lazily come back as ``LazyDataset``s, read later a slice of time steps at a time (what
+lets an input larger than memory be processed); HDF5 attributes of the group can hold the scalar
+parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputFileError, LstmGradError
+from ._common import Budget, Format, LoadedFile, collecting, key_for, native, reason
+
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+# HDF5 allows a user block before the superblock; the signature then sits at 512, 1024, 2048, ...
+HDF5_OFFSETS = (0, 512, 1024, 2048, 4096, 8192)
+MAX_LINK_DEPTH = 16  # soft links followed in a row (HDF5's own default nesting limit)
+
+# Everything h5py raises on bad data (HDF5 errors arrive as OSError, KeyError, RuntimeError, ...).
+HDF5_ERRORS = (OSError, KeyError, RuntimeError, ValueError, TypeError, IndexError, OverflowError,
+               AttributeError, NotImplementedError, UnicodeError)
+
+
+def sniff(head: bytes) -> bool:
+    return any(head[offset:offset + 8] == HDF5_MAGIC for offset in HDF5_OFFSETS)
+
+
+@contextlib.contextmanager
+def open_hdf5_inputs(path: Path, names, scalars, group=None, lazy=(), collect_errors=False):
+    """The tensors ``names`` and scalars of ``path``; those in ``lazy`` may stay on disk while the block runs."""
+    with open_hdf5(path) as (fh, h5py):
+        loaded = LoadedFile(path, "hdf5")
+        with hdf5_errors(path):
+            read_open(fh, loaded, list(names), list(scalars), group, h5py, frozenset(lazy), collect_errors)
+        yield loaded
+
+
+class LazyDataset:
+    """An HDF5 dataset read by slicing, whose read errors become InputFileError naming file and tensor.
+
+    Has what the gradient code uses of an array: ``shape``, ``ndim``, ``dtype``, ``size`` and
+    slicing along the first axis.  Valid while the ``open_inputs`` block that made it runs.
+    """
+
+    def __init__(self, dataset, key: str, path: Path):
+        self._dataset, self._key, self._path = dataset, key, path
+        self.shape, self.dtype = tuple(dataset.shape), dataset.dtype
+        self.ndim, self.size = len(self.shape), int(math.prod(self.shape))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index) -> np.ndarray:
+        try:
+            return np.asarray(self._dataset[index])
+        except MemoryError:
+            raise InputFileError(f"{self._path}: {self._key} does not fit in memory") from None
+        except HDF5_ERRORS as err:
+            raise InputFileError(f"{self._path}: {self._key} cannot be read ({reason(err)})") from None
+
+
+@contextlib.contextmanager
+def open_hdf5(path: Path):
+    import h5py  # noqa: PLC0415 - imported when an HDF5 file is actually read
+
+    try:
+        fh = h5py.File(path, "r")
+    except MemoryError:
+        raise InputFileError(f"{path}: corrupt HDF5 file (its metadata does not fit in memory)") from None
+    except HDF5_ERRORS as err:
+        raise InputFileError(f"{path}: corrupt or truncated HDF5 file ({reason(err)})") from None
+    with fh:
+        yield fh, h5py
+
+
+@contextlib.contextmanager
+def hdf5_errors(path: Path):
+    """h5py's many exception types on a corrupt file -> one InputFileError."""
+    try:
+        yield
+    except LstmGradError:
+        raise
+    except MemoryError:
+        raise InputFileError(f"{path}: corrupt HDF5 file (its metadata does not fit in memory)") from None
+    except HDF5_ERRORS as err:
+        raise InputFileError(f"{path}: corrupt HDF5 file ({reason(err)})") from None
+
+
+def read_open(fh, loaded: LoadedFile, names, scalars, group, h5py, lazy=frozenset(),
+                    collect_errors=False) -> None:
+    path = loaded.path
+    node = fh
+    if group:
+        node = walk(fh, fh, group, path, h5py, f"group {group!r}")
+        if not isinstance(node, h5py.Group):
+            groups = sorted(k for k in fh.keys() if fh.get(k, getlink=True).__class__ is h5py.HardLink
+                            and isinstance(fh.get(k), h5py.Group))
+            raise InputFileError(f"{path}: no group {group!r} (groups at the root: {', '.join(groups) or 'none'})")
+    loaded.keys = list(node.keys())
+    budget = Budget(path)
+    for name in names:
+        with collecting(loaded, name, collect_errors):
+            key = key_for(name, loaded.keys, path)
+            if key is not None:
+                loaded.tensors[name] = read_dataset(fh, node, key, path, h5py, budget, lazy=name in lazy)
+    for name in scalars:
+        key = key_for(name, loaded.keys, path)
+        if key is not None:
+            loaded.scalars[name] = (read_dataset(fh, node, key, path, h5py, budget), "tensor")
+            continue
+        for attrs in (node.attrs, fh.attrs) if group else (node.attrs,):
+            akey = key_for(name, list(attrs.keys()), path)
+            if akey is not None:
+                loaded.scalars[name] = (read_attribute(attrs, akey, path, budget), "attribute")
+                break
+
+
+
+def walk(fh, start, target: str, path: Path, h5py, what: str, depth: int = 0):
+    """The object at ``target`` (relative to ``start``), following links one at a time, never out of the file.
+
+    Returns None when nothing is there; refuses external links, dangling soft links, soft-link loops
+    and link types HDF5 plugins define.
+    """
+    if depth > MAX_LINK_DEPTH:
+        raise InputFileError(f"{path}: {what}: more than {MAX_LINK_DEPTH} soft links in a row (a loop?); refused")
+    current = fh if target.startswith("/") else start
+    for part in (p for p in target.split("/") if p and p != "."):
+        if not isinstance(current, h5py.Group):
+            return None
+        if part not in current:  # one link name: checks the link itself, following nothing
+            return None
+        link = current.get(part, getlink=True)
+        if isinstance(link, h5py.ExternalLink):
+            raise InputFileError(f"{path}: {what} is an external link to {link.filename!r}:{link.path!r} "
+                                 "(data outside this file); refused")
+        if isinstance(link, h5py.SoftLink):
+            obj = walk(fh, current, link.path, path, h5py, what, depth + 1)
+            if obj is None:
+                raise InputFileError(f"{path}: {what} is a soft link to {link.path!r}, which does not exist "
+                                     "in this file (a dangling link); refused")
+            current = obj
+        elif isinstance(link, h5py.HardLink):
+            current = current[part]
+        else:
+            raise InputFileError(f"{path}: {what} is a {type(link).__name__} (not a hard or soft link); refused")
+    return current
+
+
+def read_dataset(fh, node, key: str, path: Path, h5py, budget: Budget, lazy: bool = False):
+    obj = walk(fh, node, key, path, h5py, key)
+    if not isinstance(obj, h5py.Dataset):
+        kind = "group" if isinstance(obj, h5py.Group) else type(obj).__name__.lower()
+        raise InputFileError(f"{path}: {key} is a {kind}, not a dataset")
+    if obj.is_virtual:
+        raise InputFileError(f"{path}: {key} is a virtual dataset (data from other files); refused")
+    dcpl = obj.id.get_create_plist()
+    if dcpl.get_external_count():
+        raw = dcpl.get_external(0)[0].decode("utf-8", "replace")
+        raise InputFileError(f"{path}: {key} keeps its data in an external raw file ({raw!r}); refused")
+    check_filters(dcpl, key, path)
+    shape, dtype = obj.shape, obj.dtype
+    if shape is None:
+        raise InputFileError(f"{path}: {key} has no data (an HDF5 null dataspace); expected an array")
+    if dtype.hasobject:
+        raise InputFileError(f"{path}: {key} has a variable-length or reference type ({type_text(obj)}); "
+                             "expected a numeric array")
+    if obj.chunks is not None:  # a chunk is decompressed whole: a huge chunk is a memory bomb too
+        chunk_bytes = math.prod(obj.chunks) * dtype.itemsize
+        if chunk_bytes > budget.limit:
+            budget.take(key, obj.chunks, dtype, what="chunks of ")
+    if lazy and len(shape) >= 1 and dtype.isnative and dtype.kind == "f":
+        budget.check_slice(key, shape, dtype)
+        return LazyDataset(obj, key, path)  # read later, a slice of time steps at a time
+    budget.take(key, shape, dtype)
+    try:
+        return native(np.asarray(obj[()]))
+    except MemoryError:
+        raise InputFileError(f"{path}: {key} does not fit in memory") from None
+    except HDF5_ERRORS as err:
+        raise InputFileError(f"{path}: {key} cannot be read ({reason(err)})") from None
+
+
+def check_filters(dcpl, key: str, path: Path) -> None:
+    """Name a compression filter this HDF5 cannot run (HDF5's own message only says a plugin is missing)."""
+    from h5py import h5z  # noqa: PLC0415
+
+    for index in range(dcpl.get_nfilters()):
+        code, _flags, _values, name = dcpl.get_filter(index)
+        if not h5z.filter_avail(code):
+            label = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+            label = f" ({label!r})" if label else ""
+            raise InputFileError(f"{path}: {key} is compressed with HDF5 filter {code}{label}, which is not "
+                                 "available here; install its plugin (e.g. the hdf5plugin package)")
+
+
+def read_attribute(attrs, akey: str, path: Path, budget: Budget) -> np.ndarray:
+    try:
+        attr = attrs.get_id(akey)
+        shape, dtype = attr.shape, attr.dtype
+        if shape is not None and not dtype.hasobject:
+            budget.take(f"attribute {akey}", shape, dtype)
+        return native(np.asarray(attrs[akey]))
+    except LstmGradError:
+        raise
+    except MemoryError:
+        raise InputFileError(f"{path}: attribute {akey} does not fit in memory") from None
+    except HDF5_ERRORS as err:
+        raise InputFileError(f"{path}: attribute {akey} cannot be read ({reason(err)})") from None
+
+
+def type_text(obj) -> str:
+    import h5py  # noqa: PLC0415
+
+    dtype = obj.dtype
+    if h5py.check_string_dtype(dtype) is not None:
+        return "variable-length strings"
+    if h5py.check_vlen_dtype(dtype) is not None:
+        return "variable-length sequences"
+    if h5py.check_ref_dtype(dtype) is not None:
+        return "object references"
+    return "objects"
+
+
+FORMAT = Format("hdf5", "an HDF5 file", False, sniff, open_hdf5_inputs, "hdf5")
