@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 
 import click
@@ -13,10 +14,17 @@ from rich.text import Text
 from ..errors import LstmGradError, UnknownBackendError
 from ..summary import json_safe
 
+# Width of tables written to a pipe or file (a terminal gives its own): wide enough that no tensor name
+# or number is cut, as rich would at its default of 80 columns.
+PIPE_WIDTH = 200
+
 
 def stdout_console() -> Console:
     # Made per invocation (not at import) so NO_COLOR and redirection are honoured each run.
-    return Console(soft_wrap=False)
+    console = Console(soft_wrap=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(soft_wrap=False, width=PIPE_WIDTH)
+    return console
 
 
 def stderr_console() -> Console:
@@ -47,6 +55,16 @@ def plain(text: object) -> Text:
 def say(console: Console, text: object, style: str | None = None) -> None:
     """Print one line of plain text: no markup parsing, no highlighting, not wrapped (logs stay greppable)."""
     console.print(printable(text), markup=False, highlight=False, soft_wrap=True, style=style)
+
+
+def print_table(console: Console, table, heading: object = None, footer: object = None) -> None:
+    """A table with its heading above and its footer below as plain lines (rich pads a table's own title
+    and caption to the table's width, leaving trailing spaces, and wraps a long file name)."""
+    if heading is not None:
+        say(console, heading)
+    console.print(table)
+    if footer is not None:
+        say(console, footer)
 
 
 def one_line(message: str) -> str:

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from .. import backends as registry
 from ..backends import _blas
-from ._common import handle_errors, print_json, stdout_console
+from ._common import handle_errors, print_json, print_table, stdout_console
 
 
 @click.command("backends")
@@ -32,7 +32,7 @@ def backends_command(as_json: bool) -> None:
             {"name": r.name, "available": r.available, "reason": r.reason or None, "version": r.version,
              "source": r.source} for r in rows]})
         return
-    table = Table(title="lstmgrad backends", caption=f"numpy and numba products on {blas}")
+    table = Table()
     for col in ("backend", "available", "version", "source", "notes"):
         table.add_column(col)
     for r in rows:
@@ -40,4 +40,4 @@ def backends_command(as_json: bool) -> None:
         tags = [t for t, on in (("default", r.name == default), ("auto", r.name == auto)) if on]
         name = f"{r.name} ({', '.join(tags)})" if tags else r.name
         table.add_row(name, mark, r.version or "-", r.source, escape(r.reason))  # hints hold [extras]
-    stdout_console().print(table)
+    print_table(stdout_console(), table, "lstmgrad backends", f"numpy and numba products on {blas}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from ._common import handle_errors, print_json, stderr_console, stdout_console
+from ._common import handle_errors, print_json, print_table, stderr_console, stdout_console
 
 
 def _shape(ctx, param, values):
@@ -66,8 +66,7 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
         click.echo(f"{machine}; {dtype}, {'peephole' if peephole else 'no peephole'}, median of {repeats} rounds\n")
         click.echo(bench.markdown_table(report))
         return
-    table = Table(title=f"lstmgrad bench: {dtype}, {'peephole' if peephole else 'no peephole'}, median of {repeats}",
-                  caption=machine)
+    table = Table()
     for col, justify in (("T,B,I,C", "left"), ("engine", "left"), ("version", "left"), ("median", "right"),
                          ("GFLOP/s", "right"), ("x GEMM limit", "right"), ("note", "left")):
         table.add_column(col, justify=justify)
@@ -78,4 +77,5 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
         table.add_row(shape if shape != previous else "", r.engine, r.version or "-", med, f"{r.gflops:.0f}",
                       f"{r.ratio_to_gemm:.2f}", r.note, end_section=False)
         previous = shape
-    stdout_console().print(table)
+    print_table(stdout_console(), table,
+                f"lstmgrad bench: {dtype}, {'peephole' if peephole else 'no peephole'}, median of {repeats}", machine)
