@@ -26,10 +26,11 @@ import numpy as np
 
 from . import gradcheck, io, validation
 from .backends import get_backend, resolve_name
-from .backends._xp import LAYOUTS
+from .detect import LAYOUT_OPS
 from .errors import InputFileError, InvalidArgumentError
+from .forward import gate_slices
 from .ops import BlockLSTMGradOutputs, LSTMBlockCellGradFullOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full
-from .problem import Problem, load_problem
+from .problem import OPS, Problem, load_problem, peephole_origin
 from .summary import json_safe
 
 SEQ_GRADS = BlockLSTMGradOutputs._fields
@@ -100,7 +101,7 @@ def _double_counted(problem: Problem, arrays: dict, setting: Setting) -> dict[st
     T, B, I = a["x"].shape  # noqa: E741
     C = a["w"].shape[1] // 4
     L = setting.seq_len_max if problem.kind == "seq" else 1
-    k = {g: slice(n * C, (n + 1) * C) for g, n in LAYOUTS[setting.layout].items()}
+    k = gate_slices(C, setting.layout)
     peep = setting.use_peephole
     x_grad = np.zeros((T, B, I))
     w_grad, b_grad = np.zeros_like(a["w"]), np.zeros_like(a["b"])
@@ -155,10 +156,17 @@ class Comparison:
     tolerance: float | None  # atol + rtol * max |ref|
     passed: bool
     note: str = ""
+    out_of_tolerance: int | None = None  # finite elements with |ours - ref| > tolerance
+    worst_index: list[int] | None = None  # where |ours - ref| is largest
+    worst_ours: float | None = None
+    worst_reference: float | None = None
+    first_bad_step: int | None = None  # tensors with a time axis (x_grad of a sequence): first step out of tolerance
 
 
-def compare(ours: dict, reference: dict, rtol: float, atol: float, dtype) -> list[Comparison]:
-    """Per tensor in both: max absolute/relative error, error in ulps, pass/fail against the tolerance."""
+def compare(ours: dict, reference: dict, rtol: float, atol: float, dtype, time_major=()) -> list[Comparison]:
+    """Per tensor in both: max absolute/relative error, error in ulps, pass/fail against the tolerance, and
+    where the difference is (the worst element, how many are out of tolerance, for the tensors named in
+    ``time_major`` the first step out of tolerance)."""
     eps = float(np.finfo(np.dtype(dtype)).eps)
     results = []
     for name, ref in reference.items():
@@ -189,8 +197,18 @@ def compare(ours: dict, reference: dict, rtol: float, atol: float, dtype) -> lis
         tol = atol + rtol * scale
         rel = err / scale if scale else (0.0 if err == 0 else float("inf"))
         ulps = rel / eps if np.isfinite(rel) else None
-        results.append(Comparison(name, list(mine.shape), list(ref64.shape), err, rel, ulps, scale, tol,
-                                  err <= tol and not note, note))
+        comparison = Comparison(name, list(mine.shape), list(ref64.shape), err, rel, ulps, scale, tol,
+                                err <= tol and not note, note)
+        if both.any() and err > 0:
+            diff = np.where(both, np.abs(mine - ref64), -1.0)
+            worst = np.unravel_index(int(np.argmax(diff)), diff.shape)
+            comparison.worst_index = [int(k) for k in worst]
+            comparison.worst_ours, comparison.worst_reference = float(mine[worst]), float(ref64[worst])
+            beyond = diff > tol
+            comparison.out_of_tolerance = int(beyond.sum())
+            if name in time_major and beyond.any():
+                comparison.first_bad_step = int(np.argmax(beyond.reshape(beyond.shape[0], -1).any(axis=1)))
+        results.append(comparison)
     return results
 
 
@@ -264,23 +282,10 @@ CAUSES = {
 def _explain(causes: list[str], problem: Problem, base: Setting, changes: dict) -> str:
     texts = []
     for cause in causes:
-        if cause == "layout" and base.layout == "ifco":
-            texts.append(
-                "The reference was computed with BlockLSTMGrad, the ICFO (V1) kernel, on these IFCO "
-                "(BlockLSTMV2) tensors. That is what TensorFlow's autodiff (tf.GradientTape) returns for "
-                "BlockLSTMV2: TF registers the V1 gradient for both ops (tf-semantics.md 4.2), so the c and f "
-                "gate blocks are swapped and x, cs_prev, h_prev, w and b gradients are wrong. lstmgrad's "
-                "BlockLSTMGradV2 result is the correct gradient; to reproduce TF's tape anyway, use --layout icfo.")
-        elif cause == "layout":
-            texts.append(
-                "The reference was computed with the IFCO layout (BlockLSTMGradV2): the tensors come from "
-                "BlockLSTMV2 (gate order i, f, c, o, as Keras and cuDNN), not BlockLSTM; use --layout ifco.")
+        if cause == "layout":
+            texts.append(_layout_explanation(problem, base.layout, changes["layout"]))
         elif cause == "peephole":
-            on = changes["use_peephole"]
-            texts.append(
-                f"The reference was computed with use_peephole={str(on).lower()}, here it is "
-                f"{str(not on).lower()} ({problem.sources.get('use_peephole', 'flag')}); use "
-                f"--{'' if on else 'no-'}peephole.")
+            texts.append(_peephole_explanation(problem, base.use_peephole, changes["use_peephole"]))
         elif cause == "seq_len_max":
             texts.append(
                 f"The reference was computed with seq_len_max={changes['seq_len_max']}, here it is "
@@ -306,6 +311,50 @@ def _explain(causes: list[str], problem: Problem, base: Setting, changes: dict) 
                 "automatic mixed precision does with these ops on GPU (tf-semantics.md 6.1); the difference is "
                 "half-precision rounding, not a bug in either result.")
     return " ".join(texts)
+
+
+def _layout_explanation(problem: Problem, ours: str, theirs: str) -> str:
+    """Why the reference matches the other layout, from what the activations fit (not from what was asked)."""
+    found = problem.fit.layout if problem.fit is not None else None
+    op_ours, op_theirs = OPS[("seq", ours)], OPS[("seq", theirs)]
+    if found == ours and theirs == "icfo":
+        return ("The reference is BlockLSTMGrad, TensorFlow's V1 kernel with the ICFO gate layout, run on activations "
+                "that BlockLSTMV2 made (they fit the IFCO layout only). That is what tf.GradientTape returns for "
+                "BlockLSTMV2: TensorFlow registers the V1 gradient for both ops (docs/semantics.md), so the c and f "
+                "gate blocks are swapped and the x, cs_prev, h_prev, w and b gradients are wrong. lstmgrad's "
+                "BlockLSTMGradV2 result is the true gradient; to reproduce TF's tape anyway, use --layout icfo.")
+    if found == ours:
+        return ("The reference is BlockLSTMGradV2 (IFCO gate layout) run on activations that BlockLSTM (V1) made "
+                "(they fit the ICFO layout only): the c and f gate blocks are swapped, so it is not their gradient. "
+                "lstmgrad's BlockLSTMGrad result is; --layout ifco reproduces the reference.")
+    if found == theirs:
+        return (f"The reference is {op_theirs} (layout {theirs}), the gradient of the op that made these activations "
+                f"(they fit layout {theirs}); here {op_ours} was computed as asked (--layout {ours}). Drop "
+                f"--layout {ours}.")
+    return (f"The reference matches {op_theirs} (layout {theirs}); here {op_ours} (layout {ours}) was computed, and "
+            f"the activations cannot tell which op made them. If they come from {LAYOUT_OPS[theirs]}, use --layout "
+            f"{theirs}; if from BlockLSTMV2 and the reference is BlockLSTMGrad, it is TF's GradientTape gradient of "
+            "BlockLSTMV2, which runs the V1 kernel (docs/semantics.md).")
+
+
+def _peephole_explanation(problem: Problem, ours: bool, theirs: bool) -> str:
+    """Why the reference matches the other use_peephole, from what the activations fit."""
+    fit = problem.fit
+    found = None
+    if fit is not None and fit.fitting:
+        settings = {h.use_peephole for h in fit.fitting if h.layout == problem.layout}
+        found = settings.pop() if len(settings) == 1 else None
+    flag = f"--{'' if theirs else 'no-'}peephole"
+    ref, here = f"use_peephole={str(theirs).lower()}", f"use_peephole={str(ours).lower()}"
+    source = peephole_origin(problem)
+    if found == theirs:
+        return (f"The reference was computed with {ref}, which the activations were computed with too; here {here} "
+                f"({source}). Use {flag}.")
+    if found == ours:
+        return (f"The reference was computed with {ref}, but the activations were computed with {here}: the "
+                "reference is not the gradient of the op that made them (the gradient op was run with another "
+                f"use_peephole than the forward op). {flag} reproduces it.")
+    return f"The reference was computed with {ref}, here it is {here} ({source}); use {flag}."
 
 
 def _relative_errors(comps: list[Comparison]) -> float:
@@ -367,7 +416,7 @@ def explain(problem: Problem, base: Setting, reference: dict, rtol: float, atol:
 @dataclass(frozen=True)
 class CheckOptions:
     kind: str | None = None  # None: from the rank of x
-    layout: str = "ifco"
+    layout: str | None = None  # None: what the activations fit
     backend: str | None = None
     use_peephole: bool | None = None
     seq_len_max: int | None = None
@@ -400,6 +449,8 @@ class CheckReport:
     atol: float
     sources: dict = field(default_factory=dict)
     defaults: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what was asked contradicts the activations, or nothing fits
+    activations: dict | None = None  # what the stored activations fit (detect.ActivationFit.to_json)
     comparisons: list[Comparison] = field(default_factory=list)
     not_in_reference: list[str] = field(default_factory=list)
     other_reference_keys: list[str] = field(default_factory=list)
@@ -456,11 +507,13 @@ def run_check(input_path, reference_path, options: CheckOptions) -> CheckReport:
         problem.layout, backend_name, problem.dtype,
         str(validation.resolve_compute_dtype(problem.arrays["x"].dtype, options.compute_dtype)),
         problem.use_peephole, problem.seq_len_max if problem.kind == "seq" else None, problem.dims._asdict(),
-        rtol, atol, problem.sources, problem.defaults)
+        rtol, atol, problem.sources, problem.defaults, problem.warnings,
+        problem.fit.to_json() if problem.fit is not None else None)
 
     if reference_path is not None:
         reference, others = load_reference(reference_path, problem.kind, options.reference_group)
-        report.comparisons = compare(ours, reference, rtol, atol, problem.dtype)
+        time_major = ("x_grad",) if problem.kind == "seq" else ()
+        report.comparisons = compare(ours, reference, rtol, atol, problem.dtype, time_major)
         report.not_in_reference = [n for n in ours if n not in reference]
         report.other_reference_keys = others
         if not report.comparisons_passed and any(c.max_abs_error is not None for c in report.comparisons):

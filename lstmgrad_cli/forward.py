@@ -17,6 +17,17 @@ def sigmoid(z):
     return 0.5 * (1.0 + np.tanh(0.5 * z))
 
 
+def logit(p):
+    """The inverse of ``sigmoid`` (infinite at 0 and 1, NaN outside [0, 1], without warnings)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(p) - np.log1p(-p)
+
+
+def gate_slices(C: int, layout: str) -> dict[str, slice]:
+    """The columns of each gate block ("i", "c", "f", "o") of w, b and the gate gradients, by layout."""
+    return {g: slice(n * C, (n + 1) * C) for g, n in LAYOUTS[layout].items()}
+
+
 def block_lstm_forward(seq_len_max: int, x, cs_prev, h_prev, w, wci, wcf, wco, b, *, forget_bias: float,
                        cell_clip: float, use_peephole: bool, layout: str, compute_dtype) -> tuple:
     """The BlockLSTM recurrence on validated numpy arrays; returns (i, cs, f, o, ci, co, h) as [T, B, C].
@@ -29,7 +40,7 @@ def block_lstm_forward(seq_len_max: int, x, cs_prev, h_prev, w, wci, wcf, wco, b
     T, B, I = x.shape
     C = w.shape[1] // 4
     L = seq_len_max
-    k = {g: slice(n * C, (n + 1) * C) for g, n in LAYOUTS[layout].items()}
+    k = gate_slices(C, layout)
     w_c, b_c = w.astype(cdt), b.astype(cdt)
     wci, wcf, wco = (p.astype(cdt) for p in (wci, wcf, wco))
     fb = cdt.type(forget_bias)

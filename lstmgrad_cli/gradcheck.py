@@ -27,8 +27,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .backends import get_backend
-from .backends._xp import LAYOUTS
-from .forward import sigmoid
+from .forward import gate_slices, logit, sigmoid
 from .ops import block_lstm_grad_checked
 from .validation import ACTIVATIONS
 
@@ -39,7 +38,7 @@ GATES = ("i", "f", "o", "ci")
 # checkpoint moves gate values by orders of magnitude more.
 CONSISTENCY_TOL = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-9}
 # Forget-bias estimates use only gates away from saturation, where logit(f) is well conditioned.
-_UNSATURATED = {"float16": 0.05, "float32": 1e-3, "float64": 1e-6}
+UNSATURATED = {"float16": 0.05, "float32": 1e-3, "float64": 1e-6}
 
 
 def as_sequence(arrays: dict, kind: str) -> dict:
@@ -48,10 +47,6 @@ def as_sequence(arrays: dict, kind: str) -> dict:
         return dict(arrays)
     per_step = (*ACTIVATIONS, "x", "cs_grad", "h_grad")
     return {n: (a[None] if n in per_step else a) for n, a in arrays.items()}
-
-
-def _gate_slices(C: int, layout: str) -> dict[str, slice]:
-    return {g: slice(n * C, (n + 1) * C) for g, n in LAYOUTS[layout].items()}
 
 
 # -- forward consistency ------------------------------------------------------------------------
@@ -95,11 +90,6 @@ class ForwardFit:
         return {**asdict(self), "consistent": self.consistent}
 
 
-def _logit(p):
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.log(p) - np.log1p(-p)
-
-
 def forward_consistency(arrays: dict, kind: str, *, layout: str, use_peephole: bool, seq_len_max: int,
                         forget_bias: float | None = None, cell_clip: float | None = None) -> ForwardFit:
     """Teacher-forced float64 recomputation of i, f, o, ci, cs, co, h from the stored state.
@@ -114,7 +104,7 @@ def forward_consistency(arrays: dict, kind: str, *, layout: str, use_peephole: b
     L = seq_len_max
     T, B, I = a["x"].shape  # noqa: E741
     C = a["w"].shape[1] // 4
-    k = _gate_slices(C, layout)
+    k = gate_slices(C, layout)
     cs_prevs = np.concatenate([a["cs_prev"][None], a["cs"][:max(L - 1, 0)]])[:L]
     has_h = "h" in a
     if has_h:
@@ -131,10 +121,10 @@ def forward_consistency(arrays: dict, kind: str, *, layout: str, use_peephole: b
 
     fb_source = "given"
     if forget_bias is None:
-        lim = _UNSATURATED.get(dtype, 1e-3)
+        lim = UNSATURATED.get(dtype, 1e-3)
         mask = (f > lim) & (f < 1 - lim)
         if mask.any():
-            forget_bias, fb_source = float(np.median(_logit(f[mask]) - zf[mask])), "inferred"
+            forget_bias, fb_source = float(np.median(logit(f[mask]) - zf[mask])), "inferred"
             if abs(round(forget_bias, 2) - forget_bias) <= 10 * tol:  # 0.99997 is 1.0 in all but rounding
                 forget_bias = round(forget_bias, 2) + 0.0  # + 0.0: no "-0.0"
         else:
@@ -202,7 +192,7 @@ def forward64(a: dict, *, layout: str, use_peephole: bool, seq_len_max: int, for
     T, B, I = a["x"].shape  # noqa: E741
     C = a["w"].shape[1] // 4
     L = seq_len_max
-    k = _gate_slices(C, layout)
+    k = gate_slices(C, layout)
     outs = {n: np.zeros((T, B, C)) for n in ACTIVATIONS}
     offsets = np.zeros((T, B, C))
     cs_t, h_t = a["cs_prev"], a["h_prev"]

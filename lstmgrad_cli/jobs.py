@@ -16,7 +16,7 @@ from . import __version__, io, validation
 from .backends import get_backend, resolve_name
 from .errors import InvalidArgumentError
 from .ops import block_lstm_grad_checked, lstm_block_cell_grad_full
-from .perstep import StepRecorder, per_step_report
+from .perstep import StepRecorder, impulse_norms, per_step_report
 from .problem import OPS, open_problem
 from .summary import TensorSummary, summarise
 
@@ -26,7 +26,7 @@ class GradOptions:
     """Everything a gradient run needs besides the file names; None means "from the file or default"."""
 
     kind: str = "seq"  # "seq" or "cell"
-    layout: str = "ifco"  # seq only; the cell op is always ICFO
+    layout: str | None = None  # seq only (None: what the activations fit); the cell op is always ICFO
     backend: str | None = None
     use_peephole: bool | None = None
     seq_len_max: int | None = None
@@ -39,6 +39,9 @@ class GradOptions:
 
     @property
     def op(self) -> str:
+        """The op asked for; before a file is read, a sequence op of no given layout is either."""
+        if self.kind == "seq" and self.layout is None:
+            return "BlockLSTMGradV2 or BlockLSTMGrad"
         return OPS[(self.kind, self.layout if self.kind == "seq" else "icfo")]
 
 
@@ -60,7 +63,9 @@ class GradResult:
     seq_len_max: int | None = None
     dims: dict | None = None
     defaults: list[str] = field(default_factory=list)  # what was not given and how it was filled in
-    sources: dict = field(default_factory=dict)  # parameter -> "flag" | "tensor" | "attribute" | "default"
+    sources: dict = field(default_factory=dict)  # parameter -> "flag" | "tensor" | "attribute" | "activations" | ...
+    warnings: list[str] = field(default_factory=list)  # what was asked contradicts the activations, or nothing fits
+    activations: dict | None = None  # what the stored activations fit (detect.ActivationFit.to_json)
     tensors: list[TensorSummary] = field(default_factory=list)
     nonfinite_inputs: dict[str, int] = field(default_factory=dict)  # input tensor -> NaN/Inf entries
     per_step: dict | None = None  # with GradOptions.per_step: perstep.per_step_report
@@ -78,8 +83,7 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
     """
     start = time.perf_counter()
     input_path = Path(input_path)
-    layout = options.layout if options.kind == "seq" else "icfo"
-    result = GradResult(str(input_path), None, options.op, layout=layout)
+    result = GradResult(str(input_path), None, options.op, layout=options.layout if options.kind == "seq" else "icfo")
 
     backend_name = resolve_name(options.backend)
     backend = get_backend(backend_name)
@@ -88,8 +92,13 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
     io.check_output(out, options.force, [input_path])
     lazy = options.kind == "seq" and fmt == "hdf5"
 
-    with open_problem(input_path, kind=options.kind, layout=layout, use_peephole=options.use_peephole,
-                      seq_len_max=options.seq_len_max, group=options.group, lazy=lazy) as problem:
+    with open_problem(input_path, kind=options.kind, layout=options.layout if options.kind == "seq" else None,
+                      use_peephole=options.use_peephole, seq_len_max=options.seq_len_max, group=options.group,
+                      lazy=lazy) as problem:
+        result.op, result.layout, result.warnings = problem.op, problem.layout, problem.warnings
+        result.activations = problem.fit.to_json() if problem.fit is not None else None
+        if options.strict and problem.warnings:
+            raise InvalidArgumentError(f"{input_path}: {'; '.join(problem.warnings)} (--strict: nothing written)")
         cdt = validation.resolve_compute_dtype(problem.arrays["x"].dtype, options.compute_dtype)
         seq_len_max = problem.seq_len_max if options.kind == "seq" else None
         result.backend, result.backend_version = backend_name, getattr(backend, "version", None)
@@ -97,7 +106,8 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
         result.use_peephole, result.seq_len_max = problem.use_peephole, seq_len_max
         result.dims, result.sources, result.defaults = problem.dims._asdict(), problem.sources, problem.defaults
         metadata = {
-            "tool": "lstmgrad", "version": __version__, "op": options.op, "layout": layout,
+            "tool": "lstmgrad", "version": __version__, "op": problem.op, "layout": problem.layout,
+            "layout_source": problem.sources["layout"], "use_peephole_source": problem.sources["use_peephole"],
             "backend": backend_name, "backend_version": result.backend_version or "",
             "use_peephole": problem.use_peephole, "seq_len_max": -1 if seq_len_max is None else seq_len_max,
             "dtype": result.dtype, "compute_dtype": result.compute_dtype,
@@ -126,7 +136,7 @@ def _compute(problem, backend, cdt, options: GradOptions, result: GradResult, x_
     """
     arrays = problem.arrays
     recorder = StepRecorder(problem.seq_len_max) if options.per_step and options.kind == "seq" else None
-    if options.kind == "seq":
+    if problem.kind == "seq":
         outputs = block_lstm_grad_checked(backend, problem.layout, problem.seq_len_max, arrays, problem.use_peephole,
                                           cdt, options.chunk_steps, observe=recorder, x_grad_out=x_grad_out)
     else:
@@ -138,7 +148,12 @@ def _compute(problem, backend, cdt, options: GradOptions, result: GradResult, x_
     if options.strict and nonfinite_note(result):
         raise InvalidArgumentError(f"{problem.path}: {nonfinite_note(result)} (--strict: nothing written)")
     if recorder is not None:
-        result.per_step = per_step_report(outputs.x_grad, recorder, problem.seq_len_max)
+        def backward(inputs, observe, x_grad_out):
+            block_lstm_grad_checked(backend, problem.layout, problem.seq_len_max, inputs, problem.use_peephole, cdt,
+                                    options.chunk_steps, observe=observe, x_grad_out=x_grad_out)
+
+        result.per_step = per_step_report(outputs.x_grad, recorder, problem.seq_len_max,
+                                          impulse_norms(backward, arrays, problem.seq_len_max))
     return tensors
 
 

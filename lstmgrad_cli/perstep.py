@@ -1,9 +1,14 @@
-"""Gradients through time: per-step norms, the fastest growth and decay in words, a terminal chart.
+"""Gradients through time: per-step norms, the vanishing/exploding verdict in words, a terminal chart.
 
 ``StepRecorder`` is passed to the backward pass as its ``observe`` callback and keeps the L2 norm
 of the gradient carried back out of every step (into ``h`` and ``cs`` of the step before).
-``per_step_report`` adds the norms of ``x_grad[t]`` and describes how the carried gradient grows or
-decays, which is what people look for first when they suspect vanishing or exploding gradients.
+
+The verdict does not come from those carried norms: they mix in every step's own ``h_grad`` and
+``cs_grad``, so a loss on every output looks level however fast a signal fades.  It comes from a
+second backward pass (``impulse_norms``) in which the only output gradient is a fixed random unit
+vector at ``h[seq_len_max - 1]``: what reaches step t is that vector through the product of the
+step Jacobians from the last step back to t, and its norm is how much of a late signal is left.
+Both are reported, each labelled for what it is.
 """
 
 from __future__ import annotations
@@ -35,6 +40,48 @@ def _norm(a) -> float:
         a = a.get()
     a = np.asarray(a, dtype=np.float64)
     return float(np.sqrt(np.dot(a.ravel(), a.ravel())))
+
+
+class _Impulse:
+    """A ``[T, B, C]`` output gradient read by slicing, as the backward pass reads inputs: zero everywhere
+    but ``step``, which holds a fixed random vector of unit norm (no array of the full size is made)."""
+
+    def __init__(self, shape: tuple, dtype, step: int | None, seed: int = 0):
+        self.shape, self.dtype, self.step = tuple(shape), np.dtype(dtype), step
+        self.ndim, self.size = len(self.shape), math.prod(self.shape)
+        if step is not None:
+            value = np.random.default_rng(seed).standard_normal(self.shape[1:])
+            self.value = (value / np.linalg.norm(value)).astype(self.dtype)
+
+    def __getitem__(self, index) -> np.ndarray:
+        lo, hi, _ = (slice(None) if index in ((), Ellipsis) else index).indices(self.shape[0])
+        out = np.zeros((max(hi - lo, 0), *self.shape[1:]), dtype=self.dtype)
+        if self.step is not None and lo <= self.step < hi:
+            out[self.step - lo] = self.value
+        return out
+
+
+class _Discard:
+    """An ``x_grad_out`` that keeps nothing: the impulse pass needs only what is carried between steps."""
+
+    def __init__(self, shape: tuple, dtype):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+
+    def __setitem__(self, index, value) -> None:
+        pass
+
+
+def impulse_norms(run_backward, arrays: dict, seq_len_max: int) -> list[float]:
+    """Norm of (dL/dh, dL/dcs) carried out of each step t < seq_len_max when the only output gradient is a
+    unit vector at h[seq_len_max - 1]; ``run_backward(arrays, observe, x_grad_out)`` runs the op's backward
+    pass (the same backend and settings as the real one)."""
+    if seq_len_max == 0:
+        return []
+    shape, dtype = arrays["h_grad"].shape, arrays["h_grad"].dtype
+    recorder = StepRecorder(seq_len_max)
+    impulse = {**arrays, "cs_grad": _Impulse(shape, dtype, None), "h_grad": _Impulse(shape, dtype, seq_len_max - 1)}
+    run_backward(impulse, recorder, _Discard(arrays["x"].shape, arrays["x"].dtype))
+    return [math.hypot(h, cs) for h, cs in zip(recorder.h, recorder.cs, strict=True)]
 
 
 def x_grad_norms(x_grad, seq_len_max: int, chunk: int = 64) -> list[float]:
@@ -74,15 +121,37 @@ def _describe(name: str, norms: list[float]) -> list[str]:
     return lines
 
 
-def per_step_report(x_grad, recorder: StepRecorder, seq_len_max: int) -> dict:
-    """Per-step numbers and their description, ready for JSON."""
+def _verdict(impulse: list[float]) -> list[str]:
+    """Vanishing, exploding or level, from the norms of a unit gradient injected at the last step."""
+    L = len(impulse)
+    if not L or not all(math.isfinite(v) for v in impulse):
+        return ["last-step gradient: no steps, or not finite: no verdict"]
+    left = impulse[0]  # what reaches step 0 of a unit vector at step L-1
+    if left == 0.0:
+        return [f"last-step gradient: vanishes entirely: nothing of a unit gradient at step {L - 1} reaches step 0"]
+    per_step = left ** (1.0 / L)
+    trend = "explodes" if per_step > 1.1 else "vanishes" if per_step < 0.9 else "stays level"
+    lines = [f"last-step gradient: {trend} going back in time: a unit gradient at h[{L - 1}] is x{left:.3g} by "
+             f"step 0 (x{per_step:.3g} per step, through the product of the step Jacobians)"]
+    return lines + _describe("  per step", impulse)[1:]
+
+
+def per_step_report(x_grad, recorder: StepRecorder, seq_len_max: int, impulse: list[float] | None = None) -> dict:
+    """Per-step numbers and their description, ready for JSON.
+
+    ``impulse``: ``impulse_norms`` of the same problem, from which the vanishing/exploding verdict comes.
+    """
     series = {
-        "x_grad": x_grad_norms(x_grad, seq_len_max),
-        "h_prev_grad": list(recorder.h),  # gradient carried out of step t into h[t-1]
+        "x_grad": x_grad_norms(x_grad, seq_len_max),  # of the gradient with every output gradient
+        "h_prev_grad": list(recorder.h),  # gradient carried out of step t into h[t-1], every output gradient
         "cs_prev_grad": list(recorder.cs),  # ... into cs[t-1]
     }
-    summary = _describe("carried h gradient", series["h_prev_grad"]) + _describe("carried cs gradient",
-                                                                                  series["cs_prev_grad"])
+    summary = []
+    if impulse is not None:
+        series["last_step"] = list(impulse)  # a unit gradient at h[L-1] alone, carried back to step t
+        summary += _verdict(impulse)
+    summary += _describe("carried h gradient (every step's own h_grad, cs_grad mixed in)", series["h_prev_grad"])
+    summary += _describe("carried cs gradient (every step's own h_grad, cs_grad mixed in)", series["cs_prev_grad"])
     return {"steps": seq_len_max, "norms": series,
             "growth_factors": {k: _factors(v) for k, v in series.items() if k != "x_grad"},
             "summary": summary}
@@ -135,7 +204,8 @@ def save_plot(report: dict, path, title: str) -> None:
     plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    labels = {"x_grad": "|x_grad[t]|", "h_prev_grad": "|dL/dh[t-1]| carried", "cs_prev_grad": "|dL/dcs[t-1]| carried"}
+    labels = {"x_grad": "|x_grad[t]|", "h_prev_grad": "|dL/dh[t-1]| carried", "cs_prev_grad": "|dL/dcs[t-1]| carried",
+              "last_step": "unit gradient at the last step, carried to t"}
     for key, values in report["norms"].items():
         steps = range(len(values))
         positive = [v if v > 0 else float("nan") for v in values]

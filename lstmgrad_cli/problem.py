@@ -1,6 +1,10 @@
 """Loading a gradient problem from a file: the tensors an op needs, validated, with where each
 parameter came from.  ``seq``/``cell`` (jobs.py), ``check`` (diagnose.py) and batch runs all read
 their inputs through ``load_problem``, so they agree on names, defaults and messages.
+
+The activations decide what no one said: the gate layout and ``use_peephole`` not given by a flag
+or the file are what the stored activations fit (detect.py), and a given value they contradict is
+kept but reported (``Problem.warnings``; ``--strict`` makes it an error).
 """
 
 from __future__ import annotations
@@ -12,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import io, validation
-from .errors import InvalidArgumentError
+from . import detect, io, validation
+from .errors import InvalidArgumentError, LstmGradError
 
 # Tensors with a time axis: the ones an out-of-core run leaves on disk.
 TIME_MAJOR = ("x", "i", "cs", "f", "o", "ci", "co", "h", "cs_grad", "h_grad")
@@ -33,9 +37,12 @@ class Problem:
     dims: validation.Dims
     seq_len_max: int  # 1 for the cell op
     use_peephole: bool
-    sources: dict = field(default_factory=dict)  # parameter -> "flag" | "tensor" | "attribute" | "default"
+    # parameter -> "flag" | "tensor" | "attribute" | "activations" (found from them) | "default"
+    sources: dict = field(default_factory=dict)
     defaults: list[str] = field(default_factory=list)  # what was not given and how it was filled in
     keys: list[str] = field(default_factory=list)  # every entry of the file (group), as stored
+    fit: detect.ActivationFit | None = None  # what the stored activations fit (None: nothing to recompute)
+    warnings: list[str] = field(default_factory=list)  # what was asked contradicts the activations, or they fit nothing
 
     @property
     def dtype(self) -> str:
@@ -50,6 +57,16 @@ def resolve_param(name: str, flag, loaded: io.LoadedFile, default, default_text:
                   defaults: list[str]):
     """A scalar parameter: the command-line flag, else the file (tensor or attribute), else the default;
     records where it came from in ``sources`` and, for a default, a line in ``defaults``."""
+    given = given_param(name, flag, loaded, sources)
+    if given is not None:
+        return given
+    sources[name] = "default"
+    defaults.append(f"{name}: not in the file, {default_text}")
+    return default
+
+
+def given_param(name: str, flag, loaded: io.LoadedFile, sources: dict):
+    """The command-line flag, else the file's tensor or attribute, else None; records where it came from."""
     if flag is not None:
         sources[name] = "flag"
         return flag
@@ -57,9 +74,7 @@ def resolve_param(name: str, flag, loaded: io.LoadedFile, default, default_text:
         value, origin = loaded.scalars[name]
         sources[name] = origin
         return value
-    sources[name] = "default"
-    defaults.append(f"{name}: not in the file, {default_text}")
-    return default
+    return None
 
 
 def fill_absent_peepholes(loaded: io.LoadedFile, use_peephole: bool, defaults: list[str]) -> None:
@@ -83,13 +98,15 @@ def detect_kind(path: Path, x) -> str:
     return kind
 
 
-def load_problem(path, *, kind: str | None = None, layout: str = "ifco", use_peephole: bool | None = None,
+def load_problem(path, *, kind: str | None = None, layout: str | None = None, use_peephole: bool | None = None,
                  seq_len_max: int | None = None, group: str | None = None) -> Problem:
     """Read and validate a seq or cell input; ``kind=None`` decides from the rank of x (3: seq, 2: cell).
 
-    Flags (non-None arguments) override values in the file; missing ``seq_len_max`` means T and
-    missing ``use_peephole`` false; without peepholes, absent wci/wcf/wco are zeros.  Every problem
-    is an ``InvalidArgumentError`` naming the file.
+    Flags (non-None arguments) override values in the file.  The gate layout and ``use_peephole``,
+    when neither a flag nor the file gives them, are what the stored activations fit (detect.py),
+    else ifco and false; a given value the activations contradict is used as given, with a line in
+    ``Problem.warnings``.  Missing ``seq_len_max`` means T; without peepholes, absent wci/wcf/wco are
+    zeros.  Every problem is an ``InvalidArgumentError`` naming the file.
     """
     with open_problem(path, kind=kind, layout=layout, use_peephole=use_peephole, seq_len_max=seq_len_max,
                       group=group) as problem:
@@ -97,7 +114,7 @@ def load_problem(path, *, kind: str | None = None, layout: str = "ifco", use_pee
 
 
 @contextlib.contextmanager
-def open_problem(path, *, kind: str | None = None, layout: str = "ifco", use_peephole: bool | None = None,
+def open_problem(path, *, kind: str | None = None, layout: str | None = None, use_peephole: bool | None = None,
                  seq_len_max: int | None = None, group: str | None = None, lazy: bool = False) -> Iterator[Problem]:
     """``load_problem`` whose time-major tensors may stay on disk (``lazy``, HDF5 only) while the block runs.
 
@@ -112,19 +129,17 @@ def open_problem(path, *, kind: str | None = None, layout: str = "ifco", use_pee
 
 
 def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole, seq_len_max) -> Problem:
+    _refuse_wrong_file(path, loaded, kind)
     if kind is None:
         kind = detect_kind(path, loaded.tensors.get("x"))
-    layout = layout if kind == "seq" else "icfo"
     names = validation.SEQ_TENSORS if kind == "seq" else validation.CELL_TENSORS
-    problem = Problem(str(path), kind, layout, {}, validation.Dims(0, 0, 0, 0), 1, False, keys=list(loaded.keys))
-
-    def param(name, flag, default, text):
-        return resolve_param(name, flag, loaded, default, text, problem.sources, problem.defaults)
-
+    problem = Problem(str(path), kind, (layout or "ifco") if kind == "seq" else "icfo", {}, validation.Dims(0, 0, 0, 0),
+                      1, False, keys=list(loaded.keys))
     try:
-        problem.use_peephole = validation.check_use_peephole(
-            param("use_peephole", use_peephole, False, "no peepholes (false)"))
-        fill_absent_peepholes(loaded, problem.use_peephole, problem.defaults)
+        peephole = given_param("use_peephole", use_peephole, loaded, problem.sources)
+        if peephole is not None:
+            peephole = validation.check_use_peephole(peephole)
+        fill_absent_peepholes(loaded, bool(peephole), problem.defaults)
         missing = [n for n in names if n not in loaded.tensors]
         if missing:
             raise InvalidArgumentError(
@@ -135,10 +150,114 @@ def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole,
             problem.dims = validation.check_block_lstm_grad(arrays)
             T = problem.dims.T
             problem.seq_len_max = validation.check_seq_len_max(
-                param("seq_len_max", seq_len_max, T, f"using T = {T}"), T)
+                resolve_param("seq_len_max", seq_len_max, loaded, T, f"using T = {T}", problem.sources,
+                              problem.defaults), T)
         else:
             problem.dims = validation.check_lstm_block_cell_grad(arrays)
     except InvalidArgumentError as err:
         raise InvalidArgumentError(f"{path}: {err}") from None
     problem.arrays = arrays
+    problem.fit = detect.fit_activations(arrays, kind, problem.seq_len_max)
+    _decide_layout(problem, layout)
+    _decide_peephole(problem, peephole)
+    if problem.fit is not None and problem.fit.fits_nothing:
+        problem.warnings.append(
+            "the stored activations fit neither gate layout, with or without peepholes "
+            f"({problem.fit.misfit()}): corrupted, saved at another step or from another checkpoint, or another "
+            "kind of cell? `lstmgrad check --gradcheck` says which tensor and step")
     return problem
+
+
+def _decide_layout(problem: Problem, flag: str | None) -> None:
+    """The flag, else the one layout the activations fit, else ifco; a contradicted flag is a warning."""
+    fit = problem.fit
+    if problem.kind == "cell":
+        problem.sources["layout"] = "op"  # LSTMBlockCellGrad is always ICFO
+        if fit is not None and fit.layouts == ["ifco"]:
+            problem.warnings.append(
+                "the activations fit the IFCO gate layout (a step of BlockLSTMV2?), but LSTMBlockCellGrad is "
+                "ICFO: for a BlockLSTMV2 step use `lstmgrad seq` with x of shape [1, B, I]")
+        return
+    if flag is not None:
+        problem.layout, problem.sources["layout"] = flag, "flag"
+        if fit is not None and fit.layouts and flag not in fit.layouts:
+            found = fit.layouts[0]
+            consequence = ("TensorFlow's GradientTape gradient of BlockLSTMV2 (the V1 kernel on IFCO activations), "
+                           "not the true gradient" if flag == "icfo" else "not the gradient of the op that made them")
+            problem.warnings.append(
+                f"the activations fit layout {found} ({detect.LAYOUT_OPS[found]}), not {flag} as asked "
+                f"(--layout {flag}): {problem.op} of them is {consequence}")
+        return
+    if fit is not None and fit.layout is not None:
+        problem.layout, problem.sources["layout"] = fit.layout, "activations"
+        return
+    problem.layout, problem.sources["layout"] = "ifco", "default"
+    if fit is None:
+        why = "seq_len_max is 0: no step to recompute" if problem.seq_len_max == 0 else "nothing to recompute"
+    elif len(fit.layouts) > 1:
+        why = "both layouts reproduce the stored gates"
+    else:
+        why = "they fit neither layout"
+    problem.defaults.append(f"layout: not given and the activations cannot tell ({why}); ifco (BlockLSTMGradV2)")
+
+
+def _decide_peephole(problem: Problem, given: bool | None) -> None:
+    """What the flag or file says, else what the activations fit (with the chosen layout), else false."""
+    fit = problem.fit
+    fitting = None
+    if fit is not None and fit.fitting:
+        fitting = sorted({h.use_peephole for h in fit.fitting if h.layout == problem.layout}) or fit.peepholes
+    if given is not None:
+        problem.use_peephole = given
+        if fitting and given not in fitting:
+            problem.warnings.append(
+                f"the activations were computed with use_peephole={str(fitting[0]).lower()}, not "
+                f"use_peephole={str(given).lower()} as asked ({peephole_origin(problem)}): the gradient with "
+                f"use_peephole={str(given).lower()} is not the gradient of the op that made them")
+        return
+    if fitting is not None and len(fitting) == 1:
+        problem.use_peephole, problem.sources["use_peephole"] = fitting[0], "activations"
+        return
+    problem.use_peephole, problem.sources["use_peephole"] = False, "default"
+    why = fit.why_peephole_unknown() if fit is not None and not fit.fits_nothing else (
+        "they fit no setting" if fit is not None else "nothing to recompute")
+    problem.defaults.append(f"use_peephole: not in the file and the activations cannot tell ({why}); false")
+
+
+def peephole_origin(problem: Problem) -> str:
+    """Where the use_peephole in force came from, in the words a user recognises."""
+    source = problem.sources.get("use_peephole", "flag")
+    if source == "flag":
+        return f"--{'' if problem.use_peephole else 'no-'}peephole"
+    if source in ("tensor", "attribute"):
+        return f"the file's use_peephole {source}"
+    return "found from the activations" if source == "activations" else source
+
+
+def _refuse_wrong_file(path: Path, loaded: io.LoadedFile, kind: str | None) -> None:
+    """A clear word for the wrong command (a step under seq, a sequence under cell) or the wrong file."""
+    x = loaded.tensors.get("x")
+    if x is not None and kind == "seq" and np.ndim(x) == 2:
+        raise InvalidArgumentError(f"{path}: x has shape {list(np.shape(x))}, one step [B, I]: this is a single "
+                                   "cell step; use `lstmgrad cell`")
+    if x is not None and kind == "cell" and np.ndim(x) == 3:
+        raise InvalidArgumentError(f"{path}: x has shape {list(np.shape(x))}, a sequence [T, B, I]; use "
+                                   "`lstmgrad seq`")
+    if x is None:
+        grads = [k for k in loaded.keys if k.endswith("_grad") and k not in ("cs_grad", "h_grad")]
+        if grads or io.METADATA_KEY in loaded.keys:
+            raise InvalidArgumentError(f"{path}: {_gradient_file(path, grads)}")
+
+
+def _gradient_file(path: Path, grads: list[str]) -> str:
+    """Words for a gradient file given as an input: where it came from, what to give instead."""
+    try:
+        meta = io.read_metadata(path)
+    except (LstmGradError, OSError):
+        meta = {}
+    if meta.get("tool") == "lstmgrad" and str(meta.get("op", "")).endswith(("Grad", "GradV2")):
+        source = f" of {meta['source']}" if meta.get("source") else ""
+        return (f"is an lstmgrad output (the {meta['op']} gradients{source}), not an input; give the file with the "
+                "op's tensors (x, cs_prev, ...), or use it as `lstmgrad check INPUT -r` reference")
+    return (f"holds gradients ({io.describe_keys(grads)}) and no x: a reference for `lstmgrad check INPUT -r`, not "
+            "an input; give the file with the op's tensors (x, cs_prev, h_prev, w, ...)")

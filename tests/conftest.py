@@ -43,6 +43,27 @@ def assert_close_scaled(got, expected, dtype=None, name=""):
     assert err <= atol + rtol * scale, f"{name}: max abs error {err:.3g} > {atol + rtol * scale:.3g}"
 
 
+def consistent_inputs(T=4, B=3, I=5, C=4, *, dtype=np.float32, seed=0, layout="ifco", use_peephole=True,  # noqa: E741
+                      w_scale=1.0) -> dict[str, np.ndarray]:
+    """A sequence problem as a real dump holds one: random weights, inputs and output gradients, and the
+    activations the forward op (BlockLSTMV2 for ifco, BlockLSTM for icfo) computes from them, so that
+    they fit the layout and peephole setting (what ``seq`` checks before computing)."""
+    from lstmgrad_cli import block_lstm, block_lstm_v2
+
+    rng = np.random.default_rng(seed)
+
+    def r(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(dtype)
+
+    tensors = {"x": r(T, B, I), "cs_prev": r(B, C), "h_prev": r(B, C),
+               "w": r(I + C, 4 * C, scale=w_scale / np.sqrt(I + C)), "wci": r(C, scale=0.5),
+               "wcf": r(C, scale=0.5), "wco": r(C, scale=0.5), "b": r(4 * C, scale=0.5)}
+    forward = block_lstm_v2 if layout == "ifco" else block_lstm
+    tensors.update(forward(T, **tensors, use_peephole=use_peephole)._asdict())
+    tensors["cs_grad"], tensors["h_grad"] = r(T, B, C), r(T, B, C)
+    return tensors
+
+
 def write_npz(path: Path, tensors: dict) -> Path:
     np.savez(path, **tensors)
     return path

@@ -61,7 +61,9 @@ def test_tape_gradient_of_blocklstmv2_is_explained(name):
     assert best and best[0]["causes"] == ["layout"] and best[0]["changes"] == {"layout": "icfo"}
     assert "tf.GradientTape" in doc["explanations"][0] and "--layout icfo" in doc["explanations"][0]
     text = check(fx(name), "--reference", fx(name, "tape")).stdout
-    assert "Why they differ" in text and "BlockLSTMGrad, the ICFO (V1) kernel" in " ".join(text.split())
+    text = " ".join(text.split())
+    assert "Why they differ" in text and "BlockLSTMGrad, TensorFlow's V1 kernel with the ICFO gate layout" in text
+    assert "activations that BlockLSTMV2 made (they fit the IFCO layout only)" in text
 
 
 def test_tape_gradient_of_blocklstm_v1_is_right():
@@ -216,8 +218,8 @@ def test_gradcheck_finds_activations_from_another_step(tmp_path):
 
 
 def test_gradcheck_suggests_the_layout_that_fits():
-    code, doc = check_json(fx("seq_v1_peep"), "--gradcheck")  # BlockLSTM tensors read as V2
-    assert code == 1
+    code, doc = check_json(fx("seq_v1_peep"), "--gradcheck", "--layout", "ifco")  # BlockLSTM tensors read as V2
+    assert code == 1 and doc["warnings"] and "fit layout icfo (BlockLSTM)" in doc["warnings"][0]
     alt = doc["forward_alternative"]
     assert alt["layout"] == "icfo" and alt["use_peephole"] is True and alt["consistent"]
 

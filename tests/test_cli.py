@@ -89,7 +89,7 @@ def test_hdf5_group_attributes_and_camel_case_names(runner, tmp_path):
     assert result.exit_code == 0, result.stderr
     assert_matches_expected(out, expected)
     doc = json.loads(result.stdout)["results"][0]
-    assert doc["sources"] == {"use_peephole": "attribute", "seq_len_max": "attribute"}
+    assert doc["sources"] == {"use_peephole": "attribute", "seq_len_max": "attribute", "layout": "activations"}
     assert doc["seq_len_max"] == 3
 
 
@@ -113,7 +113,10 @@ def test_flags_override_the_file(runner, tmp_path):
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)["results"][0]
     assert doc["use_peephole"] is False and doc["seq_len_max"] == 2
-    assert doc["sources"] == {"use_peephole": "flag", "seq_len_max": "flag"}
+    assert doc["sources"] == {"use_peephole": "flag", "seq_len_max": "flag", "layout": "activations"}
+    # the activations were computed with peepholes: computed as asked, and said
+    assert doc["warnings"] == [line.split(": ", 2)[2] for line in result.stderr.splitlines()]
+    assert "computed with use_peephole=true, not use_peephole=false as asked (--no-peephole)" in result.stderr
     got = read_any(out)
     assert not got["wci_grad"].any() and not got["x_grad"][2:].any() and got["x_grad"][:2].any()
 
@@ -191,7 +194,9 @@ def bad_input_case(tmp_path, name, **changes):
 
 @pytest.mark.parametrize("changes, message", [
     ({"i": None, "cs": None, "h_grad": None}, "missing tensors i, cs, h_grad (BlockLSTMGradV2 needs x,"),
-    ({"x": np.zeros((5, 3), np.float32)}, "x must be rank 3 but is rank 2"),
+    ({"x": np.zeros(5, np.float32)}, "x must be rank 3 but is rank 1"),
+    ({"x": np.zeros((5, 3), np.float32)}, "x has shape [5, 3], one step [B, I]: this is a single cell step; use "
+                                           "`lstmgrad cell`"),
     ({"cs_prev": np.zeros((4, 6), np.float32)}, "cs_prev.dims(0) != batch_size: 4 vs. 3"),
     ({"seq_len_max": np.int64(9)}, "seq_len_max must be between 0 and 5 but is 9"),
     ({"w": np.zeros((10, 24), np.float64)}, "all tensors must have one dtype"),
@@ -339,5 +344,6 @@ def test_an_output_name_too_long_for_the_file_system_is_one_line(runner, tmp_pat
 def test_summary_lines_are_not_wrapped_when_piped(runner, tmp_path):
     result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(tmp_path / "g.npz")])
     assert result.exit_code == 0
-    assert any(line.startswith("BlockLSTMGradV2 (layout ifco) · backend numpy") and "computed in float32" in line
+    assert any(line.startswith("BlockLSTMGradV2 (layout ifco, found from the activations) · backend numpy")
+               and "computed in float32" in line
                for line in result.stdout.splitlines())

@@ -5,23 +5,14 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-from conftest import load_case, write_h5, write_npz
+from conftest import consistent_inputs, load_case, write_h5, write_npz
 
 from lstmgrad_cli.cli import main
 from lstmgrad_cli.jobs import GradOptions, run_grad_file
 
 
-def long_problem(T=40, B=3, I=5, C=4, seed=0):
-    rng = np.random.default_rng(seed)
-    tensors = {
-        "x": rng.normal(size=(T, B, I)), "cs_prev": rng.normal(size=(B, C)), "h_prev": rng.normal(size=(B, C)),
-        "w": rng.normal(size=(I + C, 4 * C)) * 0.3, "wci": rng.normal(size=C), "wcf": rng.normal(size=C),
-        "wco": rng.normal(size=C), "b": rng.normal(size=4 * C),
-        **{k: rng.uniform(size=(T, B, C)) for k in ("i", "f", "o")},
-        **{k: rng.uniform(-1, 1, size=(T, B, C)) for k in ("ci", "co")},
-        **{k: rng.normal(size=(T, B, C)) for k in ("cs", "h", "cs_grad", "h_grad")},
-    }
-    return {k: v.astype(np.float32) for k, v in tensors.items()}
+def long_problem(T=40, B=3, I=5, C=4, seed=0):  # noqa: E741
+    return consistent_inputs(T, B, I, C, seed=seed)
 
 
 def read_h5(path):

@@ -55,9 +55,40 @@ def test_vanishing_gradient_is_named_with_its_worst_step(runner, tmp_path):
                            env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.stderr
     text = " ".join(result.stdout.split())
-    assert "carried h gradient: vanishes going back in time" in text
+    assert "last-step gradient: vanishes going back in time: a unit gradient at h[11] is x" in text
+    assert "carried h gradient (every step's own h_grad, cs_grad mixed in): vanishes going back in time" in text
     assert "largest decay: x" in text and "gradients through time (12 steps" in text
+    assert "|x_grad[t]|" in text  # not eaten as markup
     assert any(ch in result.stdout for ch in "▁▂▃▄▅▆▇█")
+
+
+def test_the_verdict_comes_from_a_gradient_at_the_last_step_only(runner, tmp_path):
+    """With a loss on every output the carried norms stay level although a late signal fades: the verdict
+    must come from a unit gradient injected at h[L-1] alone, which is the op's gradient of the steps from t
+    on with that one output gradient (checked here against the op run on those steps)."""
+    args = seq_args()
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_larger.in.npz"), "-o", str(tmp_path / "g.npz"),
+                                  "--per-step", "--json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)["results"][0]["per_step"]
+    L = report["steps"]
+    carried = report["norms"]["h_prev_grad"]
+    assert 0.5 < carried[0] / carried[-1] < 2  # level: every step adds its own h_grad
+    B, C = args["h_prev"].shape
+    unit = np.random.default_rng(0).standard_normal((B, C))
+    unit = (unit / np.linalg.norm(unit)).astype(np.float32)
+    for t in (0, 5, L - 1):
+        tail = dict(args, seq_len_max=L - t, cs_prev=args["cs"][t - 1] if t else args["cs_prev"],
+                    h_prev=args["h"][t - 1] if t else args["h_prev"],
+                    **{k: args[k][t:] for k in ("x", "i", "cs", "f", "o", "ci", "co", "h")})
+        tail["cs_grad"] = np.zeros_like(args["cs_grad"][t:])
+        tail["h_grad"] = np.zeros_like(args["h_grad"][t:])
+        tail["h_grad"][L - 1 - t] = unit
+        sub = lg.block_lstm_grad_v2(**tail)
+        want = np.hypot(np.linalg.norm(sub.h_prev_grad), np.linalg.norm(sub.cs_prev_grad))
+        assert report["norms"]["last_step"][t] == pytest.approx(want, rel=1e-5)
+    assert report["norms"]["last_step"][0] < 0.01 * report["norms"]["last_step"][-1]
+    assert report["summary"][0].startswith("last-step gradient: vanishes going back in time")
 
 
 def test_sparkline_is_log_scaled_and_bucketed():

@@ -25,6 +25,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from conftest import consistent_inputs
 
 from lstmgrad_cli import io
 from lstmgrad_cli.cli import main
@@ -35,14 +36,7 @@ IS_ROOT = os.geteuid() == 0
 
 def seq_inputs(T=16, B=32, I=256, C=32, dtype=np.float64, seed=0) -> dict[str, np.ndarray]:  # noqa: E741
     """Valid BlockLSTMGradV2 inputs; with the defaults x_grad alone is 1 MiB."""
-    rng = np.random.default_rng(seed)
-    def r(*shape):
-        return rng.standard_normal(shape).astype(dtype)
-    tensors = {"x": r(T, B, I), "cs_prev": r(B, C), "h_prev": r(B, C), "w": r(I + C, 4 * C),
-               "wci": r(C), "wcf": r(C), "wco": r(C), "b": r(4 * C)}
-    for name in ("i", "cs", "f", "o", "ci", "co", "h", "cs_grad", "h_grad"):
-        tensors[name] = r(T, B, C)
-    return tensors
+    return consistent_inputs(T, B, I, C, dtype=dtype, seed=seed)
 
 
 def write_input(path: Path, **shape) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+import numpy as np
 from rich.table import Table
 
 from .. import __version__
@@ -16,7 +17,9 @@ from ..diagnose import CAUSES, CheckOptions, CheckReport, run_check
 from ..errors import InvalidArgumentError
 from ..forward_job import ForwardOptions, ForwardResult, parse_grads, run_forward_file
 from ..inspection import InspectReport, inspect_file
-from ._common import handle_errors, plain, print_json, say, stdout_console
+from ..problem import OPS
+from ._common import handle_errors, plain, print_json, print_table, say, stdout_console
+from .grad_cmd import SOURCE_WORDS
 
 
 def _fmt(value) -> str:
@@ -118,14 +121,14 @@ def _forward(input_path, output, options: ForwardOptions, as_json: bool, quiet: 
 
 def _render_forward(result: ForwardResult) -> None:
     console = stdout_console()
-    table = Table(title=plain(f"{result.input} -> {result.output}"), title_justify="left")
+    table = Table()
     for name, justify in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("L2 norm", "right"),
                           ("max |value|", "right"), ("finite", "center")):
         table.add_column(name, justify=justify)
     for t in result.tensors:
         table.add_row(t.name, _shape(t.shape), t.dtype, _fmt(t.l2_norm), _fmt(t.max_abs),
                       "yes" if t.finite else f"[bold red]no ({t.nonfinite})[/]")
-    console.print(table)
+    print_table(console, table, f"{result.input} -> {result.output}")
     parts = [f"{result.op} (layout {result.layout})", f"{result.dtype} (computed in {result.compute_dtype})",
              f"forget_bias={result.forget_bias:g}", f"cell_clip={result.cell_clip:g}",
              f"use_peephole={str(result.use_peephole).lower()} ({result.sources.get('use_peephole')})"]
@@ -145,10 +148,11 @@ def _render_forward(result: ForwardResult) -> None:
 @click.option("-r", "--reference", type=click.Path(path_type=Path),
               help="Gradients to compare with (HDF5 or NPZ, TF's output names), e.g. dumped from TensorFlow.")
 @click.option("--kind", type=click.Choice(["seq", "cell"]), help="Op family (default: from the rank of x).")
-@click.option("--layout", type=click.Choice(["ifco", "icfo"]), default="ifco", show_default=True,
-              help="seq gate layout: ifco = BlockLSTMGradV2, icfo = BlockLSTMGrad (V1).")
+@click.option("--layout", type=click.Choice(["ifco", "icfo"]),
+              help="seq gate layout: ifco = BlockLSTMGradV2, icfo = BlockLSTMGrad (V1).  Default: the layout the "
+                   "stored activations fit, else ifco.")
 @click.option("--peephole/--no-peephole", "use_peephole", default=None,
-              help="Override use_peephole (default: from the file, else off).")
+              help="Override use_peephole (default: from the file, else what the activations fit, else off).")
 @click.option("--seq-len-max", type=click.IntRange(min=0),
               help="Override seq_len_max (default: from the file, else T).")
 @click.option("--group", metavar="PATH", help="HDF5 group (or NPZ key prefix) of the input tensors.")
@@ -173,11 +177,12 @@ def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max
                   compute_dtype, rtol, atol, gradcheck, samples, seed, forget_bias, cell_clip, as_json):
     """Compare INPUT's gradients with --reference and explain the differences.
 
-    Computes the gradients of INPUT (as `seq`/`cell` would), compares each tensor that is also in
-    the reference (max absolute and relative error, error in ulps of the dtype) and, when some
-    disagree, tries the known causes and says which one reproduces the reference: TF's
-    BlockLSTMV2 autodiff gradient using the ICFO kernel, peepholes on/off, another seq_len_max,
-    TF's GPU LSTMBlockCellGrad peephole double count, half precision op by op.
+    Computes the gradients of INPUT (as `seq`/`cell` would: the gradient of the op that made its
+    activations), compares each tensor that is also in the reference (max absolute and relative
+    error, error in ulps of the dtype, where the worst element is) and, when some disagree, tries
+    the known causes and says which one reproduces the reference: TF's BlockLSTMV2 autodiff
+    gradient using the V1 (ICFO) kernel, peepholes on/off, another seq_len_max, TF's GPU
+    LSTMBlockCellGrad peephole double count, half precision op by op.
 
     Exit status 0 when everything passes, 1 otherwise.
     """
@@ -197,27 +202,35 @@ def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max
 def _render_check(report: CheckReport) -> None:
     console = stdout_console()
     where = f"{report.input} vs {report.reference}" if report.reference else report.input
-    head = [f"{report.op} (layout {report.layout})", f"{report.dtype} (computed in {report.compute_dtype})",
-            f"use_peephole={str(report.use_peephole).lower()} ({report.sources.get('use_peephole')})"]
+    layout = f"layout {report.layout}"
+    if report.sources.get("layout") in SOURCE_WORDS:
+        layout += f", {SOURCE_WORDS[report.sources['layout']]}"
+    peephole = report.sources.get("use_peephole")
+    head = [f"{report.op} ({layout})", f"{report.dtype} (computed in {report.compute_dtype})",
+            f"use_peephole={str(report.use_peephole).lower()} ({SOURCE_WORDS.get(peephole, peephole)})"]
     if report.seq_len_max is not None:
         head.append(f"seq_len_max={report.seq_len_max} ({report.sources.get('seq_len_max')})")
     if report.reference is not None:
-        table = Table(title=plain(where), title_justify="left")
+        table = Table()
         for name, justify in (("tensor", "left"), ("shape", "left"), ("max abs err", "right"),
-                              ("max rel err", "right"), ("ulps", "right"), ("tolerance", "right"),
+                              ("max err / max|ref|", "right"), ("ulps", "right"), ("tolerance", "right"),
                               ("result", "center")):
-            table.add_column(name, justify=justify)
+            table.add_column(name, justify=justify, no_wrap=True)
         for c in report.comparisons:
             result = "[green]pass[/]" if c.passed else "[bold red]FAIL[/]"
             table.add_row(c.name, _shape(c.shape), _fmt3(c.max_abs_error), _fmt3(c.max_rel_error),
                           _fmt3(c.ulps), _fmt3(c.tolerance), result)
-        console.print(table)
+        print_table(console, table, where)
     else:
         say(console, where)
     say(console, " · ".join(head) + f" · rtol={report.rtol:g} atol={report.atol:g}")
+    for warning in report.warnings:
+        say(console, f"warning: {warning}", style="yellow")
     for c in report.comparisons:
         if c.note:
             say(console, f"{c.name}: {c.note}")
+        elif not c.passed and c.worst_index is not None:
+            say(console, f"{c.name}: {_where(c, report.kind)}")
     if report.not_in_reference:
         say(console, f"not in the reference (not compared): {', '.join(report.not_in_reference)}", style="dim")
     for note in report.defaults:
@@ -231,6 +244,44 @@ def _render_check(report: CheckReport) -> None:
 
 def _causes(variant) -> str:
     return " + ".join(CAUSES[c] for c in variant.causes)
+
+
+# Axis names of each gradient, for "where the difference is" (x_grad of a cell is [b, i]).
+_AXES = {"x_grad": ("t", "b", "i"), "cs_prev_grad": ("b", "c"), "h_prev_grad": ("b", "c"), "w_grad": ("row", "col"),
+         "b_grad": ("col",), "wci_grad": ("c",), "wcf_grad": ("c",), "wco_grad": ("c",), "dicfo": ("b", "col")}
+
+
+def _where(c, kind: str) -> str:
+    """Where a tensor's difference is: how many elements, the worst one, the first failing step."""
+    axes = _AXES.get(c.name, ())
+    if c.name == "x_grad" and kind == "cell":
+        axes = ("b", "i")
+    if len(axes) != len(c.worst_index):
+        axes = tuple(f"axis{k}" for k in range(len(c.worst_index)))
+    index = ", ".join(f"{a}={k}" for a, k in zip(axes, c.worst_index, strict=True))
+    total = int(np.prod(c.shape)) if c.shape else 1
+    text = (f"{c.out_of_tolerance} of {total} elements out of tolerance; the worst at [{index}]: "
+            f"{c.worst_ours:.6g} here, {c.worst_reference:.6g} in the reference")
+    if c.first_bad_step is not None:
+        text += f"; the first failing time step is t={c.first_bad_step}"
+    return text
+
+
+def _changes(changes: dict) -> str:
+    """A variant's changes in words: "layout icfo, use_peephole=true"."""
+    words = []
+    for key, value in changes.items():
+        if key == "layout":
+            words.append(f"layout {value} ({OPS[('seq', value)]})")
+        elif key == "double_count":
+            words.append("the peephole term counted twice")
+        elif key == "half_inputs":
+            words.append("inputs rounded to half")
+        elif key == "compute_dtype":
+            words.append(f"computed in {value}")
+        else:
+            words.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
+    return ", ".join(words)
 
 
 def _render_explanation(console, report: CheckReport) -> None:
@@ -250,9 +301,10 @@ def _render_explanation(console, report: CheckReport) -> None:
         return
     console.print("[bold]No known cause reproduces the reference.[/] Tried: " + ", ".join(singles)
                   + (", and pairs of them." if pairs else "."), highlight=False)
-    closest = next((v for v in report.variants if v.worst is not None), None)
+    scored = [v for v in report.variants if v.worst is not None]  # most tensors matching, fewest causes, least error
+    closest = max(scored, key=lambda v: (v.tensors_matching, -len(v.causes), -v.worst), default=None)
     if closest is not None:
-        say(console, f"  closest: {_causes(closest)} {closest.changes} ({closest.tensors_matching} of "
+        say(console, f"  closest: {_changes(closest.changes)} ({closest.tensors_matching} of "
                       f"{closest.tensors_compared} tensors match, worst error {closest.worst:.3g}x the tolerance)")
     say(console, "  If the reference comes from TensorFlow, check that it was computed from exactly these "
                   "activations and output gradients (--gradcheck tests the activations).")
@@ -323,7 +375,7 @@ def inspect_command(input_path, group, as_json):
 def _render_inspect(report: InspectReport) -> None:
     console = stdout_console()
     title = f"{report.path} ({report.format}{', group ' + report.group if report.group else ''})"
-    table = Table(title=plain(title), title_justify="left")
+    table = Table()
     for name, justify in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("min", "right"),
                           ("max", "right"), ("finite", "center"), ("role", "left")):
         table.add_column(name, justify=justify)
@@ -333,7 +385,7 @@ def _render_inspect(report: InspectReport) -> None:
         key = t.key if t.name in (None, t.key.removeprefix("@")) else f"{t.key} ({t.name})"
         table.add_row(plain(key), "-" if t.shape is None else _shape(t.shape), t.dtype or "-", _fmt3(t.min),
                       _fmt3(t.max), finite, role)
-    console.print(table)
+    print_table(console, table, title)
     for g in report.groups:
         say(console, f"group {g}/ (inspect it with --group {g})")
     if report.kind is not None:

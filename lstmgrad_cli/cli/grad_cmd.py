@@ -14,15 +14,27 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.table import Table
 from rich.text import Text
 
-from .. import __version__
+from .. import __version__, io
 from ..backends import get_backend, resolve_name
 from ..batch import plan_tasks, run_batch
 from ..errors import LstmGradError, UnknownBackendError
 from ..jobs import GradOptions, GradResult, nonfinite_note
 from ..perstep import check_plot_path, save_plot, sparkline
-from ._common import handle_errors, is_terminal, one_line, plain, print_json, say, stderr_console, stdout_console
+from ._common import (
+    handle_errors,
+    is_terminal,
+    one_line,
+    plain,
+    print_json,
+    print_table,
+    say,
+    stderr_console,
+    stdout_console,
+)
 
 INPUT_SUFFIXES = (".h5", ".hdf5", ".npz")
+# How the summary says where a parameter came from.
+SOURCE_WORDS = {"activations": "found from the activations", "flag": "as asked", "default": "default"}
 
 
 def _shared_options(func):
@@ -36,7 +48,8 @@ def _shared_options(func):
         click.option("--backend", metavar="NAME", help="Compute backend (env LSTMGRAD_BACKEND; default numpy; "
                                                        "'auto' picks the fastest usable). See `lstmgrad backends`."),
         click.option("--peephole/--no-peephole", "use_peephole", default=None,
-                     help="Override use_peephole (default: from the file, else off)."),
+                     help="Override use_peephole (default: from the file, else what the stored activations "
+                          "fit, else off)."),
         click.option("--group", metavar="PATH", help="HDF5 group (or NPZ key prefix) holding the tensors."),
         click.option("--compute-dtype", type=click.Choice(["float16", "float32", "float64"]),
                      help="Arithmetic precision. float16 inputs default to float32 (rounded once); "
@@ -48,7 +61,8 @@ def _shared_options(func):
                      help="Report a bad file and go on with the rest (exit 1 at the end)."),
         click.option("--skip-existing", is_flag=True,
                      help="Skip inputs whose output is already complete (resumes an interrupted batch)."),
-        click.option("--strict", is_flag=True, help="Treat NaN or Inf in inputs or gradients as a failure (exit 1)."),
+        click.option("--strict", is_flag=True, help="Treat NaN or Inf in inputs or gradients, and activations that "
+                                                    "contradict what was asked or fit nothing, as a failure (exit 1)."),
         click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Process files in N local processes (BLAS threads are divided among them)."),
         click.option("--dask", "dask_address", metavar="ADDRESS",
@@ -61,8 +75,9 @@ def _shared_options(func):
 
 @click.command("seq")
 @_shared_options
-@click.option("--layout", type=click.Choice(["ifco", "icfo"]), default="ifco", show_default=True,
-              help="Gate layout: ifco = BlockLSTMGradV2, icfo = BlockLSTMGrad (V1).")
+@click.option("--layout", type=click.Choice(["ifco", "icfo"]),
+              help="Gate layout: ifco = BlockLSTMGradV2, icfo = BlockLSTMGrad (V1).  Default: the layout the "
+                   "stored activations fit, else ifco.")
 @click.option("--seq-len-max", type=click.IntRange(min=0),
               help="Override seq_len_max (default: from the file, else T).")
 @click.option("--chunk-steps", type=click.IntRange(min=1),
@@ -74,11 +89,16 @@ def _shared_options(func):
 @handle_errors
 def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_len_max, chunk_steps, per_step, plot,
                 **flags):
-    """BlockLSTMGradV2 (or BlockLSTMGrad with --layout icfo) of each INPUT (HDF5 or NPZ).
+    """BlockLSTMGradV2 or BlockLSTMGrad of each INPUT: the gradient of the op that made its activations.
 
-    Each INPUT holds the op's tensors under TF's names: x [T,B,I], cs_prev, h_prev [B,C], w [I+C,4C],
-    wci, wcf, wco [C], b [4C], i, cs, f, o, ci, co, h, cs_grad, h_grad [T,B,C], and optionally
-    seq_len_max and use_peephole (scalars or HDF5 attributes).
+    Each INPUT (HDF5, NPZ, or a directory of .npy files) holds the op's tensors under TF's names:
+    x [T,B,I], cs_prev, h_prev [B,C], w [I+C,4C], wci, wcf, wco [C], b [4C], i, cs, f, o, ci, co, h,
+    cs_grad, h_grad [T,B,C], and optionally seq_len_max and use_peephole (scalars or HDF5 attributes).
+
+    The gate layout (IFCO: BlockLSTMV2, gradient BlockLSTMGradV2; ICFO: BlockLSTM, gradient BlockLSTMGrad)
+    and use_peephole, when not given, are found by recomputing a few gate values from x, h and the
+    weights.  A given value the activations contradict is computed as asked, with a warning
+    (--strict: an error).
     """
     if plot is not None:
         if len(flags["inputs"]) != 1:
@@ -98,8 +118,9 @@ def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_
 def cell_command(backend, use_peephole, group, compute_dtype, force, **flags):
     """LSTMBlockCellGrad of each INPUT, plus x_grad, h_prev_grad, w_grad and b_grad.
 
-    Each INPUT holds one step: x [B,I], cs_prev, h_prev [B,C], w [I+C,4C], wci, wcf, wco [C], b [4C],
-    i, cs, f, o, ci, co, cs_grad, h_grad [B,C], and optionally use_peephole.  dicfo is in ICFO order.
+    Each INPUT (HDF5, NPZ, or a directory of .npy files) holds one step: x [B,I], cs_prev, h_prev [B,C],
+    w [I+C,4C], wci, wcf, wco [C], b [4C], i, cs, f, o, ci, co, cs_grad, h_grad [B,C], and optionally
+    use_peephole (when absent: what the stored activations fit).  dicfo is in ICFO order.
     """
     options = GradOptions("cell", "icfo", backend, use_peephole, None, group, compute_dtype, None, force,
                           strict=flags.pop("strict"))
@@ -107,13 +128,15 @@ def cell_command(backend, use_peephole, group, compute_dtype, force, **flags):
 
 
 def expand_inputs(patterns) -> list[Path]:
-    """Paths as given; directories give their .h5/.hdf5/.npz files; quoted glob patterns are expanded."""
+    """Paths as given; quoted glob patterns expanded.  A directory that is itself one input (a directory of .npy
+    files) stays one; any other directory gives its .h5/.hdf5/.npz files and its subdirectories that are inputs."""
     paths: list[Path] = []
     for pattern in patterns:
         path = Path(pattern)
-        if path.is_dir():
-            paths.extend(sorted(p for p in path.iterdir() if p.suffix.lower() in INPUT_SUFFIXES and p.is_file()
-                                and ".grads." not in p.name))
+        if path.is_dir() and io.input_directory_format(path) is None:
+            paths.extend(sorted(p for p in path.iterdir() if ".grads." not in p.name and (
+                (p.suffix.lower() in INPUT_SUFFIXES and p.is_file())
+                or (p.is_dir() and io.input_directory_format(p) is not None))))
         elif not path.exists() and glob.has_magic(pattern):
             matches = sorted(glob.glob(pattern, recursive=True))
             if not matches:
@@ -151,6 +174,8 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
 
     with _progress(show_progress, len(tasks)) as advance:
         def on_result(task, result: GradResult) -> None:
+            for warning in result.warnings:
+                click.echo(f"Warning: {one_line(f'{result.input}: {warning}')}", err=True)
             if result.status == "failed":
                 click.echo(f"Error: {result.error}", err=True)
             elif result.status == "ok" and not (as_json or quiet):
@@ -189,11 +214,11 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
                         "not_run": not_run},
         })
     elif len(tasks) > 1 and not quiet:
-        table = Table(title="batch", title_justify="left")
+        table = Table()
         for col in ("files", "done", "failed", "skipped", "not run"):
             table.add_column(col, justify="right")
         table.add_row(str(len(tasks)), str(counts["ok"]), str(counts["failed"]), str(counts["skipped"]), str(not_run))
-        console.print(table)
+        print_table(console, table, "batch")
     if counts["failed"]:
         raise SystemExit(1)
 
@@ -244,7 +269,7 @@ def _fmt(value: float | None) -> str:
 
 def render(console, result: GradResult) -> None:
     """The rich summary of one run: a header line of what was computed, a row per output tensor."""
-    table = Table(title=plain(f"{result.input} -> {result.output}"), title_justify="left")
+    table = Table()
     for name, justify in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("L2 norm", "right"),
                           ("max |value|", "right"), ("finite", "center")):
         table.add_column(name, justify=justify)
@@ -254,12 +279,16 @@ def render(console, result: GradResult) -> None:
                       finite)
     dims = result.dims or {}
     shape = ", ".join(f"{k}={v}" for k, v in dims.items() if not (k == "T" and result.seq_len_max is None))
-    what = [f"{result.op} (layout {result.layout})", f"backend {result.backend} {result.backend_version or ''}".strip(),
+    layout = f"layout {result.layout}"
+    if result.sources.get("layout") in ("activations", "flag", "default"):
+        layout += f", {SOURCE_WORDS[result.sources['layout']]}"
+    what = [f"{result.op} ({layout})", f"backend {result.backend} {result.backend_version or ''}".strip(),
             f"{result.dtype} (computed in {result.compute_dtype})", f"{result.seconds:.3f} s"]
-    how = [shape, f"use_peephole={str(result.use_peephole).lower()} ({result.sources.get('use_peephole')})"]
+    peephole = result.sources.get("use_peephole")
+    how = [shape, f"use_peephole={str(result.use_peephole).lower()} ({SOURCE_WORDS.get(peephole, peephole)})"]
     if result.seq_len_max is not None:
         how.append(f"seq_len_max={result.seq_len_max} ({result.sources.get('seq_len_max')})")
-    console.print(table)
+    print_table(console, table, f"{result.input} -> {result.output}")
     say(console, " · ".join(what))
     say(console, " · ".join(how))
     if nonfinite_note(result):
@@ -272,16 +301,16 @@ def render(console, result: GradResult) -> None:
 
 def render_per_step(console, report: dict) -> None:
     """Per-step norms as sparklines (log scale, step 0 on the left) and the growth/decay in words."""
-    names = {"x_grad": "|x_grad[t]|", "h_prev_grad": "|dh carried|", "cs_prev_grad": "|dcs carried|"}
+    names = {"x_grad": "|x_grad[t]|", "h_prev_grad": "|dh carried|", "cs_prev_grad": "|dcs carried|",
+             "last_step": "|last-step grad at t|"}
     width = max(10, min(80, console.width - 40))
-    table = Table(title=f"gradients through time ({report['steps']} steps, log scale, step 0 on the left)",
-                  title_justify="left", show_header=True)
+    table = Table(show_header=True)
     for col, justify in (("norm", "left"), ("chart", "left"), ("min", "right"), ("max", "right")):
         table.add_column(col, justify=justify, no_wrap=True)
     for key, values in report["norms"].items():
         finite = [v for v in values if math.isfinite(v)]
-        table.add_row(names[key], sparkline(values, width), _fmt(min(finite) if finite else None),
+        table.add_row(plain(names[key]), sparkline(values, width), _fmt(min(finite) if finite else None),
                       _fmt(max(finite) if finite else None))
-    console.print(table)
+    print_table(console, table, f"gradients through time ({report['steps']} steps, log scale, step 0 on the left)")
     for line in report["summary"]:
         say(console, line)

@@ -1,0 +1,88 @@
+"""A directory of ``.npy`` files, one tensor per file (``x.npy``, ``cs_prev.npy``, ...): one input.
+
+Many dump scripts save tensors this way (``np.save(f"{name}.npy", value)``).  The tensor's name is
+the file's stem; a group is a subdirectory.  Each file is parsed as NPZ members are (``npy.py``):
+never unpickled, its declared size checked against the budget and the file's length before reading.
+Only regular files are read (a FIFO or device named ``x.npy`` is refused); other files are ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path, PurePosixPath
+
+from ..errors import InputFileError, LstmGradError
+from ._common import Budget, Format, LoadedFile, collecting, file_kind, key_for, reason
+from .npy import read_npy
+
+SUFFIX = ".npy"
+# A directory holding these is a batch of inputs, not one input made of .npy files.
+_BATCH_SUFFIXES = (".npz", ".h5", ".hdf5", ".safetensors")
+
+
+def sniff(names: list[str]) -> bool:
+    """A directory of .npy files (and no NPZ/HDF5 files, which would make it a batch of inputs)."""
+    lower = [n.lower() for n in names]
+    return any(n.endswith(SUFFIX) for n in lower) and not any(n.endswith(_BATCH_SUFFIXES) for n in lower)
+
+
+@contextlib.contextmanager
+def open_npy_dir(path: Path, names, scalars, group=None, lazy=(), collect_errors=False):
+    yield read_npy_dir(path, list(names), list(scalars), group, collect_errors)
+
+
+def read_npy_dir(path: Path, names, scalars, group=None, collect_errors=False) -> LoadedFile:
+    loaded = LoadedFile(path, "npy-dir")
+    folder = path / _group_path(path, group) if group else path
+    try:
+        entries = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: no group {group!r} (no subdirectory {group!r})") from None
+    except NotADirectoryError:
+        raise InputFileError(f"{path}: group {group!r} is not a directory") from None
+    except OSError as err:
+        raise InputFileError(f"{path}: cannot list {folder}: {err.strerror or reason(err)}") from None
+    files = {e[:-len(SUFFIX)]: e for e in entries if e.lower().endswith(SUFFIX)}
+    loaded.keys = list(files)
+    budget = Budget(path)
+    for name in [*names, *scalars]:
+        with collecting(loaded, name, collect_errors):
+            key = key_for(name, loaded.keys, path)
+            if key is None:
+                continue
+            value = _read_file(folder / files[key], key, path, budget)
+            if name in scalars:
+                loaded.scalars[name] = (value, "tensor")
+            else:
+                loaded.tensors[name] = value
+    return loaded
+
+
+def _group_path(path: Path, group: str) -> PurePosixPath:
+    """A subdirectory, never outside the input directory."""
+    relative = PurePosixPath(group.strip("/"))
+    if any(part == ".." for part in relative.parts):
+        raise InputFileError(f"{path}: group {group!r} leaves the directory; refused")
+    return relative
+
+
+def _read_file(file: Path, key: str, path: Path, budget: Budget):
+    try:
+        info = os.stat(file)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputFileError(f"{path}: {key}{SUFFIX} is not a regular file ({file_kind(info.st_mode)}); refused")
+        with open(file, "rb") as fp:
+            return read_npy(fp, info.st_size, key, path, budget, container="file")
+    except LstmGradError:
+        raise
+    except MemoryError:
+        raise InputFileError(f"{path}: {key} does not fit in memory") from None
+    except PermissionError:
+        raise InputFileError(f"{path}: {key}{SUFFIX}: permission denied") from None
+    except (OSError, EOFError, ValueError) as err:
+        raise InputFileError(f"{path}: {key}{SUFFIX} cannot be read ({reason(err)})") from None
+
+
+FORMAT = Format("npy-dir", "a directory of .npy files", True, sniff, open_npy_dir, "npz")
