@@ -36,8 +36,14 @@ fuzz: $(STAMP)
 	LSTMGRAD_FUZZ_EXAMPLES=$${LSTMGRAD_FUZZ_EXAMPLES:-20000} $(PY) -m pytest -p no:cacheprovider tests/test_fuzz.py \
 		tests/test_hostile_files.py --hypothesis-show-statistics -q
 
+# TensorFlow-computed cases kept outside this repository, in ../shared/conformance (CONFORMANCE=DIR to point
+# elsewhere); the repository's own TF golden files are fixtures/, which `make test` checks.
+CONFORMANCE ?= ../shared/conformance
 conformance: $(STAMP)
-	LSTMGRAD="$(VENV)/bin/lstmgrad" $(PY) ../shared/conformance/check
+	@test -f "$(CONFORMANCE)/check" || { echo "make conformance needs the shared TensorFlow conformance cases at" \
+		"$(CONFORMANCE) (a checkout of the team's shared folder beside this one, or CONFORMANCE=DIR);" \
+		"fixtures/ and make test cover the same ops without them." >&2; exit 2; }
+	LSTMGRAD="$(VENV)/bin/lstmgrad" $(PY) $(CONFORMANCE)/check
 
 # Golden files from real TensorFlow (dev only, its own virtualenv; tests never need TensorFlow).
 fixtures:

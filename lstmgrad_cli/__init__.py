@@ -2,11 +2,8 @@
 from saved forward-pass tensors, without TensorFlow."""
 
 from .errors import InvalidArgumentError, LstmGradError
+from .loading import OpInputs, load
 from .ops import (
-    BlockLSTMGradOutputs,
-    BlockLSTMOutputs,
-    LSTMBlockCellGradFullOutputs,
-    LSTMBlockCellGradOutputs,
     block_lstm,
     block_lstm_grad,
     block_lstm_grad_v2,
@@ -15,12 +12,13 @@ from .ops import (
     lstm_block_cell_grad,
     lstm_block_cell_grad_full,
 )
+from .results import BlockLSTMGradOutputs, BlockLSTMOutputs, LSTMBlockCellGradFullOutputs, LSTMBlockCellGradOutputs
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BlockLSTMGradOutputs", "BlockLSTMOutputs", "InvalidArgumentError", "LSTMBlockCellGradFullOutputs",
-    "LSTMBlockCellGradOutputs", "LstmGradError", "__version__", "block_lstm", "block_lstm_grad",
-    "block_lstm_grad_v2", "block_lstm_v2", "lstm_block_cell", "lstm_block_cell_grad",
+    "LSTMBlockCellGradOutputs", "LstmGradError", "OpInputs", "__version__", "block_lstm", "block_lstm_grad",
+    "block_lstm_grad_v2", "block_lstm_v2", "load", "lstm_block_cell", "lstm_block_cell_grad",
     "lstm_block_cell_grad_full",
 ]

@@ -55,12 +55,13 @@ class BenchReport:
     machine: dict
     settings: dict
     results: list[Timing]
+    notes: list[str] = field(default_factory=list)  # engines asked for and not timed, and why
 
     def to_json(self) -> dict:
         from . import __version__
 
         return {"lstmgrad": __version__, "schema": SCHEMA, "machine": self.machine, "settings": self.settings,
-                "results": [asdict(r) for r in self.results]}
+                "results": [asdict(r) for r in self.results], "notes": self.notes}
 
 
 def flops(shape) -> int:
@@ -277,6 +278,7 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
                 continue
             frameworks.append(name)
     results: list[Timing] = []
+    skipped: dict[str, str] = {}  # what an interpreter given with compare_python could not time, and why
     for shape in shapes:
         shape = tuple(int(d) for d in shape)
         say = (lambda msg, s=shape: progress(f"{s}: {msg}")) if progress else None
@@ -301,6 +303,11 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
             if say:
                 say(f"timing {', '.join(missing)} with {python}")
             child = _child_times(python, inputs, missing, repeats, use_peephole)
+            if "error" in child:
+                skipped.setdefault(python, f"{python} could not be run: {child['error']}")
+            for name, entry in child.items():
+                if isinstance(entry, dict) and "error" in entry:
+                    skipped.setdefault(f"{python} {name}", f"{name} not timed with {python}: {entry['error']}")
             child_limit = child.get("gemm-limit", {}).get("seconds")
             limit_note = f"{CHILD_RATIO_NOTE}, on {child.get('blas') or 'numpy.matmul'}"
             for name, entry in child.items():
@@ -318,7 +325,7 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
                                   med / limits.get(name, limit), notes.get(name, "")))
     settings = {"dtype": dtype, "repeats": repeats, "use_peephole": use_peephole, "layout": "ifco",
                 "shapes": [list(s) for s in shapes]}
-    return BenchReport(machine_info(), settings, results)
+    return BenchReport(machine_info(), settings, results, list(skipped.values()))
 
 
 def markdown_table(report: BenchReport) -> str:

@@ -12,8 +12,9 @@ and cell_clip, which no file records, cannot change:
 * ``f = σ(z_f + forget_bias + cs_prev·wcf)``: forget_bias is the one constant that makes f fit (the
   median of ``logit(f) - z_f`` over unsaturated entries), so f tests the layout and ``wcf`` too.
 
-A hypothesis fits when every tested gate is reproduced within ``gradcheck.CONSISTENCY_TOL``.  The cost is
-a few products of at most ``SAMPLE_ROWS * len(steps)`` rows, whatever T and B (benchmarks/bench_detection.py).
+A hypothesis fits when every tested gate is reproduced within ``gradcheck.CONSISTENCY_TOL``.  Only
+``SAMPLE_ROWS`` batch rows and ``SAMPLE_UNITS`` units of each gate are recomputed, so the cost is a few
+small products whatever T, B and C (benchmarks/bench_detection.py).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .forward import gate_slices, logit, sigmoid
+from .backends._xp import LAYOUTS
+from .forward import logit, sigmoid
 from .gradcheck import CONSISTENCY_TOL, UNSATURATED
 from .validation import PEEPHOLES
 
 SAMPLE_ROWS = 8  # batch rows recomputed per step
+SAMPLE_UNITS = 32  # cell units of each gate block recomputed
 LAYOUT_OPS = {"ifco": "BlockLSTMV2", "icfo": "BlockLSTM"}
 
 
@@ -128,40 +131,60 @@ def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=("ifco", 
         return None
     dtype = str(x.dtype)
     tol = CONSISTENCY_TOL.get(dtype, 1e-4)
-    rows = np.unique(np.linspace(0, B - 1, min(B, SAMPLE_ROWS)).round().astype(np.intp))
+    rows = _spread(B, SAMPLE_ROWS)
+    units = _spread(C, SAMPLE_UNITS)
+    columns = {block: block * C + units for block in range(4)}  # the sampled units of each gate block
 
-    def at(name: str, t: int) -> np.ndarray:
+    def at(name: str, t: int, cols=units) -> np.ndarray:
         value = arrays[name][t] if seq else arrays[name]
-        return np.asarray(value)[rows].astype(np.float64)
+        return np.asarray(value)[rows][:, cols].astype(np.float64)
 
     def before(state: str, name: str, t: int) -> np.ndarray:
-        return np.asarray(arrays[state])[rows].astype(np.float64) if t == 0 else at(name, t - 1)
+        if t == 0:
+            return np.asarray(arrays[state])[rows].astype(np.float64)
+        value = arrays[name][t - 1] if seq else arrays[name]
+        return np.asarray(value)[rows].astype(np.float64)
 
-    stack = {name: np.concatenate([at(name, t) for t in steps]) for name in ("x", "i", "f", "o", "ci", "cs")}
-    cs_prev = np.concatenate([before("cs_prev", "cs", t) for t in steps])
+    stored = {name: np.concatenate([at(name, t) for t in steps]) for name in ("i", "f", "o", "ci", "cs")}
+    x_rows = np.concatenate([at("x", t, slice(None)) for t in steps])
     h_prev = np.concatenate([before("h_prev", "h", t) for t in steps])
-    w64 = np.asarray(w, dtype=np.float64)
-    peep = {n: np.asarray(arrays[n], dtype=np.float64) for n in PEEPHOLES}
+    cs_prev = np.concatenate([before("cs_prev", "cs", t) for t in steps])[:, units]
+    w = np.asarray(w)
+    b = np.asarray(arrays["b"], dtype=np.float64)
+    peep = {n: np.asarray(arrays[n], dtype=np.float64)[units] for n in PEEPHOLES}
     with np.errstate(all="ignore"):
-        z = stack["x"] @ w64[:I] + h_prev @ w64[I:] + np.asarray(arrays["b"], dtype=np.float64)
-        hypotheses = []
+        # the pre-activations of the sampled units of every block, [rows * steps, units] each
+        z = {block: x_rows @ w[:I, cols].astype(np.float64) + h_prev @ w[I:, cols].astype(np.float64) + b[cols]
+             for block, cols in columns.items()}
+        peep_terms = {"i": cs_prev * peep["wci"], "f": cs_prev * peep["wcf"], "o": stored["cs"] * peep["wco"]}
+        gate_dev = {}  # (gate, layout or None, use_peephole or None) -> (deviation, forget_bias)
+        for use_peephole in (False, True):
+            for gate, block in (("i", 0), ("o", 3)):  # the same block in both layouts
+                zg = z[block] + peep_terms[gate] if use_peephole else z[block]
+                gate_dev[gate, None, use_peephole] = (_worst(stored[gate], sigmoid(zg)), None)
         for layout in layouts:
-            k = gate_slices(C, layout)
-            ci_dev = _worst(stack["ci"], np.tanh(z[:, k["c"]]))
+            k = LAYOUTS[layout]
+            gate_dev["ci", layout, None] = (_worst(stored["ci"], np.tanh(z[k["c"]])), None)
             for use_peephole in (False, True):
-                zi, zf, zo = z[:, k["i"]], z[:, k["f"]], z[:, k["o"]]
-                if use_peephole:
-                    zi, zf, zo = zi + cs_prev * peep["wci"], zf + cs_prev * peep["wcf"], zo + stack["cs"] * peep["wco"]
-                f_dev, forget_bias = _forget_fit(stack["f"], zf, dtype)
-                devs = {"ci": ci_dev, "i": _worst(stack["i"], sigmoid(zi)), "o": _worst(stack["o"], sigmoid(zo)),
-                        "f": f_dev}
-                tested = {g: d for g, d in devs.items() if d is not None}
-                gate = max(tested, key=tested.get) if tested else None
-                worst = tested[gate] / tol if gate else None
-                hypotheses.append(Hypothesis(layout, use_peephole, worst, gate, forget_bias))
+                zf = z[k["f"]] + peep_terms["f"] if use_peephole else z[k["f"]]
+                gate_dev["f", layout, use_peephole] = _forget_fit(stored["f"], zf, dtype)
+    hypotheses = []
+    for layout in layouts:
+        for use_peephole in (False, True):
+            devs = {"ci": gate_dev["ci", layout, None][0], "i": gate_dev["i", None, use_peephole][0],
+                    "o": gate_dev["o", None, use_peephole][0], "f": gate_dev["f", layout, use_peephole][0]}
+            tested = {g: d for g, d in devs.items() if d is not None}
+            gate = max(tested, key=tested.get) if tested else None
+            worst = tested[gate] / tol if gate else None
+            hypotheses.append(Hypothesis(layout, use_peephole, worst, gate, gate_dev["f", layout, use_peephole][1]))
     hypotheses.sort(key=lambda h: (not h.fits, np.inf if h.worst is None else h.worst))
-    zero = all(not np.any(p) for p in peep.values())
+    zero = all(not np.any(arrays[n]) for n in PEEPHOLES)
     return ActivationFit(steps, len(rows), tol, zero, hypotheses)
+
+
+def _spread(n: int, k: int) -> np.ndarray:
+    """Up to ``k`` indices spread evenly over ``range(n)`` (without np.unique: its first call imports ~40 ms)."""
+    return np.array(sorted({round(v) for v in np.linspace(0, n - 1, min(n, k))}), dtype=np.intp)
 
 
 def _worst(stored: np.ndarray, recomputed: np.ndarray) -> float | None:
@@ -177,5 +200,6 @@ def _forget_fit(f: np.ndarray, zf: np.ndarray, dtype: str) -> tuple[float | None
     usable = (f > lim) & (f < 1 - lim) & np.isfinite(zf)
     if not usable.any():
         return None, None
-    forget_bias = float(np.median(logit(f[usable]) - zf[usable]))
+    offsets = np.sort(logit(f[usable]) - zf[usable])  # np.median would import numpy.ma (~30 ms) on first use
+    forget_bias = float(offsets[(offsets.size - 1) // 2] + offsets[offsets.size // 2]) / 2
     return _worst(f, sigmoid(zf + forget_bias)), forget_bias

@@ -5,8 +5,8 @@ would, computes its gradients, compares them tensor by tensor with a reference (
 gradients dumped from TensorFlow) and, when they disagree, recomputes the gradients under each
 known cause of disagreement to see which one reproduces the reference:
 
-* TF's autodiff gradient of BlockLSTMV2 runs the ICFO kernel BlockLSTMGrad (tf-semantics.md 4.2),
-  or more generally the other gate layout;
+* TF's autodiff gradient of BlockLSTMV2 runs the ICFO kernel BlockLSTMGrad (docs/semantics.md), or more
+  generally the other gate layout;
 * peepholes on instead of off, or off instead of on;
 * another ``seq_len_max`` (candidates from where the reference's x_grad stops being zero);
 * TF's GPU LSTMBlockCellGrad, which counts the peephole term of cs_prev_grad twice (section 7 row 2);
@@ -294,8 +294,8 @@ def _explain(causes: list[str], problem: Problem, base: Setting, changes: dict) 
         elif cause == "gpu_double_count":
             texts.append(
                 "The reference has TensorFlow's GPU LSTMBlockCellGrad peephole bug: cs_prev_grad counts the "
-                "peephole term twice, dcs*f + 2*(di*wci + df*wcf) (tensorflow/tensorflow#34171, tf-semantics.md "
-                "section 7 row 2). TF's CPU kernel, BlockLSTMGrad and lstmgrad are correct.")
+                "peephole term twice, dcs*f + 2*(di*wci + df*wcf) (tensorflow/tensorflow#34171; "
+                "docs/semantics.md). TF's CPU kernel, BlockLSTMGrad and lstmgrad are correct.")
         elif cause == "half_op_by_op":
             texts.append(
                 "The reference was computed in half precision op by op, as TF's CPU float16 kernels do "
@@ -308,8 +308,8 @@ def _explain(causes: list[str], problem: Problem, base: Setting, changes: dict) 
         elif cause == "mixed_precision":
             texts.append(
                 "The reference was computed in half precision from these float32 tensors, as TensorFlow's "
-                "automatic mixed precision does with these ops on GPU (tf-semantics.md 6.1); the difference is "
-                "half-precision rounding, not a bug in either result.")
+                "automatic mixed precision does with these ops on GPU (docs/semantics.md); the difference "
+                "is half-precision rounding, not a bug in either result.")
     return " ".join(texts)
 
 

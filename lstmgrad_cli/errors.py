@@ -21,6 +21,10 @@ class OutputFileError(LstmGradError):
     """An output that cannot or must not be written."""
 
 
+class OutputExistsError(OutputFileError):
+    """An output that already exists and may not be replaced (no ``force``)."""
+
+
 class UnknownBackendError(LstmGradError):
     """A backend name that is not registered (a usage error on the command line)."""
 

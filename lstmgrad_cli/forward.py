@@ -1,4 +1,4 @@
-"""Forward passes of LSTMBlockCell, BlockLSTM and BlockLSTMV2 (tf-semantics.md section 2), in numpy.
+"""Forward passes of LSTMBlockCell, BlockLSTM and BlockLSTMV2 (docs/semantics.md), in numpy.
 
 Used to build consistent inputs for the gradient ops (``lstmgrad forward``) and as the function whose
 finite differences the gradient tests check.  Gate values beyond ``seq_len_max`` are zeros, where

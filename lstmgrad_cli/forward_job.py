@@ -2,7 +2,7 @@
 
 The library behind ``lstmgrad forward seq|cell`` (no click here).  It runs BlockLSTMV2 (layout
 IFCO), BlockLSTM (``layout="icfo"``) or LSTMBlockCell on ``x, cs_prev, h_prev, w, wci, wcf, wco,
-b`` with TF's per-op defaults for ``forget_bias`` and ``cell_clip`` (tf-semantics.md 2.2), adds
+b`` with TF's per-op defaults for ``forget_bias`` and ``cell_clip`` (docs/semantics.md), adds
 the output gradients ``cs_grad``/``h_grad`` (zeros, ones, seeded normal noise, or the input file's),
 and writes everything under TF's names in TF's order, so the result is a consistent example that
 the gradient commands read as it is.  Gate values beyond ``seq_len_max`` are zeros (TF leaves

@@ -6,7 +6,7 @@ Two checks behind ``lstmgrad check --gradcheck``, on validated arrays (no files,
   (and the peepholes), *teacher-forced*: step t starts from the stored ``cs[t-1]``, ``h[t-1]``, so
   a bad step is found where it is and does not smear over the rest.  Activations saved from a
   different step or a different checkpoint than the weights are a frequent real bug; the gradient
-  ops never notice, because they use only the stored activations (tf-semantics.md 3.1).
+  ops never notice, because they use only the stored activations (docs/semantics.md).
   ``forget_bias`` and ``cell_clip`` are not in the files: unless given they are inferred from the
   data (forget_bias from logit(f) minus the recomputed pre-activation; cell_clip from the entries
   where the stored cs differs from i*ci + f*cs_prev).
@@ -14,7 +14,7 @@ Two checks behind ``lstmgrad check --gradcheck``, on validated arrays (no files,
   recomputed from the inputs) with central differences of the float64 forward pass, on a sample
   of entries.  The loss is sum(cs_grad * cs + h_grad * h) over the steps t < seq_len_max, the
   function whose gradient the ops compute.  Where cs was clipped the ops pass the gradient straight
-  through (tf-semantics.md 3.1), so the forward used for the differences keeps each step's clip
+  through (docs/semantics.md), so the forward used for the differences keeps each step's clip
   offset fixed at its value at the base point: exactly the function TF differentiates.
 
 Sequence and cell problems are handled alike: a cell problem is a sequence of one step, ICFO.
@@ -34,7 +34,7 @@ from .validation import ACTIVATIONS
 GRAD_INPUTS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
 GATES = ("i", "f", "o", "ci")
 # Largest deviation of a recomputed activation that still counts as "the same", by dtype.  The
-# forward ops match a float64 recomputation to a few ulp (tf-semantics.md 6.2); a wrong step or
+# forward ops match a float64 recomputation to a few ulp (docs/semantics.md); a wrong step or
 # checkpoint moves gate values by orders of magnitude more.
 CONSISTENCY_TOL = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-9}
 # Forget-bias estimates use only gates away from saturation, where logit(f) is well conditioned.

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import __version__, io, validation
 from .backends import get_backend, resolve_name
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, OutputExistsError
 from .ops import block_lstm_grad_checked, lstm_block_cell_grad_full
 from .perstep import StepRecorder, impulse_norms, per_step_report
 from .problem import OPS, open_problem
@@ -89,7 +89,11 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
     backend = get_backend(backend_name)
     fmt = io.sniff_format(input_path)
     out = Path(output_path) if output_path is not None else io.default_output(input_path, fmt)
-    io.check_output(out, options.force, [input_path])
+    try:
+        io.check_output(out, options.force, [input_path])
+    except OutputExistsError:
+        raise OutputExistsError(f"{input_path}: its output {out} already exists; use --skip-existing to keep it "
+                                "or --force to overwrite it") from None
     lazy = options.kind == "seq" and fmt == "hdf5"
 
     with open_problem(input_path, kind=options.kind, layout=options.layout if options.kind == "seq" else None,

@@ -6,56 +6,17 @@ All functions take and return host numpy arrays; outputs have the input dtype.  
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import numpy as np
-
 from . import validation
 from .backends import get_backend
-from .backends._xp import BlockLSTMGradOutputs, SeqTensors
+from .backends._xp import SeqTensors
 from .forward import block_lstm_forward
+from .results import BlockLSTMGradOutputs, BlockLSTMOutputs, LSTMBlockCellGradFullOutputs, LSTMBlockCellGradOutputs
 
 __all__ = [
     "BlockLSTMGradOutputs", "LSTMBlockCellGradOutputs", "LSTMBlockCellGradFullOutputs", "BlockLSTMOutputs",
     "block_lstm_grad_v2", "block_lstm_grad", "lstm_block_cell_grad", "lstm_block_cell_grad_full",
     "block_lstm_v2", "block_lstm", "lstm_block_cell",
 ]
-
-
-class LSTMBlockCellGradOutputs(NamedTuple):
-    """Outputs of LSTMBlockCellGrad; ``dicfo`` is [di, dci, df, do] (pre-activation, ICFO)."""
-
-    cs_prev_grad: np.ndarray
-    dicfo: np.ndarray
-    wci_grad: np.ndarray
-    wcf_grad: np.ndarray
-    wco_grad: np.ndarray
-
-
-class LSTMBlockCellGradFullOutputs(NamedTuple):
-    """LSTMBlockCellGrad plus the gradients TF's registered cell gradient derived from ``dicfo``."""
-
-    cs_prev_grad: np.ndarray
-    dicfo: np.ndarray
-    wci_grad: np.ndarray
-    wcf_grad: np.ndarray
-    wco_grad: np.ndarray
-    x_grad: np.ndarray
-    h_prev_grad: np.ndarray
-    w_grad: np.ndarray
-    b_grad: np.ndarray
-
-
-class BlockLSTMOutputs(NamedTuple):
-    """Outputs of LSTMBlockCell / BlockLSTM / BlockLSTMV2."""
-
-    i: np.ndarray
-    cs: np.ndarray
-    f: np.ndarray
-    o: np.ndarray
-    ci: np.ndarray
-    co: np.ndarray
-    h: np.ndarray
 
 
 def _seq_grad(layout, seq_len_max, tensors: dict, use_peephole, backend, compute_dtype, chunk_steps=None):

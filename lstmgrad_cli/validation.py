@@ -1,4 +1,4 @@
-"""Input checks of the block-LSTM ops: the superset of TensorFlow's checks (tf-semantics.md 5.5).
+"""Input checks of the block-LSTM ops: the superset of TensorFlow's checks (docs/semantics.md).
 
 Everything is checked before any computation, ranks before dimensions, and every message names
 the tensor and says what was expected and what was found.  Where TensorFlow has a message for a
@@ -179,7 +179,7 @@ def resolve_compute_dtype(dtype: np.dtype, compute_dtype: str | None) -> np.dtyp
 def check_forward(arrays: Mapping[str, np.ndarray], sequence: bool) -> Dims:
     """Ranks and shapes of the forward ops' inputs (BlockLSTM(V2) if ``sequence``, else LSTMBlockCell).
 
-    BlockLSTM accepts empty batch and cell sizes; LSTMBlockCell rejects them (tf-semantics.md 5.1, 5.3).
+    BlockLSTM accepts empty batch and cell sizes; LSTMBlockCell rejects them (docs/semantics.md).
     """
     _check_ranks(arrays, {"x": 3 if sequence else 2, "cs_prev": 2, "h_prev": 2, "w": 2,
                           "wci": 1, "wcf": 1, "wco": 1, "b": 1})

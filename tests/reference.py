@@ -1,5 +1,5 @@
 """A deliberately plain float64 reference of TF's block-LSTM backward pass, written apart from the
-package (tf-semantics.md 3.1 and 3.3, one step at a time, concatenating [x, h_prev] as TF does).
+package (docs/semantics.md, one step at a time, concatenating [x, h_prev] as TF does).
 The property tests compare lstmgrad against it on random shapes."""
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -76,6 +77,20 @@ def test_run_checks_its_arguments():
 def test_a_missing_comparison_interpreter_is_not_fatal(tmp_path):
     report = bench.run(["numpy"], shapes=[(2, 1, 2, 2)], repeats=1, compare_python=[str(tmp_path / "no-python")])
     assert {r.engine for r in report.results} >= {"gemm-limit", "numpy"}
+    assert len(report.notes) == 1 and f"{tmp_path / 'no-python'} could not be run" in report.notes[0]
+
+
+def test_an_interpreter_without_the_frameworks_is_named_not_dropped(runner):
+    """This suite's own interpreter has neither TensorFlow nor PyTorch: the table says they were not timed."""
+    frameworks = [f for f in bench.FRAMEWORKS if importlib.util.find_spec(f) is None]
+    if not frameworks:
+        pytest.skip("both frameworks are installed here")
+    result = runner.invoke(main, ["bench", "--backend", "numpy", "--shape", "2,1,2,2", "--repeats", "1",
+                                  "--compare-python", sys.executable])
+    assert result.exit_code == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    for name in frameworks:
+        assert f"not compared: {name} not timed with {sys.executable}: No module named '{name}'" in text
 
 
 @pytest.mark.parametrize("library", ["openblas", "mkl"])

@@ -52,7 +52,7 @@ def test_tf_gradients_pass(name):
 
 @pytest.mark.parametrize("name", ["seq_v2_peep", "seq_v2_nopeep"])
 def test_tape_gradient_of_blocklstmv2_is_explained(name):
-    """TF's GradientTape gradient of BlockLSTMV2 uses the ICFO kernel (tf-semantics.md 4.2)."""
+    """TF's GradientTape gradient of BlockLSTMV2 uses the ICFO kernel (docs/semantics.md)."""
     code, doc = check_json(fx(name), "--reference", fx(name, "tape"))
     assert code == 1 and not doc["passed"]
     failed = {c["name"] for c in doc["comparisons"] if not c["passed"]}

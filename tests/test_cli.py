@@ -177,7 +177,8 @@ def test_existing_output_needs_force_and_is_left_untouched(runner, tmp_path):
     out.write_bytes(b"precious")
     result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out)])
     assert result.exit_code == 1
-    assert result.stderr == f"Error: {out}: already exists; use --force to overwrite\n"
+    assert result.stderr == (f"Error: {FIXTURES / 'seq_v2_peep.in.npz'}: its output {out} already exists; use "
+                             "--skip-existing to keep it or --force to overwrite it\n")
     assert out.read_bytes() == b"precious"
     forced = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out), "--force"])
     assert forced.exit_code == 0

@@ -50,7 +50,7 @@ def test_cell_op_matches_tensorflow(name):
 
 @pytest.mark.parametrize("name", [n for n in CELL_CASES if load_case(n)[2]["dtype"] == "float32"])
 def test_cell_elementwise_outputs_are_bit_exact_in_float32(name):
-    # TF's elementwise order is followed exactly (tf-semantics.md 3.1): no GEMM is involved here.
+    # TF's elementwise order is followed exactly (docs/semantics.md): no GEMM is involved here.
     inputs, expected, _ = load_case(name)
     args, peep = cell_args(inputs)
     got = lg.lstm_block_cell_grad(**args, use_peephole=peep)
@@ -87,7 +87,7 @@ def test_half_sequence_both_modes_within_half_tolerance(name):
 
 
 def test_v2_is_the_correct_gradient_not_tfs_tape_gradient():
-    # TF's tape gradient of BlockLSTMV2 runs the ICFO kernel (tf-semantics.md 4.2): we are BlockLSTMGradV2.
+    # TF's tape gradient of BlockLSTMV2 runs the ICFO kernel (docs/semantics.md): we are BlockLSTMGradV2.
     inputs, _, _ = load_case("seq_v2_peep")
     with np.load(FIXTURES / "seq_v2_peep.tape.npz") as tape_file:
         tape = {k: tape_file[k] for k in tape_file.files}

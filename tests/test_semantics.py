@@ -1,4 +1,4 @@
-"""TF's backward semantics that the golden files alone would not pin down (tf-semantics.md 3)."""
+"""TF's backward semantics that the golden files alone would not pin down (docs/semantics.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bad tensors are refused before any computation with one clear message (tf-semantics.md 5.5)."""
+"""Bad tensors are refused before any computation with one clear message (docs/semantics.md)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from ._xp import XpGradient
 _PARAMS_IN = "T one, T i, T f, T o, T ci, T co, T h_grad, T cs_grad, T cs_prev, T carried_h, T carried_cs"
 _PARAMS_OUT = "T g_i, T g_f, T g_c, T g_o, T new_cs"
 
-# tf-semantics.md 3.1, one thread per element, TF's bracketing.
+# docs/semantics.md, one thread per element, TF's bracketing.
 _BODY = """
 T dh = carried_h + h_grad;
 T dc = carried_cs + cs_grad;

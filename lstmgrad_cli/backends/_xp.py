@@ -4,7 +4,7 @@ numpy and cupy spell everything used here the same way, so both backends run thi
 and cupy backends replace the per-step elementwise kernel (``XpGradient.step``), and numba also a
 chunk's whole time loop (``XpGradient._steps``).
 
-Structure (tf-semantics.md 3.3, reorganised for speed, same maths):
+Structure (docs/semantics.md, reorganised for speed, same maths):
 
 * Only the recurrent product ``dgates[t] @ w_h^T`` has to be done step by step.  The gate gradients
   of a chunk of K time steps are collected in one ``[K, B, 4C]`` buffer; after the chunk,
@@ -15,7 +15,7 @@ Structure (tf-semantics.md 3.3, reorganised for speed, same maths):
   step makes 24 passes over ``[B, C]`` (no peephole; 13 of them are the formula's own operations,
   10 the derivative factors, 1 the gradient carried into h): the minimum for one ufunc per
   operation, since every operation must round on its own (below).
-* The bracketing of every operation is TensorFlow's (tf-semantics.md 3.1), so with
+* The bracketing of every operation is TensorFlow's (docs/semantics.md), so with
   ``compute_dtype=float16`` every operation rounds to half exactly where TF's CPU kernel does, and
   in float32 the gate gradients are bit-identical to TF's.
 * Inputs whose dtype differs from the compute dtype (float16 files computed in float32) are cast
@@ -33,9 +33,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..results import BlockLSTMGradOutputs
 from . import _blas
 
-# Gate block offsets, in units of C, for the two layouts (tf-semantics.md 1.1).
+# Gate block offsets, in units of C, for the two layouts (docs/semantics.md).
 LAYOUTS = {
     "ifco": {"i": 0, "f": 1, "c": 2, "o": 3},  # BlockLSTMV2 / BlockLSTMGradV2
     "icfo": {"i": 0, "c": 1, "f": 2, "o": 3},  # BlockLSTM / BlockLSTMGrad / LSTMBlockCell(Grad)
@@ -53,19 +54,6 @@ OVERLAP_SLOTS = 3
 
 # Per-step activations, in the order the step kernels take them.
 STEP_NAMES = ("i", "f", "o", "ci", "co", "h_grad", "cs_grad")
-
-
-class BlockLSTMGradOutputs(NamedTuple):
-    """Outputs of BlockLSTMGrad / BlockLSTMGradV2, in TensorFlow's order and names."""
-
-    x_grad: np.ndarray
-    cs_prev_grad: np.ndarray
-    h_prev_grad: np.ndarray
-    w_grad: np.ndarray
-    wci_grad: np.ndarray
-    wcf_grad: np.ndarray
-    wco_grad: np.ndarray
-    b_grad: np.ndarray
 
 
 class SeqTensors(NamedTuple):
@@ -153,7 +141,7 @@ class XpGradient:
 
     # -- the per-step elementwise kernel ------------------------------------------------------
     def step(self, a: Step, carried_h, carried_cs, gates, new_cs, peep, acc, offsets, ws):
-        """One step of tf-semantics.md 3.1, in place, with TF's bracketing.
+        """One step of docs/semantics.md, in place, with TF's bracketing.
 
         ``carried_h``/``carried_cs`` are the gradients carried from the step after; the gate
         gradients go into ``gates`` ([B, 4C]) and the gradient carried to the step before into

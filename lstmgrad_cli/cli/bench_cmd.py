@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from ._common import handle_errors, print_json, print_table, stderr_console, stdout_console
+from ._common import handle_errors, print_json, print_table, say, stderr_console, stdout_console
 
 
 def _shape(ctx, param, values):
@@ -65,6 +65,8 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
     if markdown:
         click.echo(f"{machine}; {dtype}, {'peephole' if peephole else 'no peephole'}, median of {repeats} rounds\n")
         click.echo(bench.markdown_table(report))
+        for note in report.notes:
+            click.echo(f"Warning: not compared: {note}", err=True)
         return
     table = Table()
     for col, justify in (("T,B,I,C", "left"), ("engine", "left"), ("version", "left"), ("median", "right"),
@@ -77,5 +79,8 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
         table.add_row(shape if shape != previous else "", r.engine, r.version or "-", med, f"{r.gflops:.0f}",
                       f"{r.ratio_to_gemm:.2f}", r.note, end_section=False)
         previous = shape
-    print_table(stdout_console(), table,
+    console = stdout_console()
+    print_table(console, table,
                 f"lstmgrad bench: {dtype}, {'peephole' if peephole else 'no peephole'}, median of {repeats}", machine)
+    for note in report.notes:
+        say(console, f"not compared: {note}", style="yellow")

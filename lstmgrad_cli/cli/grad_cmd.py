@@ -34,7 +34,8 @@ from ._common import (
 
 INPUT_SUFFIXES = (".h5", ".hdf5", ".npz")
 # How the summary says where a parameter came from.
-SOURCE_WORDS = {"activations": "found from the activations", "flag": "as asked", "default": "default"}
+SOURCE_WORDS = {"activations": "found from the activations", "flag": "as asked", "default": "default",
+                "dump": "the forward op recorded in the dump"}
 
 
 def _shared_options(func):

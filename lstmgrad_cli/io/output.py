@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import OutputFileError
+from ..errors import OutputExistsError, OutputFileError
 from ._common import METADATA_KEY, reason
 
 OUTPUT_FORMATS = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5"}
@@ -52,7 +52,7 @@ def check_output(path: Path, force: bool, inputs: Iterable[Path] = ()) -> str:
         if path.is_dir():
             raise OutputFileError(f"{path}: is a directory")
         if path.exists() and not force:
-            raise OutputFileError(f"{path}: already exists; use --force to overwrite")
+            raise OutputExistsError(f"{path}: already exists; use --force to overwrite")
     except OSError as err:  # e.g. a name longer than the file system allows
         raise OutputFileError(f"{path}: cannot write there: {os_reason(err)}") from None
     return fmt
@@ -172,12 +172,12 @@ def _publish(tmp: Path, path: Path, force: bool) -> None:
     try:
         os.link(tmp, path)  # fails if the target appeared meanwhile: never clobber without --force
     except FileExistsError:
-        raise OutputFileError(f"{path}: already exists; use --force to overwrite") from None
+        raise OutputExistsError(f"{path}: already exists; use --force to overwrite") from None
     except OSError as err:
         if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
             raise
         if path.exists():
-            raise OutputFileError(f"{path}: already exists; use --force to overwrite") from None
+            raise OutputExistsError(f"{path}: already exists; use --force to overwrite") from None
         os.replace(tmp, path)  # filesystems without hard links
         return
     tmp.unlink()

@@ -1,0 +1,61 @@
+"""``lstmgrad_cli.load``: a file's tensors, ready for the op functions, with the op that made them.
+
+    inputs = lstmgrad_cli.load("fixtures/seq_v1_peep.in.npz")
+    inputs.op                                  # 'BlockLSTMGrad': the activations are BlockLSTM's (ICFO)
+    grads = lstmgrad_cli.block_lstm_grad(**inputs)
+    grads = inputs.gradients()                 # the same: the function of inputs.op
+
+The file is read and checked as ``lstmgrad seq``/``cell`` read it (any input format, camelCase names,
+HDF5 attributes, defaults), and the gate layout and ``use_peephole`` that neither the file nor an
+argument gives are what the stored activations fit.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .ops import block_lstm_grad, block_lstm_grad_v2, lstm_block_cell_grad_full
+from .problem import load_problem
+
+# The function computing each gradient op; for the cell, what `lstmgrad cell` writes (LSTMBlockCellGrad + x, h, w, b).
+FUNCTIONS = {"BlockLSTMGradV2": block_lstm_grad_v2, "BlockLSTMGrad": block_lstm_grad,
+             "LSTMBlockCellGrad": lstm_block_cell_grad_full}
+
+
+class OpInputs(dict):
+    """Tensors and attributes under the op function's argument names: ``fn(**inputs)`` works.
+
+    ``op``: the gradient op of the op that made the activations; ``kind`` "seq" or "cell"; ``layout``;
+    ``sources``: where use_peephole, seq_len_max and the layout came from ("tensor", "attribute", "flag",
+    "activations", "default"); ``notes``: defaults used; ``warnings``: what contradicts the activations.
+    """
+
+    def __init__(self, tensors: dict, *, op: str, kind: str, layout: str, sources: dict, notes: list[str],
+                 warnings: list[str]):
+        super().__init__(tensors)
+        self.op, self.kind, self.layout = op, kind, layout
+        self.sources, self.notes, self.warnings = sources, notes, warnings
+
+    def gradients(self, **options):
+        """The gradient of ``op`` (``backend=``, ``compute_dtype=`` as the op functions take them)."""
+        return FUNCTIONS[self.op](**self, **options)
+
+    def __repr__(self) -> str:
+        return f"OpInputs(op={self.op!r}, tensors={list(self)})"
+
+
+def load(path: str | os.PathLike, group: str | None = None, *, kind: str | None = None, layout: str | None = None,
+         use_peephole: bool | None = None, seq_len_max: int | None = None) -> OpInputs:
+    """Read one input (HDF5, NPZ, a directory of .npy files) for the op functions; raises ``LstmGradError``.
+
+    ``kind`` ("seq"/"cell") defaults to the rank of x; ``layout``, ``use_peephole`` and ``seq_len_max``
+    override the file and the activations, as the command-line flags do.
+    """
+    problem = load_problem(path, kind=kind, layout=layout, use_peephole=use_peephole, seq_len_max=seq_len_max,
+                           group=group)
+    tensors = dict(problem.arrays)
+    if problem.kind == "seq":
+        tensors = {"seq_len_max": problem.seq_len_max, **tensors}
+    tensors["use_peephole"] = problem.use_peephole
+    return OpInputs(tensors, op=problem.op, kind=problem.kind, layout=problem.layout, sources=dict(problem.sources),
+                    notes=list(problem.defaults), warnings=list(problem.warnings))
