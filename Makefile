@@ -50,6 +50,7 @@ fixtures:
 	$(PYTHON) -m venv .venv-tf
 	.venv-tf/bin/pip install --quiet -r fixtures/requirements-tf.txt
 	.venv-tf/bin/python fixtures/make_fixtures.py
+	.venv-tf/bin/python fixtures/make_tfdbg_fixtures.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build dist

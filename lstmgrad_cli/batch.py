@@ -12,11 +12,12 @@ import concurrent.futures as cf
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import io
 from .errors import LstmGradError, OutputFileError
+from .io import tfdbg
 from .jobs import GradOptions, GradResult, run_grad_file
 
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
@@ -26,13 +27,28 @@ BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
 class Task:
     input: Path
     output: Path  # resolved before the run, so skipping and reporting know it up front
+    group: str | None = None  # one execution of a TensorFlow debug dump (its --group)
+    error: str | None = None  # why the input cannot be run, found while planning (a corrupt dump)
 
 
-def plan_tasks(inputs: Sequence[Path], output: Path | None, out_dir: Path | None) -> list[Task]:
+@dataclass(frozen=True)
+class DumpSelection:
+    """Which gradient-op executions of TensorFlow debug dumps to run (an input that is a dump is many problems)."""
+
+    kind: str | None = None
+    group: str | None = None
+    op: str | None = None
+    execution: int | None = None
+
+
+def plan_tasks(inputs: Sequence[Path], output: Path | None, out_dir: Path | None,
+               dumps: DumpSelection = DumpSelection()) -> list[Task]:
     """The output of each input: ``-o`` for a single input, else ``<stem>.grads.<ext>`` (in ``out_dir``).
 
-    An input named twice is run once; two inputs that would write the same output are refused
-    (OutputFileError) before anything runs, so no output silently replaces or "skips" another.
+    A TensorFlow debug dump gives one task per selected gradient-op execution, written to
+    ``<dump>.<execution>.grads.npz``.  An input named twice is run once; two inputs that would write the
+    same output are refused (OutputFileError) before anything runs, so no output silently replaces or
+    "skips" another.
     """
     tasks: list[Task] = []
     seen_inputs: set[Path] = set()
@@ -42,20 +58,36 @@ def plan_tasks(inputs: Sequence[Path], output: Path | None, out_dir: Path | None
         if key in seen_inputs:
             continue
         seen_inputs.add(key)
-        if output is not None:
-            target = output
-        else:
-            try:
-                target = io.default_output(path, io.sniff_format(path))
-            except LstmGradError:
-                target = path.with_name(path.name + ".grads.npz")  # the run reports why the input is bad
-            if out_dir is not None:
+        for group, target, error in _targets(path, output, dumps):
+            if out_dir is not None and output is None:
                 target = out_dir / target.name
-        other = targets.setdefault(target.resolve(), path)
-        if other is not path:
-            raise OutputFileError(f"{other} and {path} would both write {target}; give them separate --out-dir runs")
-        tasks.append(Task(path, target))
+            other = targets.setdefault(target.resolve(), path)
+            if other is not path:
+                raise OutputFileError(f"{other} and {path} would both write {target}; give them separate --out-dir "
+                                      "runs")
+            tasks.append(Task(path, target, group, error))
+    if output is not None and len(tasks) > 1:
+        raise OutputFileError(f"-o names one output, but {inputs[0]} holds {len(tasks)} executions to run ("
+                              f"{io.describe_keys([t.group for t in tasks], limit=5)}); use --out-dir, or choose one "
+                              "with --group, --op or --execution")
     return tasks
+
+
+def _targets(path: Path, output: Path | None, dumps: DumpSelection) -> list[tuple[str | None, Path, str | None]]:
+    """(group, output, error) of each task of one input."""
+    try:
+        fmt = io.sniff_format(path)
+    except LstmGradError:
+        return [(dumps.group, output or path.with_name(path.name + ".grads.npz"), None)]  # the run says what is wrong
+    if fmt != "tfdbg2":
+        return [(dumps.group, output or io.default_output(path, fmt), None)]
+    try:
+        index = tfdbg.index_dump(path)
+        chosen = tfdbg.select_executions(index, dumps.kind, dumps.group, dumps.op, dumps.execution)
+    except LstmGradError as err:  # the dump's own failure, reported when its turn comes
+        return [(None, output or path.with_name(path.name + ".grads.npz"), " ".join(str(err).split()))]
+    return [(e.member, output or path.with_name(f"{path.name}.{tfdbg.member_slug(e.member)}.grads.npz"), None)
+            for e in chosen]
 
 
 def is_complete_output(path: Path, source: Path | None = None) -> bool:
@@ -72,17 +104,26 @@ def is_complete_output(path: Path, source: Path | None = None) -> bool:
 
 def run_task(task: Task, options: GradOptions, blas_threads: int | None = None) -> GradResult:
     """One file, never raising for a bad file: the error becomes a failed result."""
+    if task.error is not None:
+        return failed(task, options, task.error)
     limits = _blas_limits(blas_threads)
+    if task.group is not None:
+        options = replace(options, group=task.group)
     try:
         with limits:
             return run_grad_file(task.input, task.output, options)
     except LstmGradError as err:
-        return GradResult(str(task.input), None, options.op, status="failed", error=" ".join(str(err).split()))
+        return failed(task, options, " ".join(str(err).split()))
     except MemoryError:
-        return GradResult(str(task.input), None, options.op, status="failed", error=f"{task.input}: out of memory")
+        return failed(task, options, f"{task.input}: out of memory")
     except OSError as err:  # an I/O failure nothing above foresaw: still this file's failure, not a traceback
         reason = err.strerror or " ".join(str(err).split()) or type(err).__name__
-        return GradResult(str(task.input), None, options.op, status="failed", error=f"{task.input}: {reason}")
+        return failed(task, options, f"{task.input}: {reason}")
+
+
+def failed(task: Task, options: GradOptions, error: str) -> GradResult:
+    """The result of a task that failed with ``error`` (one line)."""
+    return GradResult(str(task.input), None, options.op, member=task.group, status="failed", error=error)
 
 
 def _outcome(future: cf.Future, task: Task, options: GradOptions) -> GradResult:
@@ -93,8 +134,7 @@ def _outcome(future: cf.Future, task: Task, options: GradOptions) -> GradResult:
         raise
     except Exception as err:  # noqa: BLE001 - BrokenProcessPool, distributed's KilledWorker, ...
         reason = " ".join(str(err).split()) or type(err).__name__
-        return GradResult(str(task.input), None, options.op, status="failed",
-                          error=f"{task.input}: the worker process failed ({type(err).__name__}: {reason})")
+        return failed(task, options, f"{task.input}: the worker process failed ({type(err).__name__}: {reason})")
 
 
 def _submit(executor: cf.Executor, task: Task, options: GradOptions, threads: int | None) -> cf.Future:
@@ -200,12 +240,13 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
     for index, task in enumerate(tasks):
         if skip_existing and task.output.exists():
             if is_complete_output(task.output, task.input):
-                finish(index, GradResult(str(task.input), str(task.output), options.op, status="skipped"))
+                finish(index, GradResult(str(task.input), str(task.output), options.op, member=task.group,
+                                         status="skipped"))
                 continue
             if not options.force:
                 error = OutputFileError(f"{task.output}: exists but is not a complete lstmgrad output of "
                                         f"{task.input}; use --force to replace it")
-                finish(index, GradResult(str(task.input), None, options.op, status="failed", error=str(error)))
+                finish(index, failed(task, options, str(error)))
                 if not keep_going:
                     return results
                 continue
@@ -233,3 +274,53 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
             for future in futures:  # after a failure or an interrupt: start nothing new
                 future.cancel()
     return results
+
+
+def run_each(function: Callable, items: Sequence, *, workers: int = 1,
+             on_result: Callable[[int, object], None] | None = None,
+             stop: Callable[[], bool] = lambda: False) -> list:
+    """``function(item)`` for every item, in this process or in ``workers`` local processes (``function`` must
+    be importable by name); results in item order.  ``function`` reports its own failures in its result; a
+    worker that dies gives that item a ``WorkerFailure``."""
+    results: list = [None] * len(items)
+
+    def finish(index: int, result) -> None:
+        results[index] = result
+        if on_result is not None:
+            on_result(index, result)
+
+    with make_executor(min(workers, max(len(items), 1))) as (executor, _threads):
+        if executor is None:
+            for index, item in enumerate(items):
+                if stop():
+                    break
+                finish(index, function(item))
+            return results
+        futures = {}
+        for index, item in enumerate(items):
+            try:
+                futures[executor.submit(function, item)] = index
+            except Exception as err:  # noqa: BLE001 - a broken pool: that item's failure (see _submit)
+                finish(index, WorkerFailure(f"the worker process failed ({type(err).__name__}: {err})"))
+        try:
+            for future in cf.as_completed(futures):
+                try:
+                    result = future.result()
+                except cf.CancelledError:
+                    raise
+                except Exception as err:  # noqa: BLE001 - BrokenProcessPool, ...
+                    result = WorkerFailure(f"the worker process failed ({type(err).__name__}: {err})")
+                finish(futures[future], result)
+                if stop():
+                    break
+        finally:
+            for future in futures:
+                future.cancel()
+    return results
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """What ``run_each`` gives an item whose worker process died."""
+
+    error: str

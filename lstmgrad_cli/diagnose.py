@@ -26,8 +26,9 @@ import numpy as np
 
 from . import gradcheck, io, validation
 from .backends import get_backend, resolve_name
+from .batch import WorkerFailure, run_each
 from .detect import LAYOUT_OPS
-from .errors import InputFileError, InvalidArgumentError
+from .errors import InputFileError, InvalidArgumentError, LstmGradError
 from .forward import gate_slices
 from .ops import BlockLSTMGradOutputs, LSTMBlockCellGradFullOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full
 from .problem import OPS, Problem, load_problem, peephole_origin
@@ -430,6 +431,8 @@ class CheckOptions:
     seed: int = 0
     forget_bias: float | None = None
     cell_clip: float | None = None
+    weights: str | None = None  # another input holding the tensors INPUT lacks (--weights)
+    weights_group: str | None = None
 
 
 @dataclass
@@ -451,6 +454,9 @@ class CheckReport:
     defaults: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what was asked contradicts the activations, or nothing fits
     activations: dict | None = None  # what the stored activations fit (detect.ActivationFit.to_json)
+    notes: list[str] = field(default_factory=list)  # the op a dump recorded, tensors from --weights, ...
+    member: str | None = None  # the execution of a TensorFlow debug dump
+    recorded_op: str | None = None  # the gradient op TensorFlow ran, when the input records it
     comparisons: list[Comparison] = field(default_factory=list)
     not_in_reference: list[str] = field(default_factory=list)
     other_reference_keys: list[str] = field(default_factory=list)
@@ -494,7 +500,8 @@ def run_check(input_path, reference_path, options: CheckOptions) -> CheckReport:
     backend_name = resolve_name(options.backend)
     backend = get_backend(backend_name)
     problem = load_problem(input_path, kind=options.kind, layout=options.layout, use_peephole=options.use_peephole,
-                           seq_len_max=options.seq_len_max, group=options.group)
+                           seq_len_max=options.seq_len_max, group=options.group, weights=options.weights,
+                           weights_group=options.weights_group)
     rtol, atol = TOLERANCES[problem.dtype]
     rtol = options.rtol if options.rtol is not None else rtol
     atol = options.atol if options.atol is not None else atol
@@ -508,7 +515,8 @@ def run_check(input_path, reference_path, options: CheckOptions) -> CheckReport:
         str(validation.resolve_compute_dtype(problem.arrays["x"].dtype, options.compute_dtype)),
         problem.use_peephole, problem.seq_len_max if problem.kind == "seq" else None, problem.dims._asdict(),
         rtol, atol, problem.sources, problem.defaults, problem.warnings,
-        problem.fit.to_json() if problem.fit is not None else None)
+        problem.fit.to_json() if problem.fit is not None else None, problem.notes, problem.member,
+        problem.recorded_op)
 
     if reference_path is not None:
         reference, others = load_reference(reference_path, problem.kind, options.reference_group)
@@ -524,6 +532,29 @@ def run_check(input_path, reference_path, options: CheckOptions) -> CheckReport:
     if options.gradcheck:
         _gradcheck(problem, options, backend, ours, report)
     return report
+
+
+def check_dump(dump, reference, options: CheckOptions, members: list[str], *, workers: int = 1,
+               on_report=None) -> list:
+    """``run_check`` of each execution of a TensorFlow debug dump, against the gradients TF recorded for it
+    (``reference`` None) or a reference file; a ``CheckReport`` per execution, or the one-line error that
+    stopped it (an input with no recorded value, a dead worker)."""
+    jobs = [(str(dump), str(reference) if reference is not None else str(dump),
+             replace(options, group=member, reference_group=options.reference_group if reference else member))
+            for member in members]
+    results = run_each(check_one, jobs, workers=workers, on_result=on_report)
+    return [r.error if isinstance(r, WorkerFailure) else r for r in results]
+
+
+def check_one(job: tuple) -> CheckReport | str:
+    """One check: (input, reference, options) -> its report, or the error that stopped it, in one line."""
+    source, reference, options = job
+    try:
+        return run_check(source, reference, options)
+    except LstmGradError as err:
+        return " ".join(str(err).split())
+    except MemoryError:
+        return f"{source} [{options.group}]: out of memory"
 
 
 def _gradcheck(problem: Problem, options: CheckOptions, backend, ours: dict, report: CheckReport) -> None:

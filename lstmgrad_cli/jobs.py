@@ -36,6 +36,8 @@ class GradOptions:
     force: bool = False
     per_step: bool = False  # seq only: norms of the gradients at every step (perstep.py)
     strict: bool = False  # NaN/Inf in inputs or gradients is an error, and nothing is written
+    weights: str | None = None  # another input holding the tensors an input lacks (--weights)
+    weights_group: str | None = None
 
     @property
     def op(self) -> str:
@@ -52,6 +54,7 @@ class GradResult:
     input: str
     output: str | None
     op: str
+    member: str | None = None  # the execution of a TensorFlow debug dump (None for other inputs)
     status: str = "ok"
     error: str | None = None
     layout: str | None = None
@@ -65,6 +68,8 @@ class GradResult:
     defaults: list[str] = field(default_factory=list)  # what was not given and how it was filled in
     sources: dict = field(default_factory=dict)  # parameter -> "flag" | "tensor" | "attribute" | "activations" | ...
     warnings: list[str] = field(default_factory=list)  # what was asked contradicts the activations, or nothing fits
+    notes: list[str] = field(default_factory=list)  # what else to say (tensors from --weights, the op a dump recorded)
+    recorded_op: str | None = None  # the gradient op TensorFlow ran, when the input (a dump) records it
     activations: dict | None = None  # what the stored activations fit (detect.ActivationFit.to_json)
     tensors: list[TensorSummary] = field(default_factory=list)
     nonfinite_inputs: dict[str, int] = field(default_factory=dict)  # input tensor -> NaN/Inf entries
@@ -83,11 +88,12 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
     """
     start = time.perf_counter()
     input_path = Path(input_path)
-    result = GradResult(str(input_path), None, options.op, layout=options.layout if options.kind == "seq" else "icfo")
+    fmt = io.sniff_format(input_path)
+    result = GradResult(str(input_path), None, options.op, layout=options.layout if options.kind == "seq" else "icfo",
+                        member=options.group if fmt == "tfdbg2" else None)
 
     backend_name = resolve_name(options.backend)
     backend = get_backend(backend_name)
-    fmt = io.sniff_format(input_path)
     out = Path(output_path) if output_path is not None else io.default_output(input_path, fmt)
     try:
         io.check_output(out, options.force, [input_path])
@@ -98,8 +104,9 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
 
     with open_problem(input_path, kind=options.kind, layout=options.layout if options.kind == "seq" else None,
                       use_peephole=options.use_peephole, seq_len_max=options.seq_len_max, group=options.group,
-                      lazy=lazy) as problem:
+                      lazy=lazy, weights=options.weights, weights_group=options.weights_group) as problem:
         result.op, result.layout, result.warnings = problem.op, problem.layout, problem.warnings
+        result.notes, result.recorded_op = problem.notes, problem.recorded_op
         result.activations = problem.fit.to_json() if problem.fit is not None else None
         if options.strict and problem.warnings:
             raise InvalidArgumentError(f"{input_path}: {'; '.join(problem.warnings)} (--strict: nothing written)")

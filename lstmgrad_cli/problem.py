@@ -43,6 +43,9 @@ class Problem:
     keys: list[str] = field(default_factory=list)  # every entry of the file (group), as stored
     fit: detect.ActivationFit | None = None  # what the stored activations fit (None: nothing to recompute)
     warnings: list[str] = field(default_factory=list)  # what was asked contradicts the activations, or they fit nothing
+    notes: list[str] = field(default_factory=list)  # what else the summary should say (the op a dump recorded, ...)
+    member: str | None = None  # the execution of a TensorFlow debug dump this problem is
+    recorded_op: str | None = None  # the gradient op TensorFlow ran on these tensors, when the input says
 
     @property
     def dtype(self) -> str:
@@ -99,23 +102,26 @@ def detect_kind(path: Path, x) -> str:
 
 
 def load_problem(path, *, kind: str | None = None, layout: str | None = None, use_peephole: bool | None = None,
-                 seq_len_max: int | None = None, group: str | None = None) -> Problem:
+                 seq_len_max: int | None = None, group: str | None = None, weights=None,
+                 weights_group: str | None = None) -> Problem:
     """Read and validate a seq or cell input; ``kind=None`` decides from the rank of x (3: seq, 2: cell).
 
     Flags (non-None arguments) override values in the file.  The gate layout and ``use_peephole``,
-    when neither a flag nor the file gives them, are what the stored activations fit (detect.py),
+    when neither a flag nor the input gives them, are what the stored activations fit (detect.py),
     else ifco and false; a given value the activations contradict is used as given, with a line in
     ``Problem.warnings``.  Missing ``seq_len_max`` means T; without peepholes, absent wci/wcf/wco are
-    zeros.  Every problem is an ``InvalidArgumentError`` naming the file.
+    zeros.  Tensors the input lacks are read from ``weights`` (another input, any format) when given.
+    Every problem is an ``InvalidArgumentError`` naming the file.
     """
     with open_problem(path, kind=kind, layout=layout, use_peephole=use_peephole, seq_len_max=seq_len_max,
-                      group=group) as problem:
+                      group=group, weights=weights, weights_group=weights_group) as problem:
         return problem
 
 
 @contextlib.contextmanager
 def open_problem(path, *, kind: str | None = None, layout: str | None = None, use_peephole: bool | None = None,
-                 seq_len_max: int | None = None, group: str | None = None, lazy: bool = False) -> Iterator[Problem]:
+                 seq_len_max: int | None = None, group: str | None = None, lazy: bool = False, weights=None,
+                 weights_group: str | None = None) -> Iterator[Problem]:
     """``load_problem`` whose time-major tensors may stay on disk (``lazy``, HDF5 only) while the block runs.
 
     Lazy tensors are read a chunk of time steps at a time by the backward pass, so an input larger
@@ -125,16 +131,42 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
     wanted = validation.SEQ_TENSORS if kind != "cell" else validation.CELL_TENSORS
     scalars = ("seq_len_max", "use_peephole") if kind != "cell" else ("use_peephole",)
     with io.open_inputs(path, wanted, scalars, group, lazy=TIME_MAJOR if lazy else ()) as loaded:
-        yield _problem_from(path, loaded, kind, layout, use_peephole, seq_len_max)
+        notes = _supplement(loaded, weights, weights_group, wanted, scalars)
+        problem = _problem_from(path, loaded, kind, layout, use_peephole, seq_len_max)
+        problem.notes = notes + problem.notes
+        yield problem
+
+
+def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) -> list[str]:
+    """Tensors and scalars the input lacks, read from the ``--weights`` file; what came from where, in words."""
+    if weights is None:
+        return []
+    tensors = [n for n in wanted if n not in loaded.tensors]
+    params = [n for n in scalars if n not in loaded.scalars]
+    extra = io.read_inputs(weights, tensors, params, weights_group)
+    loaded.tensors.update(extra.tensors)
+    loaded.scalars.update(extra.scalars)
+    for name in [*extra.tensors, *extra.scalars]:
+        loaded.info.get("missing", {}).pop(name, None)
+    taken = [*extra.tensors, *extra.scalars]
+    notes = [f"from {weights}: {', '.join(taken)}"] if taken else [f"nothing was needed from {weights}"]
+    in_both = [n for n in (*wanted, *scalars) if n not in taken and (n in extra.keys or io.camel(n) in extra.keys)
+               and (n in loaded.tensors or n in loaded.scalars)]
+    if in_both:
+        notes.append(f"in both the input and {weights}: {', '.join(in_both)}; the input's are used")
+    return notes
 
 
 def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole, seq_len_max) -> Problem:
-    _refuse_wrong_file(path, loaded, kind)
+    member = loaded.info.get("member")
+    label = f"{path} [{member}]" if member else str(path)
+    _refuse_wrong_file(label, path, loaded, kind)
+    kind = kind or loaded.info.get("kind")  # a dump knows the op it recorded
     if kind is None:
-        kind = detect_kind(path, loaded.tensors.get("x"))
+        kind = detect_kind(label, loaded.tensors.get("x"))
     names = validation.SEQ_TENSORS if kind == "seq" else validation.CELL_TENSORS
-    problem = Problem(str(path), kind, (layout or "ifco") if kind == "seq" else "icfo", {}, validation.Dims(0, 0, 0, 0),
-                      1, False, keys=list(loaded.keys))
+    problem = Problem(label, kind, (layout or "ifco") if kind == "seq" else "icfo", {}, validation.Dims(0, 0, 0, 0),
+                      1, False, keys=list(loaded.keys), member=member, recorded_op=loaded.info.get("op_type"))
     try:
         peephole = given_param("use_peephole", use_peephole, loaded, problem.sources)
         if peephole is not None:
@@ -142,9 +174,7 @@ def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole,
         fill_absent_peepholes(loaded, bool(peephole), problem.defaults)
         missing = [n for n in names if n not in loaded.tensors]
         if missing:
-            raise InvalidArgumentError(
-                f"missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)} ({problem.op} needs "
-                f"{', '.join(names)}; the file has {io.describe_keys(loaded.keys)})")
+            raise InvalidArgumentError(_missing_message(problem, loaded, missing, names))
         arrays = validation.as_float_arrays({n: loaded.tensors[n] for n in names})
         if kind == "seq":
             problem.dims = validation.check_block_lstm_grad(arrays)
@@ -155,10 +185,10 @@ def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole,
         else:
             problem.dims = validation.check_lstm_block_cell_grad(arrays)
     except InvalidArgumentError as err:
-        raise InvalidArgumentError(f"{path}: {err}") from None
+        raise InvalidArgumentError(f"{label}: {err}") from None
     problem.arrays = arrays
     problem.fit = detect.fit_activations(arrays, kind, problem.seq_len_max)
-    _decide_layout(problem, layout)
+    _decide_layout(problem, layout, loaded.info)
     _decide_peephole(problem, peephole)
     if problem.fit is not None and problem.fit.fits_nothing:
         problem.warnings.append(
@@ -168,9 +198,31 @@ def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole,
     return problem
 
 
-def _decide_layout(problem: Problem, flag: str | None) -> None:
-    """The flag, else the one layout the activations fit, else ifco; a contradicted flag is a warning."""
+def _missing_message(problem: Problem, loaded: io.LoadedFile, missing: list[str], names) -> str:
+    why = loaded.info.get("missing", {})
+    unrecorded = [n for n in missing if n in why]
+    if unrecorded:  # a debug dump holds no value for them, for a reason it knows
+        if len(unrecorded) == 1:
+            return (f"no recorded value for {unrecorded[0]} ({why[unrecorded[0]]}); give a file holding it with "
+                    "--weights FILE")
+        reasons = "; ".join(f"{n}: {why[n]}" for n in unrecorded)
+        return (f"no recorded values for {', '.join(unrecorded)} ({reasons}); give a file holding them with "
+                "--weights FILE")
+    return (f"missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)} ({problem.op} needs "
+            f"{', '.join(names)}; the file has {io.describe_keys(loaded.keys)})")
+
+
+def _decide_layout(problem: Problem, flag: str | None, info: dict) -> None:
+    """The flag, else the forward op a dump recorded, else the one layout the activations fit, else ifco; a
+    flag the activations contradict is a warning."""
     fit = problem.fit
+    if problem.recorded_op and info.get("forward_op"):
+        recorded, right = problem.recorded_op, info.get("right_op")
+        if right and right != recorded:
+            problem.notes.append(f"TensorFlow ran {recorded} on activations {info['forward_op']} made; the gradient "
+                                 f"of {info['forward_op']} is {right}" + (
+                                     " (TF's GradientTape gradient of BlockLSTMV2 runs the V1 kernel, ICFO)"
+                                     if recorded == "BlockLSTMGrad" and info["forward_op"] == "BlockLSTMV2" else ""))
     if problem.kind == "cell":
         problem.sources["layout"] = "op"  # LSTMBlockCellGrad is always ICFO
         if fit is not None and fit.layouts == ["ifco"]:
@@ -187,6 +239,9 @@ def _decide_layout(problem: Problem, flag: str | None) -> None:
             problem.warnings.append(
                 f"the activations fit layout {found} ({detect.LAYOUT_OPS[found]}), not {flag} as asked "
                 f"(--layout {flag}): {problem.op} of them is {consequence}")
+        return
+    if info.get("layout"):  # the forward op the dump recorded says it
+        problem.layout, problem.sources["layout"] = info["layout"], "dump"
         return
     if fit is not None and fit.layout is not None:
         problem.layout, problem.sources["layout"] = fit.layout, "activations"
@@ -234,7 +289,7 @@ def peephole_origin(problem: Problem) -> str:
     return "found from the activations" if source == "activations" else source
 
 
-def _refuse_wrong_file(path: Path, loaded: io.LoadedFile, kind: str | None) -> None:
+def _refuse_wrong_file(path: str, file: Path, loaded: io.LoadedFile, kind: str | None) -> None:
     """A clear word for the wrong command (a step under seq, a sequence under cell) or the wrong file."""
     x = loaded.tensors.get("x")
     if x is not None and kind == "seq" and np.ndim(x) == 2:
@@ -243,10 +298,10 @@ def _refuse_wrong_file(path: Path, loaded: io.LoadedFile, kind: str | None) -> N
     if x is not None and kind == "cell" and np.ndim(x) == 3:
         raise InvalidArgumentError(f"{path}: x has shape {list(np.shape(x))}, a sequence [T, B, I]; use "
                                    "`lstmgrad seq`")
-    if x is None:
+    if x is None and not loaded.info.get("member"):  # (a dump's execution holds its gradients beside its inputs)
         grads = [k for k in loaded.keys if k.endswith("_grad") and k not in ("cs_grad", "h_grad")]
         if grads or io.METADATA_KEY in loaded.keys:
-            raise InvalidArgumentError(f"{path}: {_gradient_file(path, grads)}")
+            raise InvalidArgumentError(f"{path}: {_gradient_file(file, grads)}")
 
 
 def _gradient_file(path: Path, grads: list[str]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -9,6 +10,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
 from ..errors import LstmGradError, UnknownBackendError
@@ -93,3 +95,25 @@ def handle_errors(func):
 def is_terminal(stream=None) -> bool:
     stream = stream or sys.stderr
     return bool(getattr(stream, "isatty", lambda: False)())
+
+
+class _RateColumn(ProgressColumn):
+    def __init__(self, unit: str):
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task) -> Text:
+        return Text("" if task.speed is None else f"{task.speed:.2f} {self.unit}/s", style="progress.data.speed")
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool, total: int, unit: str = "files"):
+    """A rich progress bar on stderr (files done, rate, time left); a no-op when disabled."""
+    if not enabled:
+        yield lambda: None
+        return
+    progress = Progress(TextColumn("lstmgrad"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
+                        _RateColumn(unit), TimeRemainingColumn(), console=stderr_console(), transient=True)
+    with progress:
+        job = progress.add_task(unit, total=total)
+        yield lambda: progress.advance(job)

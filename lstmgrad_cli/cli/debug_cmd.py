@@ -6,19 +6,32 @@ decides lives there.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
 import numpy as np
 from rich.table import Table
 
-from .. import __version__
-from ..diagnose import CAUSES, CheckOptions, CheckReport, run_check
+from .. import __version__, io
+from ..diagnose import CAUSES, CheckOptions, CheckReport, check_dump, run_check
+from ..dump_report import DumpReport, inspect_dump
 from ..errors import InvalidArgumentError
 from ..forward_job import ForwardOptions, ForwardResult, parse_grads, run_forward_file
 from ..inspection import InspectReport, inspect_file
+from ..io import tfdbg
 from ..problem import OPS
-from ._common import handle_errors, plain, print_json, print_table, say, stdout_console
+from ._common import (
+    handle_errors,
+    is_terminal,
+    one_line,
+    plain,
+    print_json,
+    print_table,
+    progress_bar,
+    say,
+    stdout_console,
+)
 from .grad_cmd import SOURCE_WORDS
 
 
@@ -155,8 +168,18 @@ def _render_forward(result: ForwardResult) -> None:
               help="Override use_peephole (default: from the file, else what the activations fit, else off).")
 @click.option("--seq-len-max", type=click.IntRange(min=0),
               help="Override seq_len_max (default: from the file, else T).")
-@click.option("--group", metavar="PATH", help="HDF5 group (or NPZ key prefix) of the input tensors.")
+@click.option("--group", metavar="PATH", help="HDF5 group (NPZ key prefix, subdirectory) of the input tensors; in a "
+              "TensorFlow debug dump, the execution to check.")
 @click.option("--reference-group", metavar="PATH", help="HDF5 group (or NPZ key prefix) of the reference tensors.")
+@click.option("--weights", type=click.Path(path_type=Path), metavar="FILE",
+              help="Read the tensors INPUT lacks from FILE (any input format). INPUT's win.")
+@click.option("--weights-group", metavar="PATH", help="Group (key prefix, subdirectory) of --weights.")
+@click.option("--op", "dump_op", metavar="NAME",
+              help="TensorFlow debug dumps: check the executions of this op (name or type) only.")
+@click.option("--execution", "dump_execution", type=int, metavar="K",
+              help="TensorFlow debug dumps: check the K-th execution of each op only (0 first, -1 last).")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="TensorFlow debug dumps: check executions in N local processes.")
 @click.option("--backend", metavar="NAME", help="Compute backend (env LSTMGRAD_BACKEND; default numpy).")
 @click.option("--compute-dtype", type=click.Choice(["float16", "float32", "float64"]),
               help="Arithmetic precision (float16: TF CPU's per-step half rounding).")
@@ -173,9 +196,14 @@ def _render_forward(result: ForwardResult) -> None:
 @click.option("--cell-clip", type=float, help="Forward cell_clip for --gradcheck (default: inferred from cs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
 @handle_errors
-def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max, group, reference_group, backend,
-                  compute_dtype, rtol, atol, gradcheck, samples, seed, forget_bias, cell_clip, as_json):
+def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max, group, reference_group, weights,
+                  weights_group, dump_op, dump_execution, workers, backend, compute_dtype, rtol, atol, gradcheck,
+                  samples, seed, forget_bias, cell_clip, as_json):
     """Compare INPUT's gradients with --reference and explain the differences.
+
+    INPUT may be a TensorFlow debug dump (tfdbg2): every recorded gradient-op execution in it is
+    recomputed as the gradient of the forward op that made its activations, and compared with the
+    gradients TensorFlow recorded (no --reference needed).
 
     Computes the gradients of INPUT (as `seq`/`cell` would: the gradient of the op that made its
     activations), compares each tensor that is also in the reference (max absolute and relative
@@ -186,10 +214,17 @@ def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max
 
     Exit status 0 when everything passes, 1 otherwise.
     """
+    options = CheckOptions(kind, layout, backend, use_peephole, seq_len_max, group, reference_group, compute_dtype,
+                           rtol, atol, gradcheck, samples, seed, forget_bias, cell_clip,
+                           None if weights is None else str(weights), weights_group)
+    if io.sniff_format(input_path) == "tfdbg2":
+        _check_dump(input_path, reference, options, dump_op, dump_execution, workers, as_json)
+        return
+    if dump_op is not None or dump_execution is not None or workers > 1:
+        raise click.UsageError("--op, --execution and --workers choose and share out the executions of a TensorFlow "
+                               "debug dump; INPUT is not one")
     if reference is None and not gradcheck:
         raise click.UsageError("give --reference REF, --gradcheck, or both")
-    options = CheckOptions(kind, layout, backend, use_peephole, seq_len_max, group, reference_group, compute_dtype,
-                           rtol, atol, gradcheck, samples, seed, forget_bias, cell_clip)
     report = run_check(input_path, reference, options)
     if as_json:
         print_json({"lstmgrad": __version__, "command": "check", "result": report.to_json()})
@@ -199,9 +234,61 @@ def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max
         raise SystemExit(1)
 
 
+def _check_dump(dump: Path, reference, options: CheckOptions, op, execution, workers: int, as_json: bool) -> None:
+    """Every selected gradient-op execution of a dump, checked; a summary table; exit 1 if any fails."""
+    index = tfdbg.index_dump(dump)
+    tfdbg.check_values_recorded(index)
+    members = [e.member for e in tfdbg.select_executions(index, options.kind, options.group, op, execution)]
+    console = stdout_console()
+    show = len(members) > 1 and not as_json and is_terminal(sys.stderr)
+    with progress_bar(show, len(members), "executions") as advance:
+        def on_report(k, report):
+            if not as_json:
+                if isinstance(report, CheckReport):
+                    _render_check(report)
+                    say(console, "")
+                else:
+                    click.echo(f"Error: {one_line(report)}", err=True)
+            advance()
+
+        reports = check_dump(dump, reference, options, members, workers=workers, on_report=on_report)
+    failed = [m for m, r in zip(members, reports, strict=True) if not (isinstance(r, CheckReport) and r.passed)]
+    if as_json:
+        print_json({"lstmgrad": __version__, "command": "check", "input": str(dump),
+                    "results": [r.to_json() if isinstance(r, CheckReport) else {"member": m, "error": r}
+                                for m, r in zip(members, reports, strict=True)],
+                    "summary": {"executions": len(members), "passed": len(members) - len(failed),
+                                "failed": len(failed)}})
+    else:
+        _render_dump_summary(console, index, members, reports)
+    if failed:
+        raise SystemExit(1)
+
+
+def _render_dump_summary(console, index, members: list[str], reports: list) -> None:
+    table = Table()
+    for name in ("execution", "TF ran", "on activations of", "right op", "result"):
+        table.add_column(name)
+    executions = {e.member: e for e in index.executions}
+    for member, report in zip(members, reports, strict=True):
+        e = executions[member]
+        if isinstance(report, CheckReport):
+            result = "[green]pass[/]" if report.passed else "[bold red]FAIL[/]"
+        else:
+            result = "[bold red]error[/]"
+        table.add_row(plain(member), e.op_type, e.forward_op or "?", e.right_op or "?", result)
+    passed = sum(isinstance(r, CheckReport) and r.passed for r in reports)
+    print_table(console, table, f"{index.path}: {len(members)} gradient-op execution{'s' * (len(members) != 1)}",
+                f"{passed} passed, {len(members) - passed} failed")
+
+
 def _render_check(report: CheckReport) -> None:
     console = stdout_console()
-    where = f"{report.input} vs {report.reference}" if report.reference else report.input
+    source = f"{report.input} [{report.member}]" if report.member else report.input
+    if report.member and report.reference == report.input:
+        where = f"{source} vs the gradients TensorFlow recorded ({report.recorded_op})"
+    else:
+        where = f"{source} vs {report.reference}" if report.reference else source
     layout = f"layout {report.layout}"
     if report.sources.get("layout") in SOURCE_WORDS:
         layout += f", {SOURCE_WORDS[report.sources['layout']]}"
@@ -224,6 +311,8 @@ def _render_check(report: CheckReport) -> None:
     else:
         say(console, where)
     say(console, " · ".join(head) + f" · rtol={report.rtol:g} atol={report.atol:g}")
+    for note in report.notes:
+        say(console, f"note: {note}")
     for warning in report.warnings:
         say(console, f"warning: {warning}", style="yellow")
     for c in report.comparisons:
@@ -363,13 +452,53 @@ def inspect_command(input_path, group, as_json):
 
     Exit status 1 when the gradient commands would refuse the file, else 0 (warnings included).
     """
-    report = inspect_file(input_path, group)
+    if io.sniff_format(input_path) == "tfdbg2" and group is None:
+        report = inspect_dump(input_path)
+        render = _render_dump
+    else:
+        report = inspect_file(input_path, group)
+        render = _render_inspect
     if as_json:
         print_json({"lstmgrad": __version__, "command": "inspect", "result": report.to_json()})
     else:
-        _render_inspect(report)
+        render(report)
     if report.errors:
         raise SystemExit(1)
+
+
+def _render_dump(report: DumpReport) -> None:
+    console = stdout_console()
+    table = Table()
+    for name in ("execution", "op", "where", "run", "dtype", "sizes", "inputs recorded", "activations of",
+                 "use_peephole"):
+        table.add_column(name)
+    for e in report.executions:
+        recorded = f"{len(e.recorded)} of {len(e.recorded) + len(e.missing)}"
+        if e.missing:
+            recorded += f" [red](no {', '.join(e.missing)})[/]"
+        peephole = "-" if e.use_peephole is None else str(e.use_peephole).lower()
+        if e.peephole_note.startswith("irrelevant"):
+            peephole += " (irrelevant)"
+        sizes = ", ".join(f"{k}={v}" for k, v in (e.dims or {}).items()) or "-"
+        table.add_row(plain(e.member), e.op_type, plain(e.where), str(e.execution), e.dtype or "-", sizes, recorded,
+                      plain(e.forward_execution or e.forward_op or "-"), peephole)
+    modes = ", ".join(f"{m} ({n})" for m, n in report.modes.items()) or "none"
+    print_table(console, table, f"{report.path} (TensorFlow debug dump, TF {report.tensorflow_version or '?'}, "
+                                f"{report.records} records; tensor_debug_mode: {modes})")
+    for e in report.executions:
+        if e.forward_fit:
+            say(console, f"{e.member}: {e.forward_fit} (from the recorded values)", style="dim")
+        if e.peephole_note and e.peephole_note != "inferred from the activations":
+            say(console, f"{e.member}: use_peephole {e.peephole_note}", style="dim")
+    for problem in report.errors:
+        say(console, f"error: {problem}", style="bold red")
+    for problem in report.warnings:
+        say(console, f"warning: {problem}", style="yellow")
+    gradients = [e for e in report.executions if e.right_op]
+    if gradients:
+        say(console, "next: lstmgrad check " + report.path + "   (recompute each gradient and compare with TF's)")
+    n_err, n_warn = len(report.errors), len(report.warnings)
+    say(console, f"{n_err} error{'s' * (n_err != 1)}, {n_warn} warning{'s' * (n_warn != 1)}")
 
 
 def _render_inspect(report: InspectReport) -> None:

@@ -10,13 +10,11 @@ import sys
 from pathlib import Path
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
-from rich.text import Text
 
 from .. import __version__, io
 from ..backends import get_backend, resolve_name
-from ..batch import plan_tasks, run_batch
+from ..batch import DumpSelection, plan_tasks, run_batch
 from ..errors import LstmGradError, UnknownBackendError
 from ..jobs import GradOptions, GradResult, nonfinite_note
 from ..perstep import check_plot_path, save_plot, sparkline
@@ -27,8 +25,8 @@ from ._common import (
     plain,
     print_json,
     print_table,
+    progress_bar,
     say,
-    stderr_console,
     stdout_console,
 )
 
@@ -51,7 +49,16 @@ def _shared_options(func):
         click.option("--peephole/--no-peephole", "use_peephole", default=None,
                      help="Override use_peephole (default: from the file, else what the stored activations "
                           "fit, else off)."),
-        click.option("--group", metavar="PATH", help="HDF5 group (or NPZ key prefix) holding the tensors."),
+        click.option("--group", metavar="PATH", help="HDF5 group (NPZ key prefix, subdirectory) holding the tensors; "
+                                                     "in a TensorFlow debug dump, the execution to run."),
+        click.option("--weights", type=click.Path(path_type=Path), metavar="FILE",
+                     help="Read the tensors an INPUT lacks from FILE (any input format), e.g. weights from a model "
+                          "file, or a tf.function argument a debug dump has no value for. INPUT's win."),
+        click.option("--weights-group", metavar="PATH", help="Group (key prefix, subdirectory) of --weights."),
+        click.option("--op", "dump_op", metavar="NAME",
+                     help="TensorFlow debug dumps: run the executions of this op (name or type) only."),
+        click.option("--execution", "dump_execution", type=int, metavar="K",
+                     help="TensorFlow debug dumps: run the K-th execution of each op only (0 first, -1 last)."),
         click.option("--compute-dtype", type=click.Choice(["float16", "float32", "float64"]),
                      help="Arithmetic precision. float16 inputs default to float32 (rounded once); "
                           "float16 reproduces TF CPU's per-step half rounding."),
@@ -89,7 +96,7 @@ def _shared_options(func):
               help="Save the per-step norms as a figure (PNG, PDF, SVG; needs lstmgrad[plot]); implies --per-step.")
 @handle_errors
 def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_len_max, chunk_steps, per_step, plot,
-                **flags):
+                weights, weights_group, **flags):
     """BlockLSTMGradV2 or BlockLSTMGrad of each INPUT: the gradient of the op that made its activations.
 
     Each INPUT (HDF5, NPZ, or a directory of .npy files) holds the op's tensors under TF's names:
@@ -109,14 +116,15 @@ def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_
         except LstmGradError as err:
             raise click.ClickException(one_line(err)) from None
     options = GradOptions("seq", layout, backend, use_peephole, seq_len_max, group, compute_dtype, chunk_steps, force,
-                          per_step=per_step or plot is not None, strict=flags.pop("strict"))
+                          per_step=per_step or plot is not None, strict=flags.pop("strict"),
+                          weights=None if weights is None else str(weights), weights_group=weights_group)
     _run("seq", options, plot=plot, **flags)
 
 
 @click.command("cell")
 @_shared_options
 @handle_errors
-def cell_command(backend, use_peephole, group, compute_dtype, force, **flags):
+def cell_command(backend, use_peephole, group, compute_dtype, force, weights, weights_group, **flags):
     """LSTMBlockCellGrad of each INPUT, plus x_grad, h_prev_grad, w_grad and b_grad.
 
     Each INPUT (HDF5, NPZ, or a directory of .npy files) holds one step: x [B,I], cs_prev, h_prev [B,C],
@@ -124,7 +132,8 @@ def cell_command(backend, use_peephole, group, compute_dtype, force, **flags):
     use_peephole (when absent: what the stored activations fit).  dicfo is in ICFO order.
     """
     options = GradOptions("cell", "icfo", backend, use_peephole, None, group, compute_dtype, None, force,
-                          strict=flags.pop("strict"))
+                          strict=flags.pop("strict"), weights=None if weights is None else str(weights),
+                          weights_group=weights_group)
     _run("cell", options, plot=None, **flags)
 
 
@@ -149,7 +158,7 @@ def expand_inputs(patterns) -> list[Path]:
 
 
 def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, quiet, keep_going, skip_existing,
-         workers, dask_address, plot) -> None:
+         workers, dask_address, plot, dump_op, dump_execution) -> None:
     paths = expand_inputs(inputs)
     if output is not None and (len(paths) != 1 or out_dir is not None):
         raise click.UsageError("-o/--output takes a single INPUT and no --out-dir; use --out-dir for several")
@@ -167,16 +176,21 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
         raise click.ClickException(f"{out_dir}: output directory does not exist")
 
     console = stdout_console()
+    dumps = DumpSelection(command, options.group, dump_op, dump_execution)
     try:
-        tasks = plan_tasks(paths, output, out_dir)
+        tasks = plan_tasks(paths, output, out_dir, dumps)
     except LstmGradError as err:
         raise click.UsageError(one_line(err)) from None
+    if (dump_op is not None or dump_execution is not None) and not any(
+            io.input_directory_format(p) == "tfdbg2" for p in paths):
+        raise click.UsageError("--op and --execution choose executions of TensorFlow debug dumps; no INPUT is one")
     show_progress = len(tasks) > 1 and not (quiet or as_json) and is_terminal(sys.stderr)
 
-    with _progress(show_progress, len(tasks)) as advance:
+    with progress_bar(show_progress, len(tasks)) as advance:
         def on_result(task, result: GradResult) -> None:
+            source = f"{result.input} [{result.member}]" if result.member else result.input
             for warning in result.warnings:
-                click.echo(f"Warning: {one_line(f'{result.input}: {warning}')}", err=True)
+                click.echo(f"Warning: {one_line(f'{source}: {warning}')}", err=True)
             if result.status == "failed":
                 click.echo(f"Error: {result.error}", err=True)
             elif result.status == "ok" and not (as_json or quiet):
@@ -224,24 +238,6 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
         raise SystemExit(1)
 
 
-class _RateColumn(ProgressColumn):
-    def render(self, task) -> Text:
-        return Text("" if task.speed is None else f"{task.speed:.2f} files/s", style="progress.data.speed")
-
-
-@contextlib.contextmanager
-def _progress(enabled: bool, total: int):
-    """A rich progress bar on stderr (files done, rate, time left); a no-op when disabled."""
-    if not enabled:
-        yield lambda: None
-        return
-    progress = Progress(TextColumn("lstmgrad"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
-                        _RateColumn(), TimeRemainingColumn(), console=stderr_console(), transient=True)
-    with progress:
-        job = progress.add_task("files", total=total)
-        yield lambda: progress.advance(job)
-
-
 @contextlib.contextmanager
 def _interruptible():
     """Ctrl-C and SIGTERM unwind as KeyboardInterrupt (temporary files are removed, no partial output
@@ -274,6 +270,7 @@ def render(console, result: GradResult) -> None:
     for name, justify in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("L2 norm", "right"),
                           ("max |value|", "right"), ("finite", "center")):
         table.add_column(name, justify=justify)
+    source = f"{result.input} [{result.member}]" if result.member else result.input
     for t in result.tensors:
         finite = "yes" if t.finite else f"[bold red]no ({t.nonfinite})[/]"
         table.add_row(t.name, "[" + ", ".join(map(str, t.shape)) + "]", t.dtype, _fmt(t.l2_norm), _fmt(t.max_abs),
@@ -281,7 +278,7 @@ def render(console, result: GradResult) -> None:
     dims = result.dims or {}
     shape = ", ".join(f"{k}={v}" for k, v in dims.items() if not (k == "T" and result.seq_len_max is None))
     layout = f"layout {result.layout}"
-    if result.sources.get("layout") in ("activations", "flag", "default"):
+    if result.sources.get("layout") in SOURCE_WORDS:
         layout += f", {SOURCE_WORDS[result.sources['layout']]}"
     what = [f"{result.op} ({layout})", f"backend {result.backend} {result.backend_version or ''}".strip(),
             f"{result.dtype} (computed in {result.compute_dtype})", f"{result.seconds:.3f} s"]
@@ -289,11 +286,13 @@ def render(console, result: GradResult) -> None:
     how = [shape, f"use_peephole={str(result.use_peephole).lower()} ({SOURCE_WORDS.get(peephole, peephole)})"]
     if result.seq_len_max is not None:
         how.append(f"seq_len_max={result.seq_len_max} ({result.sources.get('seq_len_max')})")
-    print_table(console, table, f"{result.input} -> {result.output}")
+    print_table(console, table, f"{source} -> {result.output}")
     say(console, " · ".join(what))
     say(console, " · ".join(how))
     if nonfinite_note(result):
         say(console, f"warning: {nonfinite_note(result)}", style="bold red")
+    for note in result.notes:
+        say(console, f"note: {note}")
     for note in result.defaults:
         say(console, f"default used: {note}", style="dim")
     if result.per_step is not None:

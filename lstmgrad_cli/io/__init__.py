@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import InputFileError
-from . import hdf5, npydir, npz
+from . import hdf5, npydir, npz, tfdbg
 from ._common import (
     HEAD_BYTES,
     MAX_BYTES_ENV,
@@ -60,7 +60,7 @@ __all__ = [
 
 # Every input format, in the order they are tried.  File formats are told apart by their first bytes;
 # directory formats by the names of the directory's entries.
-FORMATS: dict[str, Format] = {f.name: f for f in (hdf5.FORMAT, npz.FORMAT, npydir.FORMAT)}
+FORMATS: dict[str, Format] = {f.name: f for f in (hdf5.FORMAT, npz.FORMAT, tfdbg.FORMAT, npydir.FORMAT)}
 
 _os_reason = os_reason  # the name tests and older callers use
 

@@ -34,6 +34,7 @@ class LoadedFile:
     scalars: dict[str, tuple[object, str]] = field(default_factory=dict)  # name -> (value, "tensor"|"attribute")
     keys: list[str] = field(default_factory=list)  # every entry of the group, as stored
     errors: dict[str, InputFileError] = field(default_factory=dict)  # with collect_errors: tensor -> why unreadable
+    info: dict = field(default_factory=dict)  # what a container format knows besides tensors (tfdbg2: the op run)
 
 
 def file_kind(mode: int) -> str:
