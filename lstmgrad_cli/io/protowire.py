@@ -23,6 +23,8 @@ class WireError(ValueError):
 
 def varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
     """(value, next position) of the varint at ``pos``; at most 10 bytes, never past ``end``."""
+    if pos < end and buf[pos] < 0x80:  # one byte: most keys, lengths and small numbers
+        return buf[pos], pos + 1
     result = shift = 0
     for k in range(10):
         if pos + k >= end:

@@ -67,7 +67,8 @@ _MAX_FOLLOW = 64
 _DTYPES = {1: (np.float32, 5), 2: (np.float64, 6), 3: (np.int32, 7), 9: (np.int64, 10), 10: (np.bool_, 11),
            19: (np.float16, 13)}
 _DTYPE_NAMES = {0: "DT_INVALID", 4: "DT_UINT8", 5: "DT_INT16", 6: "DT_INT8", 7: "DT_STRING", 8: "DT_COMPLEX64",
-                14: "DT_BFLOAT16", 17: "DT_UINT16", 18: "DT_COMPLEX128", 20: "DT_RESOURCE", 21: "DT_VARIANT"}
+                14: "DT_BFLOAT16", 17: "DT_UINT16", 18: "DT_COMPLEX128", 20: "DT_RESOURCE", 21: "DT_VARIANT",
+                **{code: np.dtype(dtype).name for code, (dtype, _field) in _DTYPES.items()}}
 
 
 def sniff(names: list[str]) -> bool:
@@ -273,6 +274,19 @@ class _Runs:
         self.latest: dict[tuple, TensorRef] = {}  # (graph id, op name, slot) -> latest traced value
         self.open: dict[tuple, OpExecution] = {}  # (graph id, op name) -> its latest execution
         self.produced: dict[int, tuple] = {}  # eager tensor id -> (TensorRef, execution member or None, op type)
+        self.relevant: set | None = None  # (graph id, op name) of block-LSTM ops and what feeds them
+
+    def relevant_ops(self, creations: dict) -> set:
+        """The graph ops whose traces matter: block-LSTM ops and every op on the way to their inputs (made once,
+        when the first trace arrives: the rest of a model's traces are then skipped after two fields)."""
+        if self.relevant is None:
+            self.relevant = set()
+            for (graph_id, op_name), op in creations.items():
+                if op["op_type"] in OPS:
+                    self.relevant.add((graph_id, op_name))
+                    for source in op["input_names"]:
+                        self.relevant.update(_chain(creations, graph_id, source))
+        return self.relevant
 
     def start(self, op_type, op_name, graph, mode) -> OpExecution:
         key = f"{graph or 'eager'}/{op_name}"
@@ -317,6 +331,7 @@ def _eager(state: _Runs, file: Path, record, message, modes: dict) -> None:
 
 def _traced(state: _Runs, file: Path, record, message, creations: dict, graphs: dict, modes: dict) -> None:
     graph_id, op_name, slot, mode, proto = "", "", 0, 0, None
+    relevant = state.relevant_ops(creations)
     for n, wire, value in pw.fields(message):
         if n == 1:
             graph_id = pw.as_text(wire, value)
@@ -326,9 +341,13 @@ def _traced(state: _Runs, file: Path, record, message, creations: dict, graphs: 
             slot = pw.as_int(wire, value)
         elif n == 4:
             mode = pw.as_int(wire, value)
+            if (graph_id, op_name) not in relevant:  # another op of the model: nothing more to read
+                break
         elif n == 5:
             proto = pw.as_bytes(wire, value)
     modes[MODES.get(mode, str(mode))] = modes.get(MODES.get(mode, str(mode)), 0) + 1
+    if (graph_id, op_name) not in relevant:
+        return
     dtype, shape = _tensor_header(proto) if proto is not None else (None, None)
     ref = TensorRef(file, record.offset, 0, mode, dtype, shape)
     creation = creations.get((graph_id, op_name))
@@ -367,6 +386,23 @@ def _follow(creations: dict, graph_id: str, source: str, latest: dict):
             return name, slot, creation
         name, slot = _split(inputs[index])
     return name, slot, creations.get((graph_id, name))
+
+
+def _chain(creations: dict, graph_id: str, source: str) -> list[tuple]:
+    """Every (graph id, op name) from ``source`` back through ops tfdbg2 does not trace (Identity, ...)."""
+    name, slot = _split(source)
+    chain = []
+    for _ in range(_MAX_FOLLOW):
+        chain.append((graph_id, name))
+        creation = creations.get((graph_id, name))
+        if creation is None or creation["op_type"] not in _PASS_THROUGH:
+            break
+        through = _PASS_THROUGH[creation["op_type"]]
+        index = slot if through is None else through
+        if index >= len(creation["input_names"]):
+            break
+        name, slot = _split(creation["input_names"][index])
+    return chain
 
 
 def _resolve(state: _Runs, creations: dict, graph_id: str, source: str, graph: str):
@@ -410,14 +446,16 @@ def _link_forward(execution: OpExecution, producer_of) -> None:
 # -- values -----------------------------------------------------------------------------------------------
 
 def _tensor_header(proto) -> tuple[str | None, tuple | None]:
-    """(dtype name, shape) of a TensorProto, from its first fields (no values read)."""
+    """(dtype name, shape) of a TensorProto, from its first fields (its values are not walked)."""
     dtype, shape = None, ()
     for n, wire, value in pw.fields(proto):
         if n == 1:
             code = pw.as_int(wire, value)
-            dtype = np.dtype(_DTYPES[code][0]).name if code in _DTYPES else _DTYPE_NAMES.get(code, f"DataType {code}")
+            dtype = _DTYPE_NAMES.get(code, f"DataType {code}")
         elif n == 2:
             shape = _shape(pw.as_bytes(wire, value))
+        elif n > 2:  # TensorFlow writes dtype and shape first
+            break
     return dtype, shape
 
 
