@@ -10,7 +10,8 @@ Which op: x of rank 3 is a sequence (BlockLSTMGradV2 or BlockLSTMGrad), rank 2 o
 of ``*_grad`` tensors is a gradient file (a reference for ``lstmgrad check``).  The gate layout
 cannot be read off the tensors: it comes from the file's lstmgrad metadata when there is some,
 else from recomputing the gates from x, h_prev, w and b in both layouts (gradcheck.py) and seeing
-which one reproduces the stored i, f, ci, o.
+which one reproduces the stored i, f, ci, o; use_peephole, when the file does not give it, too (as
+``seq``/``cell`` find them).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class InspectReport:
     kind: str | None = None  # "seq" | "cell" | "forward-seq" | "forward-cell" | "gradients" | None
     op: str | None = None
     layout: str | None = None
-    layout_source: str | None = None  # "metadata" | "recomputed gates" | None
+    layout_source: str | None = None  # "metadata" | "found from the activations" | None
     use_peephole: bool | None = None
     use_peephole_source: str | None = None
     seq_len_max: int | None = None
@@ -378,14 +379,16 @@ def _layout(by_name, names, seq, dims, length, peephole, meta, report) -> None:
         layouts = {f.layout for f in good}
         if seq and report.layout_source != "metadata":
             if len(layouts) == 1:
-                report.layout, report.layout_source = best.layout, "recomputed gates"
+                report.layout, report.layout_source = best.layout, "found from the activations"
                 report.op = OPS[("seq", best.layout)]
             else:
                 report.notes.append("both layouts reproduce the stored gates: the layout cannot be told")
         elif seq and best.layout != report.layout:
             report.warn(None, f"the metadata says layout {report.layout}, but the stored gates fit {best.layout}")
         peeps = {f.use_peephole for f in good}
-        if len(peeps) == 1 and peephole != best.use_peephole:
+        if len(peeps) == 1 and report.use_peephole_source == "default":  # not given: the activations say it
+            report.use_peephole, report.use_peephole_source = best.use_peephole, "found from the activations"
+        elif len(peeps) == 1 and peephole != best.use_peephole:
             report.warn("use_peephole", f"the stored activations were computed with use_peephole="
                                         f"{str(best.use_peephole).lower()}, the file says {str(peephole).lower()} "
                                         f"({report.use_peephole_source}); use "

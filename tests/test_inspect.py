@@ -36,7 +36,7 @@ def test_fixtures_fit_their_op_and_layout(name):
         else "LSTMBlockCellGrad"
     assert doc["op"] == expected_op
     if case["kind"] == "seq":
-        assert doc["layout_source"] == "recomputed gates" and doc["seq_len_max"] == case["seq_len_max"]
+        assert doc["layout_source"] == "found from the activations" and doc["seq_len_max"] == case["seq_len_max"]
     assert doc["use_peephole"] == case["use_peephole"] and doc["missing"] == []
     x = next(t for t in doc["tensors"] if t["key"] == "x")
     arr = np.load(FIXTURES / f"{name}.in.npz")["x"]
@@ -110,6 +110,12 @@ def test_camelcase_unreadable_entry_and_peephole_hint(tmp_path):
     assert code == 1
     assert any(p["tensor"] == "blob" and "cannot be read" in p["message"] for p in problems(doc, "error"))
     assert next(t for t in doc["tensors"] if t["key"] == "csPrev")["name"] == "cs_prev"
+    # not given: found from the activations, as seq finds it, and no warning
+    assert doc["use_peephole"] is True and doc["use_peephole_source"] == "found from the activations"
+    assert not [p for p in problems(doc, "warning") if p["tensor"] == "use_peephole"]
+    t["use_peephole"] = np.array(False)  # given, and contradicted: a hint
+    np.savez(path, **t)
+    code, doc = inspect(path)
     hint = [p for p in problems(doc, "warning") if p["tensor"] == "use_peephole"]
     assert hint and "--peephole" in hint[0]["message"]
 
