@@ -30,6 +30,7 @@ from .batch import WorkerFailure, run_each
 from .detect import LAYOUT_OPS
 from .errors import InputFileError, InvalidArgumentError, LstmGradError
 from .forward import gate_slices
+from .frameworks import FrameworkOptions
 from .ops import BlockLSTMGradOutputs, LSTMBlockCellGradFullOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full
 from .problem import OPS, Problem, load_problem, peephole_origin
 from .summary import json_safe
@@ -44,9 +45,10 @@ MAX_SEQ_LEN_CANDIDATES = 16
 
 # -- loading --------------------------------------------------------------------------------------
 
-def load_reference(path, kind: str, group: str | None = None) -> tuple[dict, list[str]]:
-    """The gradient tensors of a reference file (snake_case or camelCase names) and its other keys."""
-    names = SEQ_GRADS if kind == "seq" else CELL_GRADS
+def load_reference(path, kind: str, group: str | None = None, names=None) -> tuple[dict, list[str]]:
+    """The gradient tensors of a reference file (snake_case or camelCase names; ``names``: those of a Keras or
+    PyTorch layer) and its other keys."""
+    names = names or (SEQ_GRADS if kind == "seq" else CELL_GRADS)
     loaded = io.read_inputs(path, names, (), group)  # camelCase spellings are found too
     grads = dict(loaded.tensors)
     if not grads:
@@ -89,6 +91,8 @@ def compute(problem: Problem, setting: Setting, backend) -> dict[str, np.ndarray
     else:
         grads = lstm_block_cell_grad_full(**arrays, use_peephole=setting.use_peephole, backend=backend,
                                           compute_dtype=compute_dtype)._asdict()
+    if problem.framework is not None:  # a Keras or PyTorch layer: its own names and layouts
+        grads = problem.framework.from_op(BlockLSTMGradOutputs(**grads))
     return {n: np.asarray(g).astype(out_dtype, copy=False) for n, g in grads.items()}
 
 
@@ -433,6 +437,7 @@ class CheckOptions:
     cell_clip: float | None = None
     weights: str | None = None  # another input holding the tensors INPUT lacks (--weights)
     weights_group: str | None = None
+    framework: FrameworkOptions = FrameworkOptions()  # Keras/PyTorch inputs: which, and their layouts
 
 
 @dataclass
@@ -501,7 +506,7 @@ def run_check(input_path, reference_path, options: CheckOptions) -> CheckReport:
     backend = get_backend(backend_name)
     problem = load_problem(input_path, kind=options.kind, layout=options.layout, use_peephole=options.use_peephole,
                            seq_len_max=options.seq_len_max, group=options.group, weights=options.weights,
-                           weights_group=options.weights_group)
+                           weights_group=options.weights_group, framework=options.framework)
     rtol, atol = TOLERANCES[problem.dtype]
     rtol = options.rtol if options.rtol is not None else rtol
     atol = options.atol if options.atol is not None else atol
@@ -519,7 +524,8 @@ def run_check(input_path, reference_path, options: CheckOptions) -> CheckReport:
         problem.recorded_op)
 
     if reference_path is not None:
-        reference, others = load_reference(reference_path, problem.kind, options.reference_group)
+        reference, others = load_reference(reference_path, problem.kind, options.reference_group,
+                                           list(ours) if problem.framework else None)
         time_major = ("x_grad",) if problem.kind == "seq" else ()
         report.comparisons = compare(ours, reference, rtol, atol, problem.dtype, time_major)
         report.not_in_reference = [n for n in ours if n not in reference]

@@ -22,11 +22,9 @@ import numpy as np
 from . import __version__, io, validation
 from .errors import InvalidArgumentError
 from .ops import block_lstm, block_lstm_v2, lstm_block_cell
-from .problem import FORWARD_OPS, fill_absent_peepholes, resolve_param
+from .problem import FORWARD_DEFAULTS, FORWARD_OPS, fill_absent_peepholes, resolve_param
 from .summary import TensorSummary, summarise
 
-# (forget_bias, cell_clip) defaults of each op's attributes; BlockLSTMV2 has no forget_bias at all.
-OP_DEFAULTS = {"BlockLSTMV2": (0.0, 0.0), "BlockLSTM": (1.0, 3.0), "LSTMBlockCell": (1.0, 3.0)}
 GRAD_COMMAND = {"BlockLSTMV2": "lstmgrad seq", "BlockLSTM": "lstmgrad seq --layout icfo",
                 "LSTMBlockCell": "lstmgrad cell"}
 INPUTS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
@@ -96,7 +94,7 @@ def run_forward_file(input_path: str | Path, output_path: str | Path, options: F
     layout = options.layout if options.kind == "seq" else "icfo"
     result = ForwardResult(str(input_path), None, op, layout)
     mode, seed = parse_grads(options.grads)
-    fb_default, clip_default = OP_DEFAULTS[op]
+    fb_default, clip_default = FORWARD_DEFAULTS[op]
     if op == "BlockLSTMV2" and options.forget_bias not in (None, 0.0):
         raise InvalidArgumentError(
             "BlockLSTMV2 has no forget_bias attribute (its kernel adds 0); use --layout icfo (BlockLSTM) "

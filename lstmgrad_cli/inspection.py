@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import gradcheck, io, validation
+from . import frameworks, gradcheck, io, validation
 from .diagnose import CELL_GRADS, SEQ_GRADS
 from .errors import LstmGradError
 from .problem import FORWARD_OPS, OPS
@@ -60,7 +60,9 @@ class InspectReport:
     path: str
     format: str
     group: str | None
-    kind: str | None = None  # "seq" | "cell" | "forward-seq" | "forward-cell" | "gradients" | None
+    # "seq" | "cell" | "forward-seq" | "forward-cell" | "gradients" | "keras" | "torch" | "keras-weights"
+    # | "torch-weights" | None
+    kind: str | None = None
     op: str | None = None
     layout: str | None = None
     layout_source: str | None = None  # "metadata" | "found from the activations" | None
@@ -75,6 +77,7 @@ class InspectReport:
     metadata: dict = field(default_factory=dict)
     groups: list[str] = field(default_factory=list)
     forward_fit: dict | None = None
+    framework_layers: list[dict] = field(default_factory=list)  # a Keras weights file's or a state_dict's LSTMs
     notes: list[str] = field(default_factory=list)
     scalar_sources: dict = field(default_factory=dict)  # seq_len_max / use_peephole -> "tensor" | "attribute"
 
@@ -169,6 +172,9 @@ def inspect_file(path, group: str | None = None) -> InspectReport:
             by_name[name] = value
         report.tensors.append(_summary(key, name, value))
 
+    framework = _framework_kind(path, fmt, group, raw, report)
+    if framework:
+        return report
     if "x" not in by_name:
         grads = [n for n in GRAD_NAMES if n in by_name]
         if grads:
@@ -214,6 +220,59 @@ def inspect_file(path, group: str | None = None) -> InspectReport:
     _check_values(by_name, dims, length, report)
     _layout(by_name, names, seq, dims, length, peephole, meta, report)
     return report
+
+
+def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectReport) -> bool:
+    """A Keras weights file, a PyTorch state_dict, or a Keras/PyTorch layer's tensors: said in notes (and what
+    is wrong with the tensors, as problems); False for anything else."""
+    if fmt == "hdf5" and group is None:
+        layers = frameworks.keras_layers(path)
+        if layers:
+            report.kind, report.framework_layers = "keras-weights", layers
+            for layer in layers:
+                bias = f", bias {layer['bias']}" if layer["bias"] else ", no bias"
+                report.notes.append(
+                    f"Keras LSTM layer {layer['name']!r} at {layer['group']}: kernel {layer['kernel']}, "
+                    f"recurrent_kernel {layer['recurrent_kernel']}{bias} (input size {layer['input_size']}, "
+                    f"{layer['units']} units): lstmgrad seq DATA --weights {path} --weights-group {layer['group']}")
+            _framework_roles(report, "weights")
+            return True
+    keys = [k for k in raw if not k.startswith("@")]
+    torch = frameworks.torch_state_dict_layers(keys)
+    if torch and "x" not in raw:
+        report.kind, report.framework_layers = "torch-weights", torch
+        for layer in torch:
+            where = f" --weights-group {layer['prefix']}" if layer["prefix"] else ""
+            flags = (f" --layer {layer['layer']}" if layer["layer"] else "") + (
+                " --reverse" if layer["reverse"] else "")
+            report.notes.append(f"PyTorch nn.LSTM layer {layer['layer']}{' reverse' if layer['reverse'] else ''}"
+                                f"{' in ' + layer['prefix'] if layer['prefix'] else ''}: lstmgrad seq DATA "
+                                f"--weights {path}{where}{flags}")
+            if layer["projection"]:
+                report.warn(None, f"layer {layer['layer']} has proj_size > 0 (weight_hr): not these ops' maths; "
+                                  "lstmgrad does not compute it")
+        _framework_roles(report, "weights")
+        return True
+    name = frameworks.detect(keys, frameworks.FrameworkOptions())
+    if name not in frameworks.VIEWS:
+        return False
+    report.kind = name
+    held = {k: np.asarray(v) for k, v in raw.items()}
+    try:
+        frameworks.view(name, frameworks.FrameworkOptions()).to_op(
+            frameworks.keras_tensors(held) if name == "keras" else held)
+        report.notes.append(f"a {'Keras LSTM' if name == 'keras' else 'PyTorch nn.LSTM'} layer's tensors: lstmgrad "
+                            "seq computes its gradients in its names")
+    except LstmGradError as err:
+        report.error(None, str(err))
+    _framework_roles(report, "used")
+    return True
+
+
+def _framework_roles(report: InspectReport, role: str) -> None:
+    for t in report.tensors:
+        if t.role != "unreadable":
+            t.role = role
 
 
 def _roles(report: InspectReport, used: set, seq: bool = True) -> None:

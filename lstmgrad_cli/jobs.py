@@ -15,6 +15,7 @@ import numpy as np
 from . import __version__, io, validation
 from .backends import get_backend, resolve_name
 from .errors import InvalidArgumentError, OutputExistsError
+from .frameworks import FrameworkOptions
 from .ops import block_lstm_grad_checked, lstm_block_cell_grad_full
 from .perstep import StepRecorder, impulse_norms, per_step_report
 from .problem import OPS, open_problem
@@ -38,6 +39,9 @@ class GradOptions:
     strict: bool = False  # NaN/Inf in inputs or gradients is an error, and nothing is written
     weights: str | None = None  # another input holding the tensors an input lacks (--weights)
     weights_group: str | None = None
+    forget_bias: float | None = None  # for recomputing absent activations (None: the file's, else the op's)
+    cell_clip: float | None = None
+    framework: FrameworkOptions = FrameworkOptions()  # Keras/PyTorch inputs: which, and their layouts
 
     @property
     def op(self) -> str:
@@ -70,6 +74,7 @@ class GradResult:
     warnings: list[str] = field(default_factory=list)  # what was asked contradicts the activations, or nothing fits
     notes: list[str] = field(default_factory=list)  # what else to say (tensors from --weights, the op a dump recorded)
     recorded_op: str | None = None  # the gradient op TensorFlow ran, when the input (a dump) records it
+    framework: str | None = None  # "keras" or "torch": the gradients are in that framework's names
     activations: dict | None = None  # what the stored activations fit (detect.ActivationFit.to_json)
     tensors: list[TensorSummary] = field(default_factory=list)
     nonfinite_inputs: dict[str, int] = field(default_factory=dict)  # input tensor -> NaN/Inf entries
@@ -104,8 +109,11 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
 
     with open_problem(input_path, kind=options.kind, layout=options.layout if options.kind == "seq" else None,
                       use_peephole=options.use_peephole, seq_len_max=options.seq_len_max, group=options.group,
-                      lazy=lazy, weights=options.weights, weights_group=options.weights_group) as problem:
+                      lazy=lazy, weights=options.weights, weights_group=options.weights_group,
+                      forget_bias=options.forget_bias, cell_clip=options.cell_clip,
+                      framework=options.framework) as problem:
         result.op, result.layout, result.warnings = problem.op, problem.layout, problem.warnings
+        result.framework = problem.framework.framework if problem.framework else None
         result.notes, result.recorded_op = problem.notes, problem.recorded_op
         result.activations = problem.fit.to_json() if problem.fit is not None else None
         if options.strict and problem.warnings:
@@ -123,8 +131,9 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
             "use_peephole": problem.use_peephole, "seq_len_max": -1 if seq_len_max is None else seq_len_max,
             "dtype": result.dtype, "compute_dtype": result.compute_dtype,
             "source": str(input_path.resolve()), "group": options.group or "",
+            "framework": result.framework or "tf",
         }
-        if lazy and io.output_format(out) == "hdf5":
+        if lazy and io.output_format(out) == "hdf5" and problem.framework is None:
             with io.open_hdf5_output(out, options.force) as sink:
                 x_grad = sink.create_dataset("x_grad", shape=problem.arrays["x"].shape, dtype=problem.dtype)
                 tensors = _compute(problem, backend, cdt, options, result, x_grad_out=x_grad)
@@ -153,7 +162,7 @@ def _compute(problem, backend, cdt, options: GradOptions, result: GradResult, x_
     else:
         outputs = lstm_block_cell_grad_full(**arrays, use_peephole=problem.use_peephole, backend=backend,
                                             compute_dtype=cdt)
-    tensors = outputs._asdict()
+    tensors = problem.framework.from_op(outputs) if problem.framework else outputs._asdict()
     result.tensors = [summarise(name, value) for name, value in tensors.items()]
     result.nonfinite_inputs = _count_nonfinite(arrays)
     if options.strict and nonfinite_note(result):

@@ -16,11 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import detect, io, validation
+from . import detect, frameworks, io, ops, validation
 from .errors import InvalidArgumentError, LstmGradError
 
 # Tensors with a time axis: the ones an out-of-core run leaves on disk.
 TIME_MAJOR = ("x", "i", "cs", "f", "o", "ci", "co", "h", "cs_grad", "h_grad")
+FORWARD_INPUTS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
+# (forget_bias, cell_clip) defaults of each forward op's attributes; BlockLSTMV2 has no forget_bias at all.
+FORWARD_DEFAULTS = {"BlockLSTMV2": (0.0, 0.0), "BlockLSTM": (1.0, 3.0), "LSTMBlockCell": (1.0, 3.0)}
 # TF op names by (kind, gate layout): the gradient ops and the forward ops they differentiate.
 OPS = {("seq", "ifco"): "BlockLSTMGradV2", ("seq", "icfo"): "BlockLSTMGrad", ("cell", "icfo"): "LSTMBlockCellGrad"}
 FORWARD_OPS = {("seq", "ifco"): "BlockLSTMV2", ("seq", "icfo"): "BlockLSTM", ("cell", "icfo"): "LSTMBlockCell"}
@@ -46,6 +49,7 @@ class Problem:
     notes: list[str] = field(default_factory=list)  # what else the summary should say (the op a dump recorded, ...)
     member: str | None = None  # the execution of a TensorFlow debug dump this problem is
     recorded_op: str | None = None  # the gradient op TensorFlow ran on these tensors, when the input says
+    framework: frameworks.View | None = None  # a Keras or PyTorch layer's tensors: its names for the gradients
 
     @property
     def dtype(self) -> str:
@@ -103,7 +107,8 @@ def detect_kind(path: Path, x) -> str:
 
 def load_problem(path, *, kind: str | None = None, layout: str | None = None, use_peephole: bool | None = None,
                  seq_len_max: int | None = None, group: str | None = None, weights=None,
-                 weights_group: str | None = None) -> Problem:
+                 weights_group: str | None = None, forget_bias: float | None = None,
+                 cell_clip: float | None = None, framework: frameworks.FrameworkOptions | None = None) -> Problem:
     """Read and validate a seq or cell input; ``kind=None`` decides from the rank of x (3: seq, 2: cell).
 
     Flags (non-None arguments) override values in the file.  The gate layout and ``use_peephole``,
@@ -111,36 +116,74 @@ def load_problem(path, *, kind: str | None = None, layout: str | None = None, us
     else ifco and false; a given value the activations contradict is used as given, with a line in
     ``Problem.warnings``.  Missing ``seq_len_max`` means T; without peepholes, absent wci/wcf/wco are
     zeros.  Tensors the input lacks are read from ``weights`` (another input, any format) when given.
+    Without any forward outputs (i, cs, f, o, ci, co, h) they are recomputed by the forward op, with
+    ``forget_bias`` and ``cell_clip`` from the arguments, the file, or the op's defaults.
     Every problem is an ``InvalidArgumentError`` naming the file.
     """
     with open_problem(path, kind=kind, layout=layout, use_peephole=use_peephole, seq_len_max=seq_len_max,
-                      group=group, weights=weights, weights_group=weights_group) as problem:
+                      group=group, weights=weights, weights_group=weights_group, forget_bias=forget_bias,
+                      cell_clip=cell_clip, framework=framework) as problem:
         return problem
 
 
 @contextlib.contextmanager
 def open_problem(path, *, kind: str | None = None, layout: str | None = None, use_peephole: bool | None = None,
                  seq_len_max: int | None = None, group: str | None = None, lazy: bool = False, weights=None,
-                 weights_group: str | None = None) -> Iterator[Problem]:
+                 weights_group: str | None = None, forget_bias: float | None = None, cell_clip: float | None = None,
+                 framework: frameworks.FrameworkOptions | None = None) -> Iterator[Problem]:
     """``load_problem`` whose time-major tensors may stay on disk (``lazy``, HDF5 only) while the block runs.
 
     Lazy tensors are read a chunk of time steps at a time by the backward pass, so an input larger
-    than memory can be processed; they must not be used after the block ends.
+    than memory can be processed; they must not be used after the block ends.  Keras and PyTorch tensors
+    (``framework``, else told from the names) are turned into the op's (frameworks.py).
     """
     path = Path(path)
+    framework = framework or frameworks.FrameworkOptions()
     wanted = validation.SEQ_TENSORS if kind != "cell" else validation.CELL_TENSORS
+    if kind != "cell" and framework.framework != "tf":
+        wanted = tuple(dict.fromkeys([*wanted, *frameworks.file_names(framework)]))
     scalars = ("seq_len_max", "use_peephole") if kind != "cell" else ("use_peephole",)
+    scalars += ("forget_bias", "cell_clip")  # used only when the activations are recomputed
     with io.open_inputs(path, wanted, scalars, group, lazy=TIME_MAJOR if lazy else ()) as loaded:
-        notes = _supplement(loaded, weights, weights_group, wanted, scalars)
-        problem = _problem_from(path, loaded, kind, layout, use_peephole, seq_len_max)
+        notes, keys = _supplement(loaded, weights, weights_group, wanted, scalars)
+        name = "tf" if kind == "cell" else frameworks.detect([*keys, *loaded.tensors], framework)
+        layer = None
+        if name in frameworks.VIEWS:
+            layer = _framework_tensors(path, loaded, name, framework, keys)
+            layout, use_peephole, kind = "ifco", False, "seq"
+        problem = _problem_from(path, loaded, kind, layout, use_peephole, seq_len_max, forget_bias, cell_clip)
         problem.notes = notes + problem.notes
+        if layer is not None:
+            problem.framework = layer
+            problem.sources["layout"] = problem.sources["use_peephole"] = name
         yield problem
 
 
-def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) -> list[str]:
-    """Tensors and scalars the input lacks, read from the ``--weights`` file; what came from where, in words."""
+def _framework_tensors(path: Path, loaded: io.LoadedFile, name: str, options, keys) -> frameworks.View:
+    """Replace a Keras or PyTorch input's tensors by the op's (the forward outputs are then recomputed)."""
+    layer = frameworks.view(name, options)
+    held = {n: np.asarray(v[()]) for n, v in loaded.tensors.items()}  # (lazy datasets read whole)
+    if name == "keras":
+        held = frameworks.keras_tensors(held)
+    try:
+        op = layer.to_op(held)
+    except InvalidArgumentError as err:
+        hint = ""
+        layers = frameworks.torch_layers(keys) if name == "torch" else []
+        if layers and frameworks.torch_suffix(options) not in layers:
+            hint = "; the weights here are of " + ", ".join(
+                f"{s} (--layer {s[2:].split('_')[0]}{' --reverse' if s.endswith('reverse') else ''})" for s in layers)
+        raise InvalidArgumentError(f"{path}: {err}{hint}") from None
+    loaded.tensors = op
+    loaded.scalars = {"seq_len_max": (op["x"].shape[0], name)}
+    return layer
+
+
+def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) -> tuple[list[str], list[str]]:
+    """Tensors and scalars the input lacks, read from the ``--weights`` file; what came from where, in words,
+    and every name the input and the weights file hold."""
     if weights is None:
-        return []
+        return [], list(loaded.keys)
     tensors = [n for n in wanted if n not in loaded.tensors]
     params = [n for n in scalars if n not in loaded.scalars]
     extra = io.read_inputs(weights, tensors, params, weights_group)
@@ -154,10 +197,11 @@ def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) 
                and (n in loaded.tensors or n in loaded.scalars)]
     if in_both:
         notes.append(f"in both the input and {weights}: {', '.join(in_both)}; the input's are used")
-    return notes
+    return notes, [*loaded.keys, *extra.keys]
 
 
-def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole, seq_len_max) -> Problem:
+def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole, seq_len_max, forget_bias=None,
+                  cell_clip=None) -> Problem:
     member = loaded.info.get("member")
     label = f"{path} [{member}]" if member else str(path)
     _refuse_wrong_file(label, path, loaded, kind)
@@ -172,9 +216,13 @@ def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole,
         if peephole is not None:
             peephole = validation.check_use_peephole(peephole)
         fill_absent_peepholes(loaded, bool(peephole), problem.defaults)
-        missing = [n for n in names if n not in loaded.tensors]
+        activations = [n for n in validation.ACTIVATIONS if n in names]
+        recompute = not any(n in loaded.tensors for n in activations)
+        missing = [n for n in names if n not in loaded.tensors and not (recompute and n in activations)]
         if missing:
-            raise InvalidArgumentError(_missing_message(problem, loaded, missing, names))
+            raise InvalidArgumentError(_missing_message(problem, loaded, missing, names, activations))
+        if recompute:
+            _recompute_activations(problem, loaded, layout, bool(peephole), seq_len_max, forget_bias, cell_clip)
         arrays = validation.as_float_arrays({n: loaded.tensors[n] for n in names})
         if kind == "seq":
             problem.dims = validation.check_block_lstm_grad(arrays)
@@ -187,6 +235,8 @@ def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole,
     except InvalidArgumentError as err:
         raise InvalidArgumentError(f"{label}: {err}") from None
     problem.arrays = arrays
+    if problem.sources.get("activations") == "recomputed":  # ours: nothing to find out from them
+        return problem
     problem.fit = detect.fit_activations(arrays, kind, problem.seq_len_max)
     _decide_layout(problem, layout, loaded.info)
     _decide_peephole(problem, peephole)
@@ -198,7 +248,55 @@ def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole,
     return problem
 
 
-def _missing_message(problem: Problem, loaded: io.LoadedFile, missing: list[str], names) -> str:
+def _recompute_activations(problem: Problem, loaded: io.LoadedFile, layout, use_peephole: bool, seq_len_max,
+                           forget_bias, cell_clip) -> None:
+    """No forward outputs in the input: run the forward op (BlockLSTMV2, BlockLSTM or LSTMBlockCell, by
+    layout) on its inputs and use what it gives, as TensorFlow's own forward pass would have stored it."""
+    seq = problem.kind == "seq"
+    if seq:
+        problem.layout = layout or "ifco"
+        problem.sources["layout"] = "flag" if layout else "default"
+    op = FORWARD_OPS[(problem.kind, problem.layout)]
+    default_fb, default_clip = FORWARD_DEFAULTS[op]
+    inputs = validation.as_float_arrays({n: np.asarray(loaded.tensors[n][()]) for n in FORWARD_INPUTS})
+    dims = validation.check_forward(inputs, seq)
+    if seq:
+        problem.seq_len_max = validation.check_seq_len_max(
+            resolve_param("seq_len_max", seq_len_max, loaded, dims.T, f"using T = {dims.T}", problem.sources,
+                          problem.defaults), dims.T)
+    problem.use_peephole = use_peephole
+    problem.sources.setdefault("use_peephole", "default")
+    fb = _attribute("forget_bias", forget_bias, loaded, default_fb, problem)
+    clip = _attribute("cell_clip", cell_clip, loaded, default_clip, problem)
+    if op == "BlockLSTMV2" and fb:
+        raise InvalidArgumentError("BlockLSTMV2 has no forget_bias (its kernel adds 0): use --layout icfo "
+                                   "(BlockLSTM) for a forget bias, or add it to the f block of b")
+    common = dict(cell_clip=clip, use_peephole=use_peephole)
+    if op == "BlockLSTMV2":
+        outputs = ops.block_lstm_v2(problem.seq_len_max, **inputs, **common)
+    elif op == "BlockLSTM":
+        outputs = ops.block_lstm(problem.seq_len_max, **inputs, forget_bias=fb, **common)
+    else:
+        outputs = ops.lstm_block_cell(**inputs, forget_bias=fb, **common)
+    loaded.tensors.update(outputs._asdict())
+    problem.sources["activations"] = "recomputed"
+    problem.notes.append(f"activations recomputed: {op} with forget_bias={fb:g}, cell_clip={clip:g}"
+                         + (" (no clipping)" if clip <= 0 else "") + f", use_peephole={str(use_peephole).lower()}")
+
+
+def _attribute(name: str, flag, loaded: io.LoadedFile, default: float, problem: Problem) -> float:
+    """A forward op's attribute: the flag, else the file's scalar, else the op's default (said in defaults)."""
+    value = given_param(name, flag, loaded, problem.sources)
+    if value is None:
+        problem.sources[name] = "default"
+        return default
+    array = np.asarray(value)
+    if array.ndim or array.dtype.kind not in "iuf" or not np.isfinite(array):
+        raise InvalidArgumentError(f"{name} must be a finite number, got {value!r}")
+    return float(array)
+
+
+def _missing_message(problem: Problem, loaded: io.LoadedFile, missing: list[str], names, activations=()) -> str:
     why = loaded.info.get("missing", {})
     unrecorded = [n for n in missing if n in why]
     if unrecorded:  # a debug dump holds no value for them, for a reason it knows
@@ -208,8 +306,13 @@ def _missing_message(problem: Problem, loaded: io.LoadedFile, missing: list[str]
         reasons = "; ".join(f"{n}: {why[n]}" for n in unrecorded)
         return (f"no recorded values for {', '.join(unrecorded)} ({reasons}); give a file holding them with "
                 "--weights FILE")
-    return (f"missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)} ({problem.op} needs "
+    text = (f"missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)} ({problem.op} needs "
             f"{', '.join(names)}; the file has {io.describe_keys(loaded.keys)})")
+    if any(n in activations for n in missing):  # some forward outputs and not others: never mixed with recomputed
+        given = [n for n in activations if n in loaded.tensors]
+        text += (f"; of the forward outputs it has {', '.join(given)}: give all of {', '.join(activations)}, or "
+                 "none and lstmgrad recomputes them")
+    return text
 
 
 def _decide_layout(problem: Problem, flag: str | None, info: dict) -> None:

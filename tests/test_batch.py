@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import load_case, write_h5, write_npz
+from conftest import consistent_inputs, load_case, write_h5, write_npz
 
 from lstmgrad_cli.cli import main
 
@@ -141,15 +141,7 @@ def test_skip_existing_resumes_and_refuses_foreign_files(runner, tmp_path):
 def _long_inputs(folder: Path, count: int) -> list[Path]:
     """Files with many small time steps: each takes a while (the sequential loop) on little data."""
     folder.mkdir()
-    rng = np.random.default_rng(0)
-    T, B, I, C = 3000, 4, 4, 8
-    base = {
-        "x": rng.normal(size=(T, B, I)), "cs_prev": rng.normal(size=(B, C)), "h_prev": rng.normal(size=(B, C)),
-        "w": rng.normal(size=(I + C, 4 * C)) * 0.1, "wci": rng.normal(size=C), "wcf": rng.normal(size=C),
-        "wco": rng.normal(size=C), "b": rng.normal(size=4 * C),
-        **{k: rng.uniform(size=(T, B, C)) for k in ("i", "cs", "f", "o", "ci", "co", "h", "cs_grad", "h_grad")},
-    }
-    base = {k: v.astype(np.float32) for k, v in base.items()}
+    base = consistent_inputs(T=3000, B=4, I=4, C=8)
     return [write_h5(folder / f"run{k:03d}.h5", base) for k in range(count)]
 
 

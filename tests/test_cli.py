@@ -218,7 +218,7 @@ def test_bad_tensors_give_one_line_and_no_output(runner, tmp_path, changes, mess
 @pytest.mark.parametrize("content, message", [
     (None, "no such file"),
     (b"", "file is empty (0 bytes)"),
-    (b"hello, not a tensor file", "not an HDF5 or NPZ file"),
+    (b"hello, not a tensor file", "not an HDF5, NPZ or safetensors file"),
 ])
 def test_unreadable_files(runner, tmp_path, content, message):
     src = tmp_path / "in.npz"

@@ -289,7 +289,8 @@ class Case:
 
 CASES = [
     Case("empty", "0-byte file", lambda p: (p.write_bytes(b""), p)[1], "file is empty (0 bytes)"),
-    Case("text", "not HDF5 or NPZ (text)", lambda p: (p.write_text("x,y\n1,2\n"), p)[1], "not an HDF5 or NPZ file"),
+    Case("text", "not HDF5 or NPZ (text)", lambda p: (p.write_text("x,y\n1,2\n"), p)[1],
+         "not an HDF5, NPZ or safetensors file"),
     Case("fifo", "a named pipe (would block)", lambda p: (os.mkfifo(p), p)[1],
          "fifo.npz: is not a regular file (a named pipe)"),
     Case("npz-truncated", "NPZ cut in half",

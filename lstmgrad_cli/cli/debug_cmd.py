@@ -18,6 +18,7 @@ from ..diagnose import CAUSES, CheckOptions, CheckReport, check_dump, run_check
 from ..dump_report import DumpReport, inspect_dump
 from ..errors import InvalidArgumentError
 from ..forward_job import ForwardOptions, ForwardResult, parse_grads, run_forward_file
+from ..frameworks import FrameworkOptions
 from ..inspection import InspectReport, inspect_file
 from ..io import tfdbg
 from ..problem import OPS
@@ -180,6 +181,14 @@ def _render_forward(result: ForwardResult) -> None:
               help="TensorFlow debug dumps: check the K-th execution of each op only (0 first, -1 last).")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="TensorFlow debug dumps: check executions in N local processes.")
+@click.option("--framework", type=click.Choice(["keras", "torch", "tf"]),
+              help="Whose names INPUT and the reference use: Keras', PyTorch's or the TF op's (default: told from "
+                   "the names).")
+@click.option("--time-major", is_flag=True, help="Keras: x and h_grad are [T, B, ...].")
+@click.option("--batch-first", is_flag=True, help="PyTorch: x and h_grad are [B, T, ...].")
+@click.option("--layer", "torch_layer", type=click.IntRange(min=0), default=0, show_default=True,
+              help="PyTorch: the layer K whose weights to use.")
+@click.option("--reverse", is_flag=True, help="PyTorch: the reverse direction of a bidirectional LSTM.")
 @click.option("--backend", metavar="NAME", help="Compute backend (env LSTMGRAD_BACKEND; default numpy).")
 @click.option("--compute-dtype", type=click.Choice(["float16", "float32", "float64"]),
               help="Arithmetic precision (float16: TF CPU's per-step half rounding).")
@@ -197,8 +206,9 @@ def _render_forward(result: ForwardResult) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
 @handle_errors
 def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max, group, reference_group, weights,
-                  weights_group, dump_op, dump_execution, workers, backend, compute_dtype, rtol, atol, gradcheck,
-                  samples, seed, forget_bias, cell_clip, as_json):
+                  weights_group, dump_op, dump_execution, workers, framework, time_major, batch_first, torch_layer,
+                  reverse, backend, compute_dtype, rtol, atol, gradcheck, samples, seed, forget_bias, cell_clip,
+                  as_json):
     """Compare INPUT's gradients with --reference and explain the differences.
 
     INPUT may be a TensorFlow debug dump (tfdbg2): every recorded gradient-op execution in it is
@@ -216,7 +226,8 @@ def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max
     """
     options = CheckOptions(kind, layout, backend, use_peephole, seq_len_max, group, reference_group, compute_dtype,
                            rtol, atol, gradcheck, samples, seed, forget_bias, cell_clip,
-                           None if weights is None else str(weights), weights_group)
+                           None if weights is None else str(weights), weights_group,
+                           FrameworkOptions(framework, time_major, batch_first, torch_layer, reverse))
     if io.sniff_format(input_path) == "tfdbg2":
         _check_dump(input_path, reference, options, dump_op, dump_execution, workers, as_json)
         return
@@ -510,7 +521,7 @@ def _render_inspect(report: InspectReport) -> None:
         table.add_column(name, justify=justify)
     for t in report.tensors:
         finite = "-" if t.finite is None else ("yes" if t.finite else f"[bold red]no ({t.nonfinite})[/]")
-        role = t.role if t.role in ("used", "scalar") else f"[yellow]{t.role}[/]"
+        role = t.role if t.role in ("used", "scalar", "weights") else f"[yellow]{t.role}[/]"
         key = t.key if t.name in (None, t.key.removeprefix("@")) else f"{t.key} ({t.name})"
         table.add_row(plain(key), "-" if t.shape is None else _shape(t.shape), t.dtype or "-", _fmt3(t.min),
                       _fmt3(t.max), finite, role)
@@ -519,7 +530,9 @@ def _render_inspect(report: InspectReport) -> None:
         say(console, f"group {g}/ (inspect it with --group {g})")
     if report.kind is not None:
         fits = {"seq": "sequence", "cell": "one cell step", "forward-seq": "forward input (sequence)",
-                "forward-cell": "forward input (one cell step)", "gradients": "gradients"}[report.kind]
+                "forward-cell": "forward input (one cell step)", "gradients": "gradients",
+                "keras": "a Keras LSTM layer's tensors", "torch": "a PyTorch nn.LSTM layer's tensors",
+                "keras-weights": "a Keras weights file", "torch-weights": "a PyTorch state_dict"}[report.kind]
         line = f"fits: {report.op or fits}" if report.op else f"fits: {fits}"
         if report.layout:
             line += f" · layout {report.layout} ({report.layout_source})"

@@ -16,6 +16,7 @@ from .. import __version__, io
 from ..backends import get_backend, resolve_name
 from ..batch import DumpSelection, plan_tasks, run_batch
 from ..errors import LstmGradError, UnknownBackendError
+from ..frameworks import FrameworkOptions
 from ..jobs import GradOptions, GradResult, nonfinite_note
 from ..perstep import check_plot_path, save_plot, sparkline
 from ._common import (
@@ -32,6 +33,7 @@ from ._common import (
 
 INPUT_SUFFIXES = (".h5", ".hdf5", ".npz")
 # How the summary says where a parameter came from.
+FRAMEWORK_WORDS = {"keras": "Keras LSTM layer", "torch": "PyTorch nn.LSTM layer"}
 SOURCE_WORDS = {"activations": "found from the activations", "flag": "as asked", "default": "default",
                 "dump": "the forward op recorded in the dump"}
 
@@ -55,6 +57,14 @@ def _shared_options(func):
                      help="Read the tensors an INPUT lacks from FILE (any input format), e.g. weights from a model "
                           "file, or a tf.function argument a debug dump has no value for. INPUT's win."),
         click.option("--weights-group", metavar="PATH", help="Group (key prefix, subdirectory) of --weights."),
+        click.option("--forget-bias", type=float,
+                     help="When INPUT has no forward outputs (i, cs, f, ... are recomputed): the forward op's "
+                          "forget_bias (default: the file's, else the op's: BlockLSTM and LSTMBlockCell 1, "
+                          "BlockLSTMV2 none)."),
+        click.option("--cell-clip", type=float,
+                     help="When the forward outputs are recomputed: the forward op's cell_clip, <= 0 for none "
+                          "(default: the file's, else the op's: 3 for BlockLSTM and LSTMBlockCell, 0 for "
+                          "BlockLSTMV2)."),
         click.option("--op", "dump_op", metavar="NAME",
                      help="TensorFlow debug dumps: run the executions of this op (name or type) only."),
         click.option("--execution", "dump_execution", type=int, metavar="K",
@@ -90,14 +100,25 @@ def _shared_options(func):
               help="Override seq_len_max (default: from the file, else T).")
 @click.option("--chunk-steps", type=click.IntRange(min=1),
               help="Time steps per batched matrix product (default: from a 64 MiB budget).")
+@click.option("--framework", type=click.Choice(["keras", "torch", "tf"]),
+              help="Whose names INPUT uses: a Keras LSTM layer's (x, kernel, recurrent_kernel, bias, ...), a PyTorch "
+                   "nn.LSTM's (weight_ih_l0, ...), or the TF op's (default: told from the names).")
+@click.option("--time-major", is_flag=True, help="Keras: x and h_grad are [T, B, ...] (time_major=True).")
+@click.option("--batch-first", is_flag=True, help="PyTorch: x and h_grad are [B, T, ...] (batch_first=True).")
+@click.option("--layer", "torch_layer", type=click.IntRange(min=0), default=0, show_default=True,
+              help="PyTorch: the layer K whose weights (weight_ih_lK, ...) to use.")
+@click.option("--reverse", is_flag=True, help="PyTorch: the reverse direction of a bidirectional LSTM (the "
+                                              "weights with _reverse; runs backwards in time).")
 @click.option("--per-step", is_flag=True,
               help="Add the gradient norms of every time step, a chart and the fastest growth/decay in words.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
               help="Save the per-step norms as a figure (PNG, PDF, SVG; needs lstmgrad[plot]); implies --per-step.")
 @handle_errors
 def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_len_max, chunk_steps, per_step, plot,
-                weights, weights_group, **flags):
-    """BlockLSTMGradV2 or BlockLSTMGrad of each INPUT: the gradient of the op that made its activations.
+                weights, weights_group, forget_bias, cell_clip, framework, time_major, batch_first, torch_layer,
+                reverse, **flags):
+    """BlockLSTMGradV2 or BlockLSTMGrad of each INPUT: the gradient of the op that made its activations;
+    or of a Keras LSTM or PyTorch nn.LSTM layer, in that framework's names.
 
     Each INPUT (HDF5, NPZ, or a directory of .npy files) holds the op's tensors under TF's names:
     x [T,B,I], cs_prev, h_prev [B,C], w [I+C,4C], wci, wcf, wco [C], b [4C], i, cs, f, o, ci, co, h,
@@ -106,7 +127,14 @@ def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_
     The gate layout (IFCO: BlockLSTMV2, gradient BlockLSTMGradV2; ICFO: BlockLSTM, gradient BlockLSTMGrad)
     and use_peephole, when not given, are found by recomputing a few gate values from x, h and the
     weights.  A given value the activations contradict is computed as asked, with a warning
-    (--strict: an error).
+    (--strict: an error).  Without i, cs, f, o, ci, co, h the forward op is run first.
+
+    Keras: x [B,T,I], kernel, recurrent_kernel, bias, h0, c0, h_grad ([B,T,C] or the last output's
+    [B,C]), hn_grad, cn_grad; gives x_grad, kernel_grad, recurrent_kernel_grad, bias_grad, h0_grad,
+    c0_grad.  PyTorch: x [T,B,I], weight_ih_lK, weight_hh_lK, bias_ih_lK, bias_hh_lK (_reverse), h0,
+    c0, h_grad, hn_grad, cn_grad; gives the same names with _grad.  Weights often come with --weights
+    (a Keras .weights.h5 with --weights-group layers/lstm, a state_dict in safetensors with the module
+    prefix as --weights-group).
     """
     if plot is not None:
         if len(flags["inputs"]) != 1:
@@ -117,14 +145,17 @@ def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_
             raise click.ClickException(one_line(err)) from None
     options = GradOptions("seq", layout, backend, use_peephole, seq_len_max, group, compute_dtype, chunk_steps, force,
                           per_step=per_step or plot is not None, strict=flags.pop("strict"),
-                          weights=None if weights is None else str(weights), weights_group=weights_group)
+                          weights=None if weights is None else str(weights), weights_group=weights_group,
+                          forget_bias=forget_bias, cell_clip=cell_clip,
+                          framework=FrameworkOptions(framework, time_major, batch_first, torch_layer, reverse))
     _run("seq", options, plot=plot, **flags)
 
 
 @click.command("cell")
 @_shared_options
 @handle_errors
-def cell_command(backend, use_peephole, group, compute_dtype, force, weights, weights_group, **flags):
+def cell_command(backend, use_peephole, group, compute_dtype, force, weights, weights_group, forget_bias, cell_clip,
+                 **flags):
     """LSTMBlockCellGrad of each INPUT, plus x_grad, h_prev_grad, w_grad and b_grad.
 
     Each INPUT (HDF5, NPZ, or a directory of .npy files) holds one step: x [B,I], cs_prev, h_prev [B,C],
@@ -133,7 +164,7 @@ def cell_command(backend, use_peephole, group, compute_dtype, force, weights, we
     """
     options = GradOptions("cell", "icfo", backend, use_peephole, None, group, compute_dtype, None, force,
                           strict=flags.pop("strict"), weights=None if weights is None else str(weights),
-                          weights_group=weights_group)
+                          weights_group=weights_group, forget_bias=forget_bias, cell_clip=cell_clip)
     _run("cell", options, plot=None, **flags)
 
 
@@ -286,6 +317,9 @@ def render(console, result: GradResult) -> None:
     how = [shape, f"use_peephole={str(result.use_peephole).lower()} ({SOURCE_WORDS.get(peephole, peephole)})"]
     if result.seq_len_max is not None:
         how.append(f"seq_len_max={result.seq_len_max} ({result.sources.get('seq_len_max')})")
+    if result.framework:  # a Keras or PyTorch layer: the op is how it is computed, not what the user gave
+        what[0] = f"{FRAMEWORK_WORDS[result.framework]}, computed as {result.op} of the recomputed BlockLSTMV2"
+        how = [shape]
     print_table(console, table, f"{source} -> {result.output}")
     say(console, " · ".join(what))
     say(console, " · ".join(how))

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import InputFileError
-from . import hdf5, npydir, npz, tfdbg
+from . import hdf5, npydir, npz, safetensors, tfdbg
 from ._common import (
     HEAD_BYTES,
     MAX_BYTES_ENV,
@@ -60,7 +60,8 @@ __all__ = [
 
 # Every input format, in the order they are tried.  File formats are told apart by their first bytes;
 # directory formats by the names of the directory's entries.
-FORMATS: dict[str, Format] = {f.name: f for f in (hdf5.FORMAT, npz.FORMAT, tfdbg.FORMAT, npydir.FORMAT)}
+FORMATS: dict[str, Format] = {f.name: f for f in (hdf5.FORMAT, npz.FORMAT, safetensors.FORMAT, tfdbg.FORMAT,
+                                                   npydir.FORMAT)}
 
 _os_reason = os_reason  # the name tests and older callers use
 
@@ -115,6 +116,10 @@ def sniff_format(path: str | os.PathLike) -> str:
             return fmt.name
     if not head:
         raise InputFileError(f"{path}: file is empty (0 bytes); {expected}")
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):  # a pickle's first opcode
+        raise InputFileError(f"{path}: is a Python pickle (a PyTorch .pt file?), and lstmgrad never unpickles; "
+                             "save the tensors with safetensors instead: "
+                             "safetensors.torch.save_file(model.state_dict(), 'model.safetensors')")
     if head.startswith(NPY_MAGIC):
         raise InputFileError(
             f"{path}: is a single .npy array, and lstmgrad needs all of the op's tensors together: put them in "

@@ -108,6 +108,8 @@ def read_open(fh, loaded: LoadedFile, names, scalars, group, h5py, lazy=frozense
     for name in names:
         with collecting(loaded, name, collect_errors):
             key = key_for(name, loaded.keys, path)
+            if key is None and "/" in name and walk(fh, node, name, path, h5py, name) is not None:
+                key = name  # a path inside the group (a Keras weights file's cell/vars/0)
             if key is not None:
                 loaded.tensors[name] = read_dataset(fh, node, key, path, h5py, budget, lazy=name in lazy)
     for name in scalars:
@@ -120,7 +122,6 @@ def read_open(fh, loaded: LoadedFile, names, scalars, group, h5py, lazy=frozense
             if akey is not None:
                 loaded.scalars[name] = (read_attribute(attrs, akey, path, budget), "attribute")
                 break
-
 
 
 def walk(fh, start, target: str, path: Path, h5py, what: str, depth: int = 0):

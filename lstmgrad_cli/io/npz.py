@@ -19,6 +19,8 @@ from ._common import Budget, Format, LoadedFile, collecting, key_for, reason
 from .npy import read_npy
 
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+TORCH_FILE = ("is a PyTorch file (torch.save writes a pickle, and lstmgrad never unpickles); save the tensors with "
+              "safetensors instead: safetensors.torch.save_file(model.state_dict(), 'model.safetensors')")
 
 # Everything numpy's .npy parser and the zip/decompression layers raise on bad data.
 NPZ_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, lzma.LZMAError, EOFError, OSError, ValueError,
@@ -53,6 +55,8 @@ def read_npz(path: Path, names, scalars, group, collect_errors=False) -> LoadedF
             # numpy's convention: "x.npy" is the array "x"; other members keep their full name.
             key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
             members[key] = info
+        if any(k == "data.pkl" or k.endswith("/data.pkl") for k in members):
+            raise InputFileError(f"{path}: {TORCH_FILE}")
         keys = [k[len(prefix):] for k in members if k.startswith(prefix)]
         if group and not keys:
             raise InputFileError(f"{path}: no group {group!r} (no keys start with {prefix!r})")

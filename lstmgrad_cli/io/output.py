@@ -21,20 +21,22 @@ import numpy as np
 from ..errors import OutputExistsError, OutputFileError
 from ._common import METADATA_KEY, reason
 
-OUTPUT_FORMATS = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5"}
+OUTPUT_FORMATS = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5", ".safetensors": "safetensors"}
+EXTENSIONS = {"npz": ".npz", "hdf5": ".h5", "safetensors": ".safetensors"}  # the default extension of each
 
 
 def output_format(path: Path) -> str:
     fmt = OUTPUT_FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise OutputFileError(f"{path}: unknown output extension {path.suffix!r}; use .npz, .h5 or .hdf5")
+        raise OutputFileError(f"{path}: unknown output extension {path.suffix!r}; use .npz, .h5, .hdf5 or "
+                              ".safetensors")
     return fmt
 
 
 def default_output_path(input_path: Path, fmt: str) -> Path:
-    """``<stem>.grads.<ext>`` beside the input, in the output format ``fmt`` ("npz" or "hdf5")."""
+    """``<stem>.grads.<ext>`` beside the input, in the output format ``fmt`` ("npz", "hdf5", "safetensors")."""
     suffix = input_path.suffix.lower()
-    ext = suffix if OUTPUT_FORMATS.get(suffix) == fmt else (".npz" if fmt == "npz" else ".h5")
+    ext = suffix if OUTPUT_FORMATS.get(suffix) == fmt else EXTENSIONS[fmt]
     stem = input_path.name[: -len(input_path.suffix)] if OUTPUT_FORMATS.get(suffix) else input_path.name
     return input_path.with_name(f"{stem}.grads{ext}")
 
@@ -67,16 +69,21 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def write_outputs(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, object],
                   force: bool = False) -> Path:
-    """Write ``tensors`` (in order) and provenance ``metadata`` atomically to ``path`` (.npz/.h5/.hdf5).
+    """Write ``tensors`` (in order) and provenance ``metadata`` atomically to ``path`` (.npz/.h5/.hdf5/.safetensors).
 
     The data goes to a temporary file beside ``path``, is flushed to disk, and is renamed into place
     only when complete.  On any failure the temporary file is removed and ``path`` is untouched.
     """
     path = Path(path)
     with _atomic_file(path, force) as tmp:
-        if output_format(path) == "npz":
+        fmt = output_format(path)
+        if fmt == "npz":
             with open(tmp, "wb") as fh:
                 _write_npz(fh, tensors, metadata)
+        elif fmt == "safetensors":
+            from .safetensors import write_safetensors  # noqa: PLC0415 - the optional package, when asked
+
+            write_safetensors(tmp, tensors, metadata)
         else:
             with _hdf5_writer(tmp) as out:
                 for name, value in tensors.items():

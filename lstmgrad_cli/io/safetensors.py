@@ -1,0 +1,192 @@
+"""safetensors files (``pip install 'lstmgrad[safetensors]'``), read and written through the package's numpy API.
+
+A file is an 8-byte little-endian header length, a JSON header (``{name: {dtype, shape, data_offsets}}`` and an
+optional ``__metadata__`` of strings), then the raw data.  Before the package reads anything, the header is
+checked here: its length against a bound and the file, the JSON parsed with a nesting bound, every dtype
+against a whitelist, every shape and offset pair against the data area (inside it, no overlap, exactly the
+shape's size) and every declared size against the memory budget.  A group is a key prefix: a PyTorch
+state_dict's module path (``encoder.rnn`` selects ``encoder.rnn.weight_ih_l0``) or a ``/`` path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputFileError, LstmGradError
+from ._common import METADATA_KEY, Budget, Format, LoadedFile, collecting, key_for, reason
+
+SUFFIX = ".safetensors"
+MAX_HEADER = 16 * 2**20  # thousands of tensors' entries; the package itself allows 100 MiB
+MAX_DEPTH = 8  # a header is {name: {..., "shape": [...], "data_offsets": [...]}}: nothing nests deeper
+DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32,
+          "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+def sniff(head: bytes) -> bool:
+    """An 8-byte header length that fits what was read, then the JSON header's opening brace."""
+    if len(head) < 10:
+        return False
+    length = struct.unpack("<Q", head[:8])[0]
+    return 2 <= length <= MAX_HEADER and head[8:9] == b"{"
+
+
+def read_header(path: Path) -> tuple[dict, dict, int]:
+    """(tensors: name -> (dtype, shape, begin, end), metadata, start of the data area), every entry checked."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            head = fh.read(8)
+            if len(head) < 8:
+                raise InputFileError(f"{path}: truncated safetensors file ({size} bytes)")
+            length = struct.unpack("<Q", head)[0]
+            if length > MAX_HEADER or length > size - 8:
+                raise InputFileError(f"{path}: its safetensors header declares {length} bytes; the file holds "
+                                     f"{size - 8} after the length (limit {MAX_HEADER}); refused")
+            raw = fh.read(length)
+    except OSError as err:
+        raise InputFileError(f"{path}: cannot read: {err.strerror or err}") from None
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise InputFileError(f"{path}: its safetensors header is not valid JSON ({reason(err)})") from None
+    if not isinstance(header, dict) or _depth(header) > MAX_DEPTH:
+        raise InputFileError(f"{path}: its safetensors header is not a table of tensors")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise InputFileError(f"{path}: its safetensors __metadata__ is not a table of strings")
+    data_size = size - 8 - length
+    tensors, spans = {}, []
+    for name, entry in header.items():
+        tensors[name] = _entry(path, name, entry, data_size)
+        spans.append((tensors[name][2], tensors[name][3], name))
+    previous_end, previous = 0, None
+    for begin, end, name in sorted(spans):
+        if begin < previous_end:
+            raise InputFileError(f"{path}: {name} overlaps {previous} in the data area; refused")
+        previous_end, previous = max(previous_end, end), name
+    return tensors, metadata, 8 + length
+
+
+def _unique_keys(pairs):
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("a key appears twice")
+    return dict(pairs)
+
+
+def _depth(value, level: int = 1) -> int:
+    if isinstance(value, dict):
+        return max((_depth(v, level + 1) for v in value.values()), default=level)
+    if isinstance(value, list):
+        return max((_depth(v, level + 1) for v in value), default=level)
+    return level
+
+
+def _entry(path: Path, name: str, entry, data_size: int) -> tuple:
+    if not isinstance(entry, dict) or set(entry) - {"dtype", "shape", "data_offsets"}:
+        raise InputFileError(f"{path}: {name}: not a tensor entry of a safetensors header")
+    dtype_name, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype_name not in DTYPES:
+        raise InputFileError(f"{path}: {name} has dtype {str(dtype_name)[:20]!r}; lstmgrad reads "
+                             f"{', '.join(DTYPES)}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shape):
+        raise InputFileError(f"{path}: {name} has a malformed shape {str(shape)[:60]}")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in offsets)):
+        raise InputFileError(f"{path}: {name} has malformed data_offsets {str(offsets)[:60]}")
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_size:
+        raise InputFileError(f"{path}: {name} lies at bytes {begin}..{end} of a data area of {data_size} bytes "
+                             "(truncated file?); refused")
+    dtype = np.dtype(DTYPES[dtype_name])
+    if end - begin != math.prod(shape) * dtype.itemsize:
+        raise InputFileError(f"{path}: {name} holds {end - begin} bytes for shape {shape} of {dtype} "
+                             f"({math.prod(shape) * dtype.itemsize} bytes); corrupt")
+    return dtype, tuple(shape), begin, end
+
+
+@contextlib.contextmanager
+def open_safetensors(path: Path, names, scalars, group=None, lazy=(), collect_errors=False):
+    yield read_safetensors(path, list(names), list(scalars), group, collect_errors)
+
+
+def read_safetensors(path: Path, names, scalars, group=None, collect_errors=False) -> LoadedFile:
+    tensors, metadata, _ = read_header(path)
+    loaded = LoadedFile(path, "safetensors")
+    if group:
+        prefix = group.strip("./")
+        keys = {k[len(prefix) + 1:]: k for k in tensors if k.startswith(prefix) and k[len(prefix):len(prefix) + 1]
+                in (".", "/")}
+        if not keys:
+            raise InputFileError(f"{path}: no group {group!r} (no key starts with {prefix + '.'!r} or "
+                                 f"{prefix + '/'!r})")
+    else:
+        keys = {k: k for k in tensors}
+    loaded.keys = list(keys)
+    if METADATA_KEY in metadata:
+        loaded.keys.append(METADATA_KEY)
+    wanted = []
+    budget = Budget(path)
+    for name in [*names, *scalars]:
+        with collecting(loaded, name, collect_errors):
+            if name == METADATA_KEY and METADATA_KEY in metadata:
+                loaded.scalars[name] = (np.array(metadata[METADATA_KEY]), "tensor")
+                continue
+            key = key_for(name, keys, path)
+            if key is None:
+                continue
+            dtype, shape, _, _ = tensors[keys[key]]
+            budget.take(key, shape, dtype)  # before anything is read
+            wanted.append((name, keys[key]))
+    if wanted:
+        for name, value in _read_with_package(path, wanted, collect_errors, loaded).items():
+            if name in scalars:  # safetensors' numpy API saves a 0-d array with shape [1]
+                loaded.scalars[name] = (value.reshape(()) if value.shape == (1,) else value, "tensor")
+            else:
+                loaded.tensors[name] = value
+    return loaded
+
+
+def _read_with_package(path: Path, wanted, collect_errors, loaded) -> dict:
+    try:
+        from safetensors import SafetensorError, safe_open  # noqa: PLC0415 - optional (the safetensors extra)
+    except ImportError:
+        raise InputFileError(f"{path}: reading safetensors files needs the safetensors package: pip install "
+                             "'lstmgrad[safetensors]'") from None
+    out = {}
+    try:
+        with safe_open(str(path), framework="numpy") as fh:
+            for name, key in wanted:
+                with collecting(loaded, name, collect_errors):
+                    try:
+                        out[name] = np.array(fh.get_tensor(key))
+                    except (SafetensorError, ValueError, OSError) as err:
+                        raise InputFileError(f"{path}: {key} cannot be read ({reason(err)})") from None
+    except LstmGradError:
+        raise
+    except MemoryError:
+        raise InputFileError(f"{path}: does not fit in memory") from None
+    except (SafetensorError, ValueError, OSError) as err:
+        raise InputFileError(f"{path}: corrupt safetensors file ({reason(err)})") from None
+    return out
+
+
+def write_safetensors(target: Path, tensors: dict, metadata: dict) -> None:
+    try:
+        from safetensors.numpy import save_file  # noqa: PLC0415 - optional (the safetensors extra)
+    except ImportError:
+        raise LstmGradError("writing safetensors files needs the safetensors package: pip install "
+                            "'lstmgrad[safetensors]'") from None
+    arrays = {name: np.ascontiguousarray(value) for name, value in tensors.items()}
+    save_file(arrays, str(target), metadata={METADATA_KEY: json.dumps(dict(metadata), sort_keys=True)})
+
+
+FORMAT = Format("safetensors", "a safetensors file", False, sniff, open_safetensors, "safetensors")
