@@ -34,7 +34,8 @@ bench: $(STAMP)
 # The long fuzz run (hypothesis); `make test` runs a short one. LSTMGRAD_FUZZ_EXAMPLES sets the examples per test.
 fuzz: $(STAMP)
 	LSTMGRAD_FUZZ_EXAMPLES=$${LSTMGRAD_FUZZ_EXAMPLES:-20000} $(PY) -m pytest -p no:cacheprovider tests/test_fuzz.py \
-		tests/test_hostile_files.py --hypothesis-show-statistics -q
+		tests/test_hostile_files.py tests/test_tfdbg_hostile.py tests/test_hostile_safetensors.py \
+		--hypothesis-show-statistics -q
 
 # TensorFlow-computed cases kept outside this repository, in ../shared/conformance (CONFORMANCE=DIR to point
 # elsewhere); the repository's own TF golden files are fixtures/, which `make test` checks.
@@ -45,12 +46,16 @@ conformance: $(STAMP)
 		"fixtures/ and make test cover the same ops without them." >&2; exit 2; }
 	LSTMGRAD="$(VENV)/bin/lstmgrad" $(PY) $(CONFORMANCE)/check
 
-# Golden files from real TensorFlow (dev only, its own virtualenv; tests never need TensorFlow).
+# Golden files from real TensorFlow, Keras and PyTorch (dev only, their own virtualenvs; tests never need them).
 fixtures:
 	$(PYTHON) -m venv .venv-tf
 	.venv-tf/bin/pip install --quiet -r fixtures/requirements-tf.txt
 	.venv-tf/bin/python fixtures/make_fixtures.py
 	.venv-tf/bin/python fixtures/make_tfdbg_fixtures.py
+	.venv-tf/bin/python fixtures/make_keras_fixtures.py
+	$(PYTHON) -m venv .venv-torch
+	.venv-torch/bin/pip install --quiet -r fixtures/requirements-torch.txt
+	.venv-torch/bin/python fixtures/make_torch_fixtures.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build dist

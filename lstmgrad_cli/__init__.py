@@ -2,6 +2,7 @@
 from saved forward-pass tensors, without TensorFlow."""
 
 from .errors import InvalidArgumentError, LstmGradError
+from .frameworks import KerasLSTMGradOutputs, TorchLSTMGradOutputs, keras_lstm_grad, torch_lstm_grad
 from .loading import OpInputs, load
 from .ops import (
     block_lstm,
@@ -17,8 +18,8 @@ from .results import BlockLSTMGradOutputs, BlockLSTMOutputs, LSTMBlockCellGradFu
 __version__ = "0.1.0"
 
 __all__ = [
-    "BlockLSTMGradOutputs", "BlockLSTMOutputs", "InvalidArgumentError", "LSTMBlockCellGradFullOutputs",
-    "LSTMBlockCellGradOutputs", "LstmGradError", "OpInputs", "__version__", "block_lstm", "block_lstm_grad",
-    "block_lstm_grad_v2", "block_lstm_v2", "load", "lstm_block_cell", "lstm_block_cell_grad",
-    "lstm_block_cell_grad_full",
+    "BlockLSTMGradOutputs", "BlockLSTMOutputs", "InvalidArgumentError", "KerasLSTMGradOutputs",
+    "LSTMBlockCellGradFullOutputs", "LSTMBlockCellGradOutputs", "LstmGradError", "OpInputs", "TorchLSTMGradOutputs",
+    "__version__", "block_lstm", "block_lstm_grad", "block_lstm_grad_v2", "block_lstm_v2", "keras_lstm_grad", "load",
+    "lstm_block_cell", "lstm_block_cell_grad", "lstm_block_cell_grad_full", "torch_lstm_grad",
 ]

@@ -187,7 +187,7 @@ class KerasView(View):
         x = self._time_major(x)
         kernel = _rank("kernel", tensors["kernel"], 2, "[I, 4C]")
         recurrent = _rank("recurrent_kernel", tensors["recurrent_kernel"], 2, "[C, 4C]")
-        C = _cells("recurrent_kernel", recurrent.shape[1], "Keras")
+        C = _cells("recurrent_kernel", recurrent.shape[1], recurrent.shape[0], "Keras")
         self.I = x.shape[2]
         _shaped("kernel", kernel, (self.I, 4 * C), "[I, 4C]")
         _shaped("recurrent_kernel", recurrent, (C, 4 * C), "[C, 4C]")
@@ -238,7 +238,7 @@ class TorchView(View):
         x = self._time_major(_rank("x", tensors["x"], 3, "[B, T, I]" if self.options.batch_first else "[T, B, I]"))
         w_ih = _rank(names["weight_ih"], tensors[names["weight_ih"]], 2, "[4C, I]")
         w_hh = _rank(names["weight_hh"], tensors[names["weight_hh"]], 2, "[4C, C]")
-        C = _cells(names["weight_ih"], w_ih.shape[0], "PyTorch")
+        C = _cells(names["weight_hh"], w_hh.shape[0], w_hh.shape[1], "PyTorch")
         self.I = x.shape[2]
         _shaped(names["weight_ih"], w_ih, (4 * C, self.I), "[4C, I]")
         _shaped(names["weight_hh"], w_hh, (4 * C, C), "[4C, C]")
@@ -312,11 +312,12 @@ def _shaped(name: str, a, shape: tuple, label: str) -> np.ndarray:
     return a
 
 
-def _cells(name: str, columns: int, framework: str) -> int:
-    if columns % 4 or columns == 0:
-        raise InvalidArgumentError(f"{name} has {columns} gate units, not 4 * cell_size: not an LSTM of {framework} "
-                                   "(a GRU or another cell?)")
-    return columns // 4
+def _cells(name: str, gates: int, units: int, framework: str) -> int:
+    """The cell size C: ``units``, when the recurrent weights have 4C gate rows or columns (i, f, c, o)."""
+    if gates != 4 * units or units == 0:
+        raise InvalidArgumentError(f"{name} has {gates} gate units for {units} cell units, not 4 * {units}: not an "
+                                   f"LSTM of {framework} (a GRU has 3 gates, a plain RNN 1)")
+    return units
 
 
 # -- the Python API ---------------------------------------------------------------------------------------

@@ -256,6 +256,8 @@ def _recompute_activations(problem: Problem, loaded: io.LoadedFile, layout, use_
     if seq:
         problem.layout = layout or "ifco"
         problem.sources["layout"] = "flag" if layout else "default"
+    else:
+        problem.sources["layout"] = "op"  # LSTMBlockCell is always ICFO
     op = FORWARD_OPS[(problem.kind, problem.layout)]
     default_fb, default_clip = FORWARD_DEFAULTS[op]
     inputs = validation.as_float_arrays({n: np.asarray(loaded.tensors[n][()]) for n in FORWARD_INPUTS})
