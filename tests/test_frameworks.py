@@ -256,3 +256,26 @@ def test_a_real_subprocess_with_keras_weights(tmp_path):
                            "layers/lstm_1", "-q"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == ""
     assert_matches(npz(out), npz(KERAS / "keras_two_layers.expected.npz"))
+
+
+def test_keras_time_major_and_the_older_tf_keras_weights_layout(runner, tmp_path):
+    import h5py
+
+    inputs = npz(KERAS / "keras_seq.in.npz")
+    time_major = {**inputs, "x": np.swapaxes(inputs["x"], 0, 1).copy(), "h_grad": np.swapaxes(inputs["h_grad"], 0, 1)}
+    out = tmp_path / "tm.npz"
+    result = runner.invoke(main, ["seq", str(write_npz(tmp_path / "tm_in.npz", time_major)), "-o", str(out),
+                                  "--time-major"])
+    assert result.exit_code == 0, result.stderr
+    expected = npz(KERAS / "keras_seq.expected.npz")
+    assert_matches(npz(out), {**expected, "x_grad": np.swapaxes(expected["x_grad"], 0, 1)})
+    legacy = tmp_path / "model.h5"  # tf.keras (Keras 2) HDF5: .../<layer>/lstm_cell/kernel:0
+    with h5py.File(legacy, "w") as fh:
+        group = fh.create_group("model_weights/lstm/lstm/lstm_cell")
+        for name in ("kernel", "recurrent_kernel", "bias"):
+            group[f"{name}:0"] = inputs[name]
+    data = write_npz(tmp_path / "data.npz", {"x": inputs["x"], "h_grad": inputs["h_grad"]})
+    result = runner.invoke(main, ["seq", str(data), "-o", str(tmp_path / "legacy.npz"), "--weights", str(legacy),
+                                  "--weights-group", "model_weights/lstm/lstm"])
+    assert result.exit_code == 0, result.stderr
+    assert_matches(npz(tmp_path / "legacy.npz"), expected)
