@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import consistent_inputs, load_case, write_h5, write_npz
+from conftest import FIXTURES, consistent_inputs, load_case, write_h5, write_npz
 
 from lstmgrad_cli.cli import main
 
@@ -350,3 +350,15 @@ def test_skip_existing_does_not_take_another_inputs_output_for_its_own(runner, t
     assert runner.invoke(main, ["seq", str(tmp_path / "a"), "--out-dir", str(out), "-q"]).exit_code == 0
     result = runner.invoke(main, ["seq", str(tmp_path / "b"), "--out-dir", str(out), "--skip-existing"])
     assert result.exit_code == 1 and "not a complete lstmgrad output of" in result.stderr
+
+
+def test_out_dir_is_made_when_missing_and_unmakeable_is_one_line(runner, tmp_path):
+    out = tmp_path / "new" / "nested"
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "--out-dir", str(out), "-q"])
+    assert result.exit_code == 0, result.stderr
+    assert (out / "seq_v2_peep.in.grads.npz").exists()
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "--out-dir", str(blocker / "sub")])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1
+    assert "cannot create the output directory" in result.stderr

@@ -147,8 +147,10 @@ def test_hdf5_output_records_the_op_and_json(tmp_path):
     doc = json.loads(result.stdout)["result"]
     assert doc["op"] == "BlockLSTM" and doc["layout"] == "icfo" and doc["forget_bias"] == 1.0
     assert doc["next_command"] == f"lstmgrad seq --layout icfo {out}"
+    meta = read_metadata(out)
+    assert meta["op"] == "BlockLSTM" and meta["layout"] == "icfo"
     with h5py.File(out, "r") as fh:
-        assert fh.attrs["op"] == "BlockLSTM" and fh.attrs["layout"] == "icfo"
+        assert list(fh.attrs) == ["__lstmgrad__"]  # provenance in one place, never read as an input
         assert fh["h"].shape == (4, 2, 4) and fh["seq_len_max"][()] == 4
         tf_in, _ = fixture("seq_v1_peep")
         np.testing.assert_allclose(fh["h"][()], tf_in["h"], atol=2e-6)

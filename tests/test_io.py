@@ -246,3 +246,19 @@ def test_describe_keys_is_safe_for_one_line_messages():
     assert "\\x1b[2J" in text and "line\\nbreak" in text and "k" * 57 + "..." in text
     assert text.endswith(" and 14 more") and len(text) < 600
     assert io.describe_keys([]) == "nothing"
+
+
+def test_provenance_is_one_json_attribute_and_older_outputs_still_count(tmp_path, runner):
+    from lstmgrad_cli.batch import is_complete_output
+
+    src = FIXTURES / "seq_v2_peep.in.npz"
+    out = tmp_path / "new.h5"
+    assert runner.invoke(main, ["seq", str(src), "-o", str(out), "-q"]).exit_code == 0
+    with h5py.File(out, "r") as fh:
+        assert list(fh.attrs) == [io.METADATA_KEY]  # no root attribute named like an input (use_peephole, ...)
+    assert io.read_metadata(out)["use_peephole"] is True and is_complete_output(out, src)
+    old = tmp_path / "old.h5"  # an output of lstmgrad 0.1: provenance as separate root attributes
+    with h5py.File(old, "w") as fh:
+        fh["x_grad"] = np.zeros(3)
+        fh.attrs.update({"tool": "lstmgrad", "source": str(src.resolve()), "use_peephole": True, "seq_len_max": 5})
+    assert io.read_metadata(old)["source"] == str(src.resolve()) and is_complete_output(old, src)

@@ -45,7 +45,7 @@ def _shared_options(func):
                      help="Output file (.npz, .h5, .hdf5); only with a single INPUT. "
                           "Default: <input stem>.grads.<input format> beside the input."),
         click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path),
-                     help="Write each output here as <input stem>.grads.<ext>."),
+                     help="Write each output here as <input stem>.grads.<ext> (made, with its parents, when missing)."),
         click.option("--backend", metavar="NAME", help="Compute backend (env LSTMGRAD_BACKEND; default numpy; "
                                                        "'auto' picks the fastest usable). See `lstmgrad backends`."),
         click.option("--peephole/--no-peephole", "use_peephole", default=None,
@@ -203,8 +203,12 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
         raise click.UsageError(one_line(err)) from None
     except LstmGradError as err:
         raise click.ClickException(one_line(err)) from None
-    if out_dir is not None and not out_dir.is_dir():
-        raise click.ClickException(f"{out_dir}: output directory does not exist")
+    if out_dir is not None:  # made when missing, as batch tools do
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise click.ClickException(one_line(f"{out_dir}: cannot create the output directory: "
+                                                f"{err.strerror or err}")) from None
 
     console = stdout_console()
     dumps = DumpSelection(command, options.group, dump_op, dump_execution)

@@ -164,7 +164,8 @@ def open_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable
 
 
 def read_metadata(path: str | os.PathLike) -> dict:
-    """The provenance an lstmgrad output carries (NPZ metadata entry or HDF5 root attributes); {} if none."""
+    """The provenance an lstmgrad output carries (the ``__lstmgrad__`` JSON of an NPZ entry, an HDF5 root attribute
+    or safetensors metadata; HDF5 outputs of lstmgrad before 0.2 kept it as separate root attributes); {} if none."""
     path = Path(path)
     if sniff_format(path) != "hdf5":
         loaded = read_inputs(path, [], [METADATA_KEY])
@@ -175,4 +176,10 @@ def read_metadata(path: str | os.PathLike) -> dict:
         except ValueError:
             raise InputFileError(f"{path}: its {METADATA_KEY} entry is not valid JSON") from None
     with hdf5.open_hdf5(path) as (fh, _h5py), hdf5.hdf5_errors(path):
-        return {k: (v.item() if hasattr(v, "item") else v) for k, v in fh.attrs.items()}
+        if METADATA_KEY in fh.attrs:
+            text = fh.attrs[METADATA_KEY]
+            try:
+                return json.loads(text.decode("utf-8") if isinstance(text, bytes) else str(text))
+            except ValueError:
+                raise InputFileError(f"{path}: its {METADATA_KEY} attribute is not valid JSON") from None
+        return {k: (v.item() if hasattr(v, "item") else v) for k, v in fh.attrs.items()}  # an older output

@@ -104,9 +104,9 @@ def open_hdf5_output(path: str | os.PathLike, force: bool = False) -> Iterator[o
 
 
 def write_metadata(out, metadata: Mapping[str, object]) -> None:
-    """Provenance as root attributes of an open HDF5 output."""
-    for key, value in metadata.items():
-        out.attrs[key] = "" if value is None else value
+    """Provenance as one root attribute of an open HDF5 output, a JSON document under ``__lstmgrad__`` (as in NPZ
+    and safetensors outputs): attributes named like the op's parameters would read as inputs."""
+    out.attrs[METADATA_KEY] = json.dumps(dict(metadata), sort_keys=True, default=str)
 
 
 @contextlib.contextmanager
