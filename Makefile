@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test lint bench fuzz fixtures conformance clean
+.PHONY: demo test lint bench fuzz fixtures conformance docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ demo: $(VENV)/.installed
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# docs/commands.md from the commands' --help (tests/test_docs.py fails when it drifts).
+docs: $(STAMP)
+	$(PY) docs/make_commands.py > docs/commands.md
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check lstmgrad_cli tests benchmarks

@@ -46,10 +46,12 @@ def main() -> None:
     """TensorFlow's block-LSTM gradients from saved forward-pass tensors, without TensorFlow.
 
     \b
-    lstmgrad seq run.h5 -o grads.h5     BlockLSTMGradV2 (IFCO; --layout icfo: BlockLSTMGrad)
+    lstmgrad seq run.h5 -o grads.h5     the gradient of the op that made the activations
+                                        (BlockLSTMGradV2 or BlockLSTMGrad; Keras, PyTorch layers)
     lstmgrad cell step.npz              LSTMBlockCellGrad (+ x, h_prev, w and b gradients)
-    lstmgrad inspect dump.h5            what a file holds and what is wrong with it
+    lstmgrad inspect dump.h5            what a file or TF debug dump holds, what is wrong with it
     lstmgrad check dump.h5 -r ref.npz   compare with reference gradients, explain differences
+    lstmgrad check tfdbg_dump/          recompute every gradient TF recorded in a debug dump
     lstmgrad backends                   compute backends and whether they are usable
     """
     warnings.showwarning = _warning_on_one_line
