@@ -16,9 +16,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import io
+from .dask_executor import NotStarted, SchedulerLost, dask_executor
 from .errors import LstmGradError, OutputFileError
 from .io import tfdbg
 from .jobs import GradOptions, GradResult, run_grad_file
+from .provenance import output_difference, request_of
 
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 
@@ -90,18 +92,6 @@ def _targets(path: Path, output: Path | None, dumps: DumpSelection) -> list[tupl
             for e in chosen]
 
 
-def is_complete_output(path: Path, source: Path | None = None) -> bool:
-    """An lstmgrad output under its final name is complete (files are renamed into place when done);
-    with ``source``, it must also have been made from that input."""
-    try:
-        meta = io.read_metadata(path)
-    except (LstmGradError, OSError, ValueError, KeyError):
-        return False
-    if meta.get("tool") != "lstmgrad":
-        return False
-    return source is None or meta.get("source") == str(source.resolve())
-
-
 def run_task(task: Task, options: GradOptions, blas_threads: int | None = None) -> GradResult:
     """One file, never raising for a bad file: the error becomes a failed result."""
     if task.error is not None:
@@ -126,15 +116,32 @@ def failed(task: Task, options: GradOptions, error: str) -> GradResult:
     return GradResult(str(task.input), None, options.op, member=task.group, status="failed", error=error)
 
 
-def _outcome(future: cf.Future, task: Task, options: GradOptions) -> GradResult:
-    """A task's result; a worker that died (killed, out of memory) is that file's failure, not a crash."""
-    try:
+def _outcome(future: cf.Future, task: Task, options: GradOptions) -> GradResult | None:
+    """A finished task's result (None for one never started); a worker that died (killed, out of memory) is that
+    file's failure, a lost Dask scheduler its "lost", neither a crash."""
+    if future.cancelled():
+        return None
+    err = future.exception()  # the future is done: this does not wait
+    if err is None:
         return future.result()
-    except cf.CancelledError:
-        raise
-    except Exception as err:  # noqa: BLE001 - BrokenProcessPool, distributed's KilledWorker, ...
-        reason = " ".join(str(err).split()) or type(err).__name__
-        return failed(task, options, f"{task.input}: the worker process failed ({type(err).__name__}: {reason})")
+    if isinstance(err, NotStarted):
+        return None
+    if isinstance(err, SchedulerLost):
+        return _lost(task, options, str(err))
+    if isinstance(err, KeyboardInterrupt):  # the worker got the terminal's Ctrl-C too
+        return failed(task, options, f"{task.input}: interrupted")
+    reason = " ".join(str(err).split()) or type(err).__name__
+    return failed(task, options, f"{task.input}: the worker process failed ({type(err).__name__}: {reason})")
+
+
+def _lost(task: Task, options: GradOptions, error: str) -> GradResult:
+    """A task whose result never came back: kept when its output is there and complete, else "lost"."""
+    request = request_of(replace(options, group=task.group) if task.group else options, task.input)
+    if task.output.exists() and output_difference(task.output, task.input, request) is None:
+        return GradResult(str(task.input), str(task.output), options.op, member=task.group, status="skipped",
+                          notes=["finished, but its result was lost on the way back; the output is complete"])
+    return GradResult(str(task.input), None, options.op, member=task.group, status="lost",
+                      error=f"{task.input}: {error}")
 
 
 def _submit(executor: cf.Executor, task: Task, options: GradOptions, threads: int | None) -> cf.Future:
@@ -197,18 +204,9 @@ def _thread_env(threads: int) -> Iterator[None]:
 def make_executor(workers: int = 1, dask_address: str | None = None) -> Iterator[tuple[cf.Executor | None, int | None]]:
     """(executor, BLAS threads per task) for the chosen way of running; no executor for a serial run."""
     if dask_address:
-        try:
-            from distributed import Client  # noqa: PLC0415 - optional (the dask extra)
-        except ImportError:
-            raise LstmGradError("--dask needs the distributed package: pip install 'lstmgrad[dask]'") from None
-        try:
-            timeout = os.environ.get("LSTMGRAD_DASK_TIMEOUT", "10s")
-            client = Client(dask_address, timeout=timeout, set_as_default=False)
-        except (OSError, TimeoutError) as err:
-            raise LstmGradError(f"cannot reach the Dask scheduler at {dask_address}: {err}") from None
-        with client:
+        with dask_executor(dask_address) as executor:
             # A Dask worker runs one task per thread at once: one BLAS thread per task keeps it at its cores.
-            yield client.get_executor(pure=False), 1
+            yield executor, 1
         return
     if workers > 1:
         import multiprocessing  # noqa: PLC0415 - only parallel runs pay for it
@@ -239,14 +237,15 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
     pending = []
     for index, task in enumerate(tasks):
         if skip_existing and task.output.exists():
-            if is_complete_output(task.output, task.input):
+            request = request_of(replace(options, group=task.group) if task.group else options, task.input)
+            difference = output_difference(task.output, task.input, request)
+            if difference is None:
                 finish(index, GradResult(str(task.input), str(task.output), options.op, member=task.group,
                                          status="skipped"))
                 continue
             if not options.force:
-                error = OutputFileError(f"{task.output}: exists but is not a complete lstmgrad output of "
-                                        f"{task.input}; use --force to replace it")
-                finish(index, failed(task, options, str(error)))
+                finish(index, failed(task, options, f"{task.output}: exists but {difference}; use --force to "
+                                                    "replace it"))
                 if not keep_going:
                     return results
                 continue
@@ -267,13 +266,37 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
         try:
             for future in cf.as_completed(futures):
                 index = futures[future]
-                finish(index, _outcome(future, tasks[index], options))
-                if stop() or (results[index].status == "failed" and not keep_going):
+                result = _outcome(future, tasks[index], options)
+                if result is None:
+                    continue
+                finish(index, result)
+                if stop() or (result.status == "failed" and not keep_going):
                     break
         finally:
-            for future in futures:  # after a failure or an interrupt: start nothing new
-                future.cancel()
+            _finish_started(futures, tasks, options, results, finish)
     return results
+
+
+def _finish_started(futures: dict, tasks: Sequence[Task], options: GradOptions, results: list,
+                    finish: Callable[[int, GradResult], None]) -> None:
+    """After a stop (a failure, an interrupt): cancel every task not started, then wait for those that have (no
+    executor can stop them) and report them, so no output appears that the results do not list.
+
+    Interrupted again while waiting, the tasks still running are reported "lost" (their output may yet appear).
+    """
+    started = [future for future in futures if not future.cancel() and results[futures[future]] is None]
+    try:
+        for future in cf.as_completed(started):
+            result = _outcome(future, tasks[futures[future]], options)
+            if result is not None:
+                finish(futures[future], result)
+    except KeyboardInterrupt:
+        for future in started:
+            index = futures[future]
+            if results[index] is None and not future.cancelled():
+                finish(index, _lost(tasks[index], options, "still running when the batch was interrupted; its "
+                                                           "output may still be written"))
+        raise
 
 
 def run_each(function: Callable, items: Sequence, *, workers: int = 1,

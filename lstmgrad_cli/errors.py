@@ -1,7 +1,7 @@
 """Exceptions raised by lstmgrad's library code.
 
 Every error the library raises on purpose is a ``LstmGradError``, itself a ``ValueError``, so a
-caller can catch one class.  The command line maps them to exit codes in one place (``cli.py``).
+caller can catch one class.  The command line maps them to exit codes in one place (``cli/_common.py``).
 """
 
 
@@ -25,7 +25,11 @@ class OutputExistsError(OutputFileError):
     """An output that already exists and may not be replaced (no ``force``)."""
 
 
-class UnknownBackendError(LstmGradError):
+class InvalidOptionError(LstmGradError):
+    """An option value that is malformed, found before any work (a usage error on the command line)."""
+
+
+class UnknownBackendError(InvalidOptionError):
     """A backend name that is not registered (a usage error on the command line)."""
 
 

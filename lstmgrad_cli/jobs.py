@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, io, validation
+from . import __version__, io, provenance, validation
 from .backends import get_backend, resolve_name
 from .errors import InvalidArgumentError, OutputExistsError
 from .frameworks import FrameworkOptions
@@ -100,11 +100,11 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
     backend_name = resolve_name(options.backend)
     backend = get_backend(backend_name)
     out = Path(output_path) if output_path is not None else io.default_output(input_path, fmt)
+    request = provenance.request_of(options, input_path)
     try:
         io.check_output(out, options.force, [input_path])
     except OutputExistsError:
-        raise OutputExistsError(f"{input_path}: its output {out} already exists; use --skip-existing to keep it "
-                                "or --force to overwrite it") from None
+        return _existing_output(result, out, request, start)
     lazy = options.kind == "seq" and fmt == "hdf5"
 
     with open_problem(input_path, kind=options.kind, layout=options.layout if options.kind == "seq" else None,
@@ -131,22 +131,42 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
             "use_peephole": problem.use_peephole, "seq_len_max": -1 if seq_len_max is None else seq_len_max,
             "dtype": result.dtype, "compute_dtype": result.compute_dtype,
             "source": str(input_path.resolve()), "group": options.group or "",
-            "framework": result.framework or "tf",
+            "framework": result.framework or "tf", "request": request,
         }
-        if lazy and io.output_format(out) == "hdf5" and problem.framework is None:
-            with io.open_hdf5_output(out, options.force) as sink:
-                x_grad = sink.create_dataset("x_grad", shape=problem.arrays["x"].shape, dtype=problem.dtype)
-                tensors = _compute(problem, backend, cdt, options, result, x_grad_out=x_grad)
-                for name, value in tensors.items():
-                    if name != "x_grad":
-                        sink.create_dataset(name, data=value)
-                io.write_metadata(sink, metadata)
-        else:
-            tensors = _compute(problem, backend, cdt, options, result)
-            io.write_outputs(out, tensors, metadata, force=options.force)
+        try:
+            if lazy and io.output_format(out) == "hdf5" and problem.framework is None:
+                with io.open_hdf5_output(out, options.force) as sink:
+                    x_grad = sink.create_dataset("x_grad", shape=problem.arrays["x"].shape, dtype=problem.dtype)
+                    tensors = _compute(problem, backend, cdt, options, result, x_grad_out=x_grad)
+                    for name, value in tensors.items():
+                        if name != "x_grad":
+                            sink.create_dataset(name, data=value)
+                    io.write_metadata(sink, metadata)
+            else:
+                tensors = _compute(problem, backend, cdt, options, result)
+                io.write_outputs(out, tensors, metadata, force=options.force)
+        except OutputExistsError:  # another run published it while this one computed
+            return _existing_output(result, out, request, start)
     result.output = str(out)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _existing_output(result: GradResult, out: Path, request: dict, start: float) -> GradResult:
+    """The result of a run whose output already exists: kept (status "skipped") when it is complete and made from
+    the same input with the same request, by whichever run; otherwise OutputExistsError saying how it differs."""
+    source = result.input
+    difference = provenance.output_difference(out, source, request)
+    if difference is None and provenance.records_request(out):
+        result.status, result.output, result.seconds = "skipped", str(out), time.perf_counter() - start
+        result.notes = ["already complete, from this input with the same options; kept (--force recomputes it)"]
+        result.warnings = []
+        return result
+    if difference is None:  # an older output without its request: it may be from other options
+        raise OutputExistsError(f"{source}: its output {out} already exists; use --skip-existing to keep it or "
+                                "--force to overwrite it")
+    raise OutputExistsError(f"{source}: its output {out} already exists and {difference}; use --force to "
+                            "overwrite it")
 
 
 def _compute(problem, backend, cdt, options: GradOptions, result: GradResult, x_grad_out=None) -> dict:

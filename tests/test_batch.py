@@ -79,7 +79,7 @@ def test_worker_processes_give_the_serial_results(runner, tmp_path, serial_outpu
                                   "--json"])
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert doc["summary"] == {"done": 6, "failed": 0, "skipped": 0, "not_run": 0}
+    assert doc["summary"] == {"done": 6, "failed": 0, "skipped": 0, "lost": 0, "not_run": 0}
     assert [Path(r["input"]).name for r in doc["results"]] == sorted(p.name for p in (tmp_path / "in").iterdir())
     assert_same_outputs(outputs_of(tmp_path / "out"), serial_outputs)
 
@@ -129,7 +129,7 @@ def test_skip_existing_resumes_and_refuses_foreign_files(runner, tmp_path):
     result = runner.invoke(main, ["seq", str(tmp_path / "in"), "--skip-existing", "--json"])
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert doc["summary"] == {"done": 5, "failed": 0, "skipped": 1, "not_run": 0}
+    assert doc["summary"] == {"done": 5, "failed": 0, "skipped": 1, "lost": 0, "not_run": 0}
     assert done.stat().st_mtime_ns == stamp
     foreign = paths[1].with_name(paths[1].name.replace(".npz", ".grads.npz"))
     foreign.write_bytes(b"not ours")
@@ -161,7 +161,7 @@ def test_interrupted_batch_leaves_no_partial_output_and_resumes(tmp_path, sig):
     assert proc.returncode == {signal.SIGTERM: 143, signal.SIGINT: 130, signal.SIGKILL: -9}[sig], stderr.decode()
     finished = sorted(out.glob("*.grads.h5"))
     assert 0 < len(finished) < len(inputs), "the run must be interrupted mid-batch"
-    from lstmgrad_cli.batch import is_complete_output
+    from lstmgrad_cli.provenance import is_complete_output
 
     assert all(is_complete_output(p) for p in finished)
     leftovers = [p for p in out.iterdir() if p.name.endswith(".tmp")]
@@ -228,7 +228,7 @@ def test_a_killed_worker_is_a_failed_file_not_a_crash(tmp_path):
     doc = json.loads(stdout)
     failed = [r for r in doc["results"] if r["status"] == "failed"]
     assert failed and all("worker process failed" in r["error"] for r in failed)
-    from lstmgrad_cli.batch import is_complete_output
+    from lstmgrad_cli.provenance import is_complete_output
 
     assert all(is_complete_output(p) for p in out.glob("*.grads.h5"))
     resumed = subprocess.run(cmd + ["--skip-existing", "-q"], capture_output=True, text=True, timeout=300)
@@ -349,7 +349,8 @@ def test_skip_existing_does_not_take_another_inputs_output_for_its_own(runner, t
     out.mkdir()
     assert runner.invoke(main, ["seq", str(tmp_path / "a"), "--out-dir", str(out), "-q"]).exit_code == 0
     result = runner.invoke(main, ["seq", str(tmp_path / "b"), "--out-dir", str(out), "--skip-existing"])
-    assert result.exit_code == 1 and "not a complete lstmgrad output of" in result.stderr
+    assert result.exit_code == 1
+    assert f"exists but was made from another input ({tmp_path / 'a' / 'run.npz'})" in result.stderr
 
 
 def test_out_dir_is_made_when_missing_and_unmakeable_is_one_line(runner, tmp_path):
