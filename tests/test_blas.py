@@ -103,21 +103,80 @@ def test_matmul_goes_through_the_chosen_library(choose, monkeypatch):
     assert seen == [(3, 5), (3, 5)]
 
 
-def test_describe_loads_nothing():
-    # `lstmgrad backends` and backend versions name the library without loading MKL (~0.1 s).
+def test_describe_names_the_library_the_products_use():
+    # Backend versions and outputs record what describe() says: it must be the library chosen, not a guess.
     code = """
-import json, os
+import json
 from lstmgrad_cli.backends import _blas
 name = _blas.describe()
-maps = open("/proc/self/maps").read() if os.path.exists("/proc/self/maps") else ""
-print(json.dumps([name, _blas.find.cache_info().currsize, "libmkl" in maps]))
+print(json.dumps([name, _blas.find().name]))
 """
     env = {**os.environ, _blas.BLAS_ENV: "auto"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    name, chosen, loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    name, chosen = json.loads(proc.stdout.strip().splitlines()[-1])
     want = f"MKL {_blas.mkl_version()}" if _blas.mkl_version() else "OpenBLAS (numpy's)"
-    assert (name, chosen, loaded) == (want, 0, False)
+    assert name == chosen == want
+
+
+# The CLI in a child whose address space is limited to what it uses already plus a margin (``ulimit -v`` as
+# batch schedulers set it), everything but MKL imported first so the margin is what MKL gets.
+UNDER_A_LIMIT = """
+import resource, sys
+import h5py, numpy
+import lstmgrad_cli.backends._numpy, lstmgrad_cli.cli, lstmgrad_cli.cli.grad_cmd, lstmgrad_cli.jobs
+import importlib.metadata, csv
+for line in open("/proc/self/status"):
+    if line.startswith("VmSize:"):
+        used = int(line.split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (used + int(sys.argv[1]) * 2**20, resource.RLIM_INFINITY))
+sys.argv = ["lstmgrad", *sys.argv[2:]]
+lstmgrad_cli.cli.main()
+"""
+
+
+@needs_mkl
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmSize from /proc")
+@pytest.mark.parametrize("choice", ["auto", "mkl"])
+def test_mkl_that_cannot_load_under_a_memory_limit_falls_back_to_openblas(tmp_path, choice):
+    fell_back = []
+    for margin in (64, 96, 128, 192):  # MB over what the process uses: MKL's libraries fit in some, not others
+        out = tmp_path / f"g{margin}.npz"
+        env = {**os.environ, _blas.BLAS_ENV: choice}
+        proc = subprocess.run([sys.executable, "-c", UNDER_A_LIMIT, str(margin), "seq",
+                               str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out), "--json"],
+                              capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == 0, (margin, proc.stderr)
+        doc = json.loads(proc.stdout)  # stdout is the JSON document only: nothing MKL said reached it
+        assert "MKL" not in proc.stdout.replace(doc["results"][0]["backend_version"], "")
+        warnings_seen = proc.stderr.splitlines()
+        if warnings_seen:
+            assert len(warnings_seen) == 1 and warnings_seen[0].startswith("Warning: MKL does not load here ("), \
+                proc.stderr
+            assert warnings_seen[0].endswith("; using numpy's OpenBLAS")
+            assert "MKL" not in doc["results"][0]["backend_version"]  # the output records the library used
+            fell_back.append(margin)
+        else:
+            assert doc["results"][0]["backend_version"].endswith(f" with MKL {_blas.mkl_version()}")
+        with np.load(out) as got:
+            for key, value in load_case("seq_v2_peep")[1].items():
+                assert_close_scaled(got[key], value, name=key)
+        assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    assert fell_back, "no margin was too small for MKL: the fallback was not exercised"
+
+
+def test_an_mkl_failure_during_a_pass_writes_nothing(runner, tmp_path, monkeypatch):
+    # With lstmgrad's handler MKL returns from a call it cannot complete instead of exiting the process; the
+    # result is then wrong, so the pass must fail rather than be written.
+    from lstmgrad_cli.cli import main
+
+    monkeypatch.setattr(_blas, "on_mkl", lambda: True)
+    monkeypatch.setattr(_blas, "_mkl_fatal_errors", [2])
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out)])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.startswith("Error: ") and "MKL failed during the computation" in result.stderr
+    assert len(result.stderr.splitlines()) == 1 and not out.exists() and list(tmp_path.iterdir()) == []
 
 
 MKL_RUN = """

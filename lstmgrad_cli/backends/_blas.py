@@ -25,6 +25,7 @@ import ctypes
 import functools
 import glob
 import os
+import threading
 import warnings
 from typing import NamedTuple
 
@@ -85,9 +86,19 @@ def mkl_version() -> str | None:
         return None
 
 
+# MKL's fatal errors (a library it cannot load: a memory limit, a broken install) print to stdout and exit the
+# process unless a handler is set; with one, the failing call returns without computing.  lstmgrad's handler
+# records them: MKL is tried once when chosen (``_mkl_starts``) and every pass checks it after (``check_mkl``).
+_FatalHandler = ctypes.CFUNCTYPE(None, ctypes.c_int)
+_mkl_fatal_errors: list[int] = []
+_on_mkl_fatal = _FatalHandler(_mkl_fatal_errors.append)  # kept alive for the process: MKL holds the pointer
+_mkl_failure: list[str] = []  # why MKL was not chosen, for the warning
+
+
 @functools.cache
 def mkl() -> Blas | None:
-    """MKL's single dynamic library (``mkl_rt``) from the ``mkl`` wheel, or None when absent or unloadable."""
+    """MKL's single dynamic library (``mkl_rt``) from the ``mkl`` wheel, or None when absent or unloadable
+    (why, in ``_mkl_failure``)."""
     from importlib.metadata import PackageNotFoundError, distribution
 
     try:
@@ -101,10 +112,77 @@ def mkl() -> Blas | None:
             lib = ctypes.CDLL(path)
             gemms = [lib.cblas_sgemm_64, lib.cblas_dgemm_64]
             get_threads, set_threads = lib.MKL_Get_Max_Threads, lib.MKL_Set_Num_Threads
-        except (OSError, AttributeError):
+            set_handler = lib.mkl_set_exit_handler
+        except (OSError, AttributeError) as err:
+            _mkl_failure.append(" ".join(str(err).split()))
             continue
-        return _library(f"MKL {dist.version}", gemms, get_threads, set_threads, None)
+        set_handler.restype, set_handler.argtypes = ctypes.c_int, [_FatalHandler]
+        blas = _library(f"MKL {dist.version}", gemms, get_threads, set_threads, None)
+        failure = _mkl_starts(blas, set_handler)
+        if failure is None:
+            return blas
+        _mkl_failure.append(failure)
     return None
+
+
+def _mkl_starts(blas: Blas, set_handler) -> str | None:
+    """Make MKL load everything it loads on first use (its threading layer, the kernels for this CPU) now, its
+    messages kept off stdout; None when it did and computes right, else what it said."""
+    a = np.arange(1.0, 5.0).reshape(2, 2)
+    expected = a @ a
+    with _stdout_captured() as said:
+        set_handler(_on_mkl_fatal)  # loads MKL's core library already
+        blas.get_threads()
+        results = []
+        for dtype, address in ((np.float32, blas.sgemm), (np.float64, blas.dgemm)):
+            x, out = a.astype(dtype), np.zeros((2, 2), dtype)
+            _gemm(address, dtype)(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, 2, 2, 2, 1.0, x.ctypes.data, 2, x.ctypes.data, 2,
+                                  0.0, out.ctypes.data, 2)
+            results.append(out)
+    if not _mkl_fatal_errors and all(np.array_equal(out, expected) for out in results):
+        return None
+    for line in said[0].splitlines():  # "INTEL oneMKL ERROR: /.../libmkl_def.so.3: failed to map segment ..."
+        if "ERROR:" in line:
+            words = line.split("ERROR:", 1)[1].split()
+            return " ".join(os.path.basename(w) if os.sep in w else w for w in words).rstrip(".")
+    return "it failed a first product"
+
+
+@contextlib.contextmanager
+def _stdout_captured():
+    """What C code writes to file descriptor 1 meanwhile, as ``[text]`` after the block (not on stdout)."""
+    import sys  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    said = [""]
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no stdout at all: nothing to keep clean
+        yield said
+        return
+    libc = ctypes.CDLL(None)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 1)
+        try:
+            yield said
+        finally:
+            libc.fflush(None)  # C's buffered stdout, into the sink before it is put back
+            os.dup2(saved, 1)
+            os.close(saved)
+        sink.seek(0)
+        said[0] = sink.read(4096).decode("utf-8", "replace")
+
+
+def check_mkl() -> None:
+    """Raise BackendUnavailableError when MKL has reported a fatal error since it was chosen: its calls then
+    return without computing, so a result computed meanwhile is wrong and must not be used."""
+    if _mkl_fatal_errors and on_mkl():
+        from ..errors import BackendUnavailableError  # noqa: PLC0415
+
+        raise BackendUnavailableError("MKL failed during the computation (it could not load a library it needs: a "
+                                      "memory limit?); nothing was written; LSTMGRAD_BLAS=openblas avoids it")
 
 
 def choice(warn: bool = True) -> str:
@@ -117,32 +195,38 @@ def choice(warn: bool = True) -> str:
     return value
 
 
+_FIND_LOCK = threading.Lock()  # the first products may come from several threads at once
+
+
 @functools.cache
 def find() -> Blas | None:
     """The library every host product goes through, chosen once per process (module docstring)."""
+    with _FIND_LOCK:
+        return _choose()
+
+
+def _choose() -> Blas | None:
     wanted = choice()
     if wanted != "openblas":
         found = mkl()
         if found is not None:
             return found
-        if wanted == "mkl":
+        if _mkl_failure:
+            warnings.warn(f"MKL does not load here ({_mkl_failure[-1]}); using numpy's OpenBLAS", stacklevel=3)
+        elif wanted == "mkl":
             warnings.warn(f"{BLAS_ENV}=mkl, but MKL is not installed or does not load "
                           "(pip install 'lstmgrad[mkl]'); using numpy's OpenBLAS", stacklevel=3)
     return numpy_openblas()
 
 
 def describe() -> str:
-    """The library ``find()`` gives, by name, without loading one (for versions and provenance)."""
-    if find.cache_info().currsize:  # already chosen in this process
-        blas = find()
-        return blas.name if blas is not None else "numpy.matmul"
-    if choice(warn=False) != "openblas" and mkl_version() is not None:  # find() warns, once
-        return f"MKL {mkl_version()}"
-    return "OpenBLAS (numpy's)"
+    """The library ``find()`` gives, by name (for versions and provenance: loaded to be sure, as MKL may not load)."""
+    blas = find()
+    return blas.name if blas is not None else "numpy.matmul"
 
 
 def on_mkl() -> bool:
-    """Whether the host products go through MKL (``describe()``: nothing is loaded to find out)."""
+    """Whether the host products go through MKL."""
     return describe().startswith("MKL")
 
 

@@ -309,6 +309,7 @@ class XpGradient:
         outs = BlockLSTMGradOutputs(
             x_grad, out(carried_cs), out(carried_h), out(wb_grad[:I + C]), *map(out, peep_grads), out(wb_grad[I + C]),
         )
+        _blas.check_mkl()  # a product MKL could not compute left its output as it was
         if return_dgates:
             return outs, dgates_all.astype(out_dtype)
         return outs
