@@ -21,6 +21,7 @@ import numpy as np
 from .errors import LstmGradError
 
 SPARK = "▁▂▃▄▅▆▇█"
+ASCII_SPARK = "_.-:=+*#"  # the same eight levels where the terminal cannot show blocks
 
 
 class StepRecorder:
@@ -157,8 +158,9 @@ def per_step_report(x_grad, recorder: StepRecorder, seq_len_max: int, impulse: l
             "summary": summary}
 
 
-def sparkline(values: list[float], width: int = 60) -> str:
-    """Values on a log scale as one line of block characters (buckets of steps when there are many)."""
+def sparkline(values: list[float], width: int = 60, levels: str = SPARK) -> str:
+    """Values on a log scale as one line of block characters, or of ``levels`` lowest to highest (buckets of steps
+    when there are many)."""
     if not values:
         return ""
     buckets = max(1, math.ceil(len(values) / width))
@@ -169,7 +171,7 @@ def sparkline(values: list[float], width: int = 60) -> str:
         return " " * len(points)
     lo, hi = min(present), max(present)
     span = hi - lo or 1.0
-    return "".join(" " if v is None else SPARK[min(len(SPARK) - 1, int((v - lo) / span * len(SPARK)))]
+    return "".join(" " if v is None else levels[min(len(levels) - 1, int((v - lo) / span * len(levels)))]
                    for v in logs)
 
 
@@ -186,8 +188,10 @@ def _pyplot():
 
 def check_plot_path(path) -> None:
     """Refuse, before any work, a figure path matplotlib could not write (format, directory)."""
-    plt = _pyplot()
     path = Path(path)
+    if path.is_dir():
+        raise LstmGradError(f"{path}: is a directory; name a figure file (.png, .pdf, .svg)")
+    plt = _pyplot()
     formats = plt.figure().canvas.get_supported_filetypes()
     plt.close("all")
     suffix = path.suffix.lower().lstrip(".")

@@ -134,7 +134,7 @@ def test_json_document_schema(runner, tmp_path):
                                   "--json"])
     assert result.exit_code == 0
     doc = json.loads(result.stdout)
-    assert doc["command"] == "seq" and doc["summary"] == {"done": 1, "failed": 0, "skipped": 0, "not_run": 0}
+    assert doc["command"] == "seq" and doc["summary"] == {"done": 1, "failed": 0, "skipped": 0, "lost": 0, "not_run": 0}
     res = doc["results"][0]
     for key in ("input", "output", "op", "status", "layout", "backend", "backend_version", "dtype",
                 "compute_dtype", "use_peephole", "seq_len_max", "dims", "defaults", "tensors", "seconds"):
@@ -177,8 +177,8 @@ def test_existing_output_needs_force_and_is_left_untouched(runner, tmp_path):
     out.write_bytes(b"precious")
     result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out)])
     assert result.exit_code == 1
-    assert result.stderr == (f"Error: {FIXTURES / 'seq_v2_peep.in.npz'}: its output {out} already exists; use "
-                             "--skip-existing to keep it or --force to overwrite it\n")
+    assert result.stderr == (f"Error: {FIXTURES / 'seq_v2_peep.in.npz'}: its output {out} already exists and is not "
+                             "a complete lstmgrad output; use --force to overwrite it\n")
     assert out.read_bytes() == b"precious"
     forced = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out), "--force"])
     assert forced.exit_code == 0
@@ -268,12 +268,12 @@ def test_several_inputs_with_out_dir_and_keep_going(runner, tmp_path):
     out_dir.mkdir()
     stopped = runner.invoke(main, ["seq", str(bad), *map(str, good), "--out-dir", str(out_dir), "--json"])
     assert stopped.exit_code == 1 and list(out_dir.iterdir()) == []
-    assert json.loads(stopped.stdout)["summary"] == {"done": 0, "failed": 1, "skipped": 0, "not_run": 2}
+    assert json.loads(stopped.stdout)["summary"] == {"done": 0, "failed": 1, "skipped": 0, "lost": 0, "not_run": 2}
     going = runner.invoke(main, ["seq", str(bad), *map(str, good), "--out-dir", str(out_dir), "--keep-going",
                                  "--json"])
     assert going.exit_code == 1
     doc = json.loads(going.stdout)
-    assert doc["summary"] == {"done": 2, "failed": 1, "skipped": 0, "not_run": 0}
+    assert doc["summary"] == {"done": 2, "failed": 1, "skipped": 0, "lost": 0, "not_run": 0}
     assert [r["status"] for r in doc["results"]] == ["failed", "ok", "ok"]
     assert "missing tensor i" in doc["results"][0]["error"]
     for name in ("seq_v2_peep", "seq_v2_nopeep"):

@@ -13,6 +13,7 @@ import warnings
 import click
 
 from .. import __version__
+from ._common import one_line, tolerate_unencodable_output
 
 # command name -> "module:attribute", in the order `lstmgrad --help` lists them
 COMMANDS = {
@@ -55,8 +56,9 @@ def main() -> None:
     lstmgrad backends                   compute backends and whether they are usable
     """
     warnings.showwarning = _warning_on_one_line
+    tolerate_unencodable_output()
 
 
 def _warning_on_one_line(message, category, filename, lineno, file=None, line=None) -> None:
     """Library warnings (a broken backend plugin, an unknown LSTMGRAD_BLAS) as ``Warning: ...`` lines."""
-    click.echo(f"Warning: {message}", err=True)
+    click.echo(f"Warning: {one_line(message)}", err=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -13,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
-from ..errors import LstmGradError, UnknownBackendError
+from ..errors import InvalidOptionError, LstmGradError
 from ..summary import json_safe
 
 # Width of tables written to a pipe or file (a terminal gives its own): wide enough that no tensor name
@@ -21,11 +22,21 @@ from ..summary import json_safe
 PIPE_WIDTH = 200
 
 
+class _Console(Console):
+    """A rich console whose closed stdout (``| head``) is a BrokenPipeError for lstmgrad to handle (rich's own
+    handling exits the process at once, mid-batch, without a word)."""
+
+    def on_broken_pipe(self) -> None:
+        silence_closed_stdout()
+        self.quiet = True  # nothing more can be shown
+        raise BrokenPipeError(errno.EPIPE, "stdout was closed")
+
+
 def stdout_console() -> Console:
     # Made per invocation (not at import) so NO_COLOR and redirection are honoured each run.
-    console = Console(soft_wrap=False)
+    console = _Console(soft_wrap=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(soft_wrap=False, width=PIPE_WIDTH)
+        console = _Console(soft_wrap=False, width=PIPE_WIDTH)
     return console
 
 
@@ -54,6 +65,25 @@ def plain(text: object) -> Text:
     return Text(printable(text))
 
 
+def unicode_console(console: Console) -> bool:
+    """Whether the console's encoding shows any character (UTF-8); else decoration falls back to ASCII."""
+    return console.encoding.lower().replace("-", "").replace("_", "").startswith("utf")
+
+
+def separator(console: Console) -> str:
+    """What stands between the parts of a summary line: a middle dot, or a bar where the encoding lacks it."""
+    return " \u00b7 " if unicode_console(console) else " | "
+
+
+def tolerate_unencodable_output() -> None:
+    """Characters the terminal's encoding cannot show (a name in an ASCII or latin-1 terminal) are printed
+    escaped, never an error: printing after an output was written must not turn the run into a failure."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) in ("strict", "surrogateescape") and hasattr(stream, "reconfigure"):
+            with contextlib.suppress(Exception):  # a stream that cannot change: leave it
+                stream.reconfigure(errors="backslashreplace")
+
+
 def say(console: Console, text: object, style: str | None = None) -> None:
     """Print one line of plain text: no markup parsing, no highlighting, not wrapped (logs stay greppable)."""
     console.print(printable(text), markup=False, highlight=False, soft_wrap=True, style=style)
@@ -73,19 +103,34 @@ def one_line(message: str) -> str:
     return printable(" ".join(str(message).split())) or "unknown error"
 
 
+def silence_closed_stdout() -> None:
+    """After a BrokenPipeError (the reader of a pipe, ``| head``, has exited): send what is still to be printed to
+    os.devnull, so flushing it later, at exit too, raises nothing more."""
+    with contextlib.suppress(Exception):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def handle_errors(func):
-    """Library errors -> ``Error: ...`` on stderr and exit 1; an unknown backend is a usage error (2)."""
+    """Library errors -> ``Error: ...`` on stderr and exit 1; a malformed option (an unknown backend) is a usage
+    error (2)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
-        except UnknownBackendError as err:
+        except InvalidOptionError as err:
             raise click.UsageError(one_line(err)) from None
         except LstmGradError as err:
             raise click.ClickException(one_line(err)) from None
         except MemoryError:
             raise click.ClickException("out of memory") from None
+        except BrokenPipeError:  # stdout's reader exited: nothing more can reach it; say so where it can be seen
+            silence_closed_stdout()
+            raise click.ClickException("stdout was closed before everything was printed") from None
+        except ImportError as err:  # a library that cannot load now ("failed to map segment": a memory limit)
+            raise click.ClickException(one_line(f"cannot load {err.name or 'a library'}: {err}")) from None
         except OSError as err:  # an unexpected I/O failure is still one line, not a traceback
             raise click.ClickException(one_line(f"{err.filename or ''}: {err.strerror or err}")) from None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from ._common import handle_errors, print_json, print_table, say, stderr_console, stdout_console
+from ._common import handle_errors, one_line, print_json, print_table, say, stderr_console, stdout_console
 
 
 def _shape(ctx, param, values):
@@ -15,7 +15,7 @@ def _shape(ctx, param, values):
     try:
         return tuple(parse_shape(v) for v in values)
     except InvalidArgumentError as err:
-        raise click.BadParameter(str(err)) from None
+        raise click.BadParameter(one_line(err)) from None
 
 
 @click.command("bench")
@@ -66,7 +66,7 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
         click.echo(f"{machine}; {dtype}, {'peephole' if peephole else 'no peephole'}, median of {repeats} rounds\n")
         click.echo(bench.markdown_table(report))
         for note in report.notes:
-            click.echo(f"Warning: not compared: {note}", err=True)
+            click.echo(f"Warning: not compared: {one_line(note)}", err=True)
         return
     table = Table()
     for col, justify in (("T,B,I,C", "left"), ("engine", "left"), ("version", "left"), ("median", "right"),

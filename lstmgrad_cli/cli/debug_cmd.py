@@ -31,6 +31,7 @@ from ._common import (
     print_table,
     progress_bar,
     say,
+    separator,
     stdout_console,
 )
 from .grad_cmd import SOURCE_WORDS
@@ -54,14 +55,14 @@ def _check_grads(ctx, param, value):
     try:
         parse_grads(value)
     except InvalidArgumentError as err:
-        raise click.BadParameter(str(err).removeprefix("--grads "), ctx=ctx, param=param) from None
+        raise click.BadParameter(one_line(str(err).removeprefix("--grads ")), ctx=ctx, param=param) from None
     return value
 
 
 def _forward_options(func):
     options = [
         click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path)),
-        click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+        click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
                      help="Output file (.npz, .h5, .hdf5)."),
         click.option("--forget-bias", type=float,
                      help="Added to the forget gate (default: the op's, 1.0; BlockLSTMV2 has none)."),
@@ -140,7 +141,7 @@ def _render_forward(result: ForwardResult) -> None:
                           ("max |value|", "right"), ("finite", "center")):
         table.add_column(name, justify=justify)
     for t in result.tensors:
-        table.add_row(t.name, _shape(t.shape), t.dtype, _fmt(t.l2_norm), _fmt(t.max_abs),
+        table.add_row(plain(t.name), _shape(t.shape), t.dtype, _fmt(t.l2_norm), _fmt(t.max_abs),
                       "yes" if t.finite else f"[bold red]no ({t.nonfinite})[/]")
     print_table(console, table, f"{result.input} -> {result.output}")
     parts = [f"{result.op} (layout {result.layout})", f"{result.dtype} (computed in {result.compute_dtype})",
@@ -149,7 +150,7 @@ def _render_forward(result: ForwardResult) -> None:
     if result.seq_len_max is not None:
         parts.append(f"seq_len_max={result.seq_len_max} ({result.sources.get('seq_len_max')})")
     parts.append(f"grads={result.grads}")
-    say(console, " · ".join(parts))
+    say(console, separator(console).join(parts))
     for note in result.defaults:
         say(console, f"default used: {note}", style="dim")
     say(console, f"next: {result.next_command}")
@@ -316,12 +317,12 @@ def _render_check(report: CheckReport) -> None:
             table.add_column(name, justify=justify, no_wrap=True)
         for c in report.comparisons:
             result = "[green]pass[/]" if c.passed else "[bold red]FAIL[/]"
-            table.add_row(c.name, _shape(c.shape), _fmt3(c.max_abs_error), _fmt3(c.max_rel_error),
+            table.add_row(plain(c.name), _shape(c.shape), _fmt3(c.max_abs_error), _fmt3(c.max_rel_error),
                           _fmt3(c.ulps), _fmt3(c.tolerance), result)
         print_table(console, table, where)
     else:
         say(console, where)
-    say(console, " · ".join(head) + f" · rtol={report.rtol:g} atol={report.atol:g}")
+    say(console, separator(console).join([*head, f"rtol={report.rtol:g} atol={report.atol:g}"]))
     for note in report.notes:
         say(console, f"note: {note}")
     for warning in report.warnings:
@@ -533,16 +534,16 @@ def _render_inspect(report: InspectReport) -> None:
                 "forward-cell": "forward input (one cell step)", "gradients": "gradients",
                 "keras": "a Keras LSTM layer's tensors", "torch": "a PyTorch nn.LSTM layer's tensors",
                 "keras-weights": "a Keras weights file", "torch-weights": "a PyTorch state_dict"}[report.kind]
-        line = f"fits: {report.op or fits}" if report.op else f"fits: {fits}"
+        parts = [f"fits: {report.op or fits}"]
         if report.layout:
-            line += f" · layout {report.layout} ({report.layout_source})"
+            parts.append(f"layout {report.layout} ({report.layout_source})")
         if report.dims:
-            line += " · " + ", ".join(f"{k}={v}" for k, v in report.dims.items())
+            parts.append(", ".join(f"{k}={v}" for k, v in report.dims.items()))
         if report.use_peephole is not None and report.kind != "gradients":
-            line += f" · use_peephole={str(report.use_peephole).lower()} ({report.use_peephole_source})"
+            parts.append(f"use_peephole={str(report.use_peephole).lower()} ({report.use_peephole_source})")
         if report.seq_len_max is not None:
-            line += f" · seq_len_max={report.seq_len_max}"
-        say(console, line)
+            parts.append(f"seq_len_max={report.seq_len_max}")
+        say(console, separator(console).join(parts))
     if report.metadata:
         say(console, "lstmgrad metadata: " + ", ".join(f"{k}={v}" for k, v in report.metadata.items()), style="dim")
     if report.missing:

@@ -15,10 +15,11 @@ from rich.table import Table
 from .. import __version__, io
 from ..backends import get_backend, resolve_name
 from ..batch import DumpSelection, plan_tasks, run_batch
-from ..errors import LstmGradError, UnknownBackendError
+from ..dask_executor import check_options as check_dask_options
+from ..errors import InvalidOptionError, LstmGradError
 from ..frameworks import FrameworkOptions
 from ..jobs import GradOptions, GradResult, nonfinite_note
-from ..perstep import check_plot_path, save_plot, sparkline
+from ..perstep import ASCII_SPARK, SPARK, check_plot_path, save_plot, sparkline
 from ._common import (
     handle_errors,
     is_terminal,
@@ -28,7 +29,10 @@ from ._common import (
     print_table,
     progress_bar,
     say,
+    separator,
+    silence_closed_stdout,
     stdout_console,
+    unicode_console,
 )
 
 INPUT_SUFFIXES = (".h5", ".hdf5", ".npz")
@@ -41,7 +45,7 @@ SOURCE_WORDS = {"activations": "found from the activations", "flag": "as asked",
 def _shared_options(func):
     options = [
         click.argument("inputs", nargs=-1, required=True, metavar="INPUT..."),
-        click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+        click.option("-o", "--output", type=click.Path(path_type=Path),
                      help="Output file (.npz, .h5, .hdf5); only with a single INPUT. "
                           "Default: <input stem>.grads.<input format> beside the input."),
         click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -111,7 +115,7 @@ def _shared_options(func):
                                               "weights with _reverse; runs backwards in time).")
 @click.option("--per-step", is_flag=True,
               help="Add the gradient norms of every time step, a chart and the fastest growth/decay in words.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--plot", type=click.Path(path_type=Path),
               help="Save the per-step norms as a figure (PNG, PDF, SVG; needs lstmgrad[plot]); implies --per-step.")
 @handle_errors
 def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_len_max, chunk_steps, per_step, plot,
@@ -199,7 +203,9 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
         raise click.UsageError("no input files found")
     try:
         get_backend(resolve_name(options.backend))  # an unknown or missing backend fails once, up front
-    except UnknownBackendError as err:
+        if dask_address:
+            check_dask_options(dask_address)  # a malformed address or timeout, before connecting
+    except InvalidOptionError as err:
         raise click.UsageError(one_line(err)) from None
     except LstmGradError as err:
         raise click.ClickException(one_line(err)) from None
@@ -221,21 +227,28 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
         raise click.UsageError("--op and --execution choose executions of TensorFlow debug dumps; no INPUT is one")
     show_progress = len(tasks) > 1 and not (quiet or as_json) and is_terminal(sys.stderr)
 
+    stdout_closed: list[bool] = []  # stdout's reader exited (| head): the batch stops, as the pipe's writer would
     with progress_bar(show_progress, len(tasks)) as advance:
         def on_result(task, result: GradResult) -> None:
             source = f"{result.input} [{result.member}]" if result.member else result.input
             for warning in result.warnings:
                 click.echo(f"Warning: {one_line(f'{source}: {warning}')}", err=True)
             if result.status == "failed":
-                click.echo(f"Error: {result.error}", err=True)
-            elif result.status == "ok" and not (as_json or quiet):
-                render(console, result)
+                click.echo(f"Error: {one_line(result.error)}", err=True)
+            try:
+                if result.status == "ok" and not (as_json or quiet):
+                    render(console, result)
+                elif result.status == "skipped" and result.notes and not (as_json or quiet):  # found complete
+                    say(console, f"{source} -> {result.output}: {result.notes[0]}")
+            except BrokenPipeError:
+                silence_closed_stdout()
+                stdout_closed.append(True)
             if result.status == "ok" and plot is not None and result.per_step is not None:
                 try:
                     save_plot(result.per_step, plot, f"{result.op}: {Path(result.input).name}")
                 except LstmGradError as err:
                     result.status, result.error = "failed", one_line(err)
-                    click.echo(f"Error: {result.error}", err=True)
+                    click.echo(f"Error: {one_line(result.error)}", err=True)
                 else:
                     if not (as_json or quiet):
                         say(console, f"per-step plot: {plot}")
@@ -245,7 +258,7 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
             try:
                 results = run_batch(tasks, options, workers=workers, dask_address=dask_address,
                                     keep_going=keep_going, skip_existing=skip_existing, on_result=on_result,
-                                    stop=lambda: bool(received))
+                                    stop=lambda: bool(received or stdout_closed))
             except LstmGradError as err:
                 raise click.ClickException(one_line(err)) from None
             except KeyboardInterrupt:
@@ -255,22 +268,41 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
             raise SystemExit(128 + received[0])
 
     ran = [r for r in results if r is not None]
-    counts = {status: sum(r.status == status for r in ran) for status in ("ok", "failed", "skipped")}
+    counts = {status: sum(r.status == status for r in ran) for status in ("ok", "failed", "skipped", "lost")}
     not_run = len(results) - len(ran)
+    if stdout_closed:
+        done = counts["ok"] + counts["skipped"]
+        click.echo(f"Error: stdout was closed (its reader exited), so the batch stopped: {done} of {len(tasks)} files "
+                   f"done, {not_run} not run, every output written is complete; rerun with --skip-existing to finish",
+                   err=True)
+        raise SystemExit(1)
     if as_json:
         print_json({
             "lstmgrad": __version__, "command": command, "results": [r.to_json() for r in ran],
             "summary": {"done": counts["ok"], "failed": counts["failed"], "skipped": counts["skipped"],
-                        "not_run": not_run},
+                        "lost": counts["lost"], "not_run": not_run},
         })
     elif len(tasks) > 1 and not quiet:
+        columns = {"files": len(tasks), "done": counts["ok"], "failed": counts["failed"], "skipped": counts["skipped"],
+                   "lost": counts["lost"], "not run": not_run}
+        if not counts["lost"]:  # only a lost Dask scheduler loses files
+            del columns["lost"]
         table = Table()
-        for col in ("files", "done", "failed", "skipped", "not run"):
+        for col in columns:
             table.add_column(col, justify="right")
-        table.add_row(str(len(tasks)), str(counts["ok"]), str(counts["failed"]), str(counts["skipped"]), str(not_run))
+        table.add_row(*map(str, columns.values()))
         print_table(console, table, "batch")
-    if counts["failed"]:
+    if counts["lost"]:
+        click.echo(f"Error: {one_line(_lost_message(dask_address, counts, not_run))}", err=True)
+    if counts["failed"] or counts["lost"]:
         raise SystemExit(1)
+
+
+def _lost_message(dask_address: str | None, counts: dict, not_run: int) -> str:
+    return (f"the Dask cluster at {dask_address} went away before every result came back (the scheduler or a "
+            f"connection to it was lost): {counts['ok'] + counts['skipped']} files done, {counts['failed']} failed, "
+            f"{counts['lost']} lost (their workers may still write them), {not_run} not run; rerun with "
+            "--skip-existing to finish")
 
 
 @contextlib.contextmanager
@@ -308,8 +340,8 @@ def render(console, result: GradResult) -> None:
     source = f"{result.input} [{result.member}]" if result.member else result.input
     for t in result.tensors:
         finite = "yes" if t.finite else f"[bold red]no ({t.nonfinite})[/]"
-        table.add_row(t.name, "[" + ", ".join(map(str, t.shape)) + "]", t.dtype, _fmt(t.l2_norm), _fmt(t.max_abs),
-                      finite)
+        table.add_row(plain(t.name), "[" + ", ".join(map(str, t.shape)) + "]", t.dtype, _fmt(t.l2_norm),
+                      _fmt(t.max_abs), finite)
     dims = result.dims or {}
     shape = ", ".join(f"{k}={v}" for k, v in dims.items() if not (k == "T" and result.seq_len_max is None))
     layout = f"layout {result.layout}"
@@ -325,8 +357,8 @@ def render(console, result: GradResult) -> None:
         what[0] = f"{FRAMEWORK_WORDS[result.framework]}, computed as {result.op} of the recomputed BlockLSTMV2"
         how = [shape]
     print_table(console, table, f"{source} -> {result.output}")
-    say(console, " · ".join(what))
-    say(console, " · ".join(how))
+    say(console, separator(console).join(what))
+    say(console, separator(console).join(how))
     if nonfinite_note(result):
         say(console, f"warning: {nonfinite_note(result)}", style="bold red")
     for note in result.notes:
@@ -347,7 +379,8 @@ def render_per_step(console, report: dict) -> None:
         table.add_column(col, justify=justify, no_wrap=True)
     for key, values in report["norms"].items():
         finite = [v for v in values if math.isfinite(v)]
-        table.add_row(plain(names[key]), sparkline(values, width), _fmt(min(finite) if finite else None),
+        table.add_row(plain(names[key]), sparkline(values, width, SPARK if unicode_console(console) else ASCII_SPARK),
+                      _fmt(min(finite) if finite else None),
                       _fmt(max(finite) if finite else None))
     print_table(console, table, f"gradients through time ({report['steps']} steps, log scale, step 0 on the left)")
     for line in report["summary"]:

@@ -165,7 +165,7 @@ def open_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable
 
 def read_metadata(path: str | os.PathLike) -> dict:
     """The provenance an lstmgrad output carries (the ``__lstmgrad__`` JSON of an NPZ entry, an HDF5 root attribute
-    or safetensors metadata; HDF5 outputs of lstmgrad before 0.2 kept it as separate root attributes); {} if none."""
+    or safetensors metadata; older HDF5 outputs kept it as separate root attributes); {} if none."""
     path = Path(path)
     if sniff_format(path) != "hdf5":
         loaded = read_inputs(path, [], [METADATA_KEY])

@@ -43,6 +43,9 @@ def default_output_path(input_path: Path, fmt: str) -> Path:
 
 def check_output(path: Path, force: bool, inputs: Iterable[Path] = ()) -> str:
     """Refuse, before any work, an output that could not or must not be written; returns its format."""
+    with contextlib.suppress(OSError):
+        if path.is_dir():
+            raise OutputFileError(f"{path}: is a directory; name an output file (.npz, .h5, .hdf5, .safetensors)")
     fmt = output_format(path)
     try:
         for source in inputs:
@@ -51,8 +54,6 @@ def check_output(path: Path, force: bool, inputs: Iterable[Path] = ()) -> str:
         parent = path.parent if str(path.parent) else Path(".")
         if not parent.is_dir():
             raise OutputFileError(f"{path}: output directory {parent} does not exist")
-        if path.is_dir():
-            raise OutputFileError(f"{path}: is a directory")
         if path.exists() and not force:
             raise OutputExistsError(f"{path}: already exists; use --force to overwrite")
     except OSError as err:  # e.g. a name longer than the file system allows
@@ -136,9 +137,9 @@ def _atomic_file(path: Path, force: bool) -> Iterator[Path]:
             tmp.unlink()
         if isinstance(err, RuntimeError) and _errno_in(err) is not None:  # h5py's way of saying EFBIG/ENOSPC
             err = OSError(_errno_in(err), str(err))
-        if isinstance(err, OSError):
+        if isinstance(err, OSError) and (err.errno is not None or _errno_in(err) is not None):
             raise OutputFileError(f"{path}: cannot write: {os_reason(err)}; nothing was written") from None
-        raise
+        raise  # not the file system's (a library that failed to load while computing): as it is
     _fsync_dir(parent)
 
 
