@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__, io, provenance, validation
-from .backends import get_backend, resolve_name
+from .backends import _blas, get_backend, resolve_name
 from .errors import InvalidArgumentError, OutputExistsError
 from .frameworks import FrameworkOptions
 from .ops import block_lstm_grad_checked, lstm_block_cell_grad_full
@@ -174,6 +174,11 @@ def _compute(problem, backend, cdt, options: GradOptions, result: GradResult, x_
 
     Raises before anything is published when ``--strict`` finds NaN/Inf.
     """
+    with _blas.threads_for_pass(problem.seq_len_max if problem.kind == "seq" else 1, *problem.dims[1:]):
+        return _gradients(problem, backend, cdt, options, result, x_grad_out)
+
+
+def _gradients(problem, backend, cdt, options: GradOptions, result: GradResult, x_grad_out) -> dict:
     arrays = problem.arrays
     recorder = StepRecorder(problem.seq_len_max) if options.per_step and options.kind == "seq" else None
     if problem.kind == "seq":

@@ -89,6 +89,47 @@ def test_single_threaded_sets_both_libraries_and_puts_them_back(choose):
             blas.set_threads(count)
 
 
+def test_a_small_pass_and_its_summaries_run_blas_on_one_thread(choose, monkeypatch, tmp_path):
+    """Below SMALL_PASS_FLOPS the pass and the work around it run BLAS single-threaded (idle threads would spin
+    against the next file); a larger pass keeps the library's count; the count is back afterwards."""
+    from conftest import consistent_inputs, write_npz
+
+    from lstmgrad_cli import jobs, summary
+    from lstmgrad_cli.backends import get_backend
+    from lstmgrad_cli.backends._xp import SeqTensors
+    from lstmgrad_cli.jobs import GradOptions
+
+    blas = choose("openblas")
+    if blas is None:
+        pytest.skip("no BLAS found through ctypes")
+    seen = []
+    monkeypatch.setattr(jobs, "summarise", lambda name, value: seen.append(("summary", blas.get_threads())) or
+                        summary.summarise(name, value))
+    before = blas.get_threads()
+    blas.set_threads(2)
+    try:
+        def threads_in_pass(T, B, I, C):  # noqa: E741
+            arrays = consistent_inputs(T, B, I, C, seed=1)
+            counts = []
+            tensors = SeqTensors(**{name: arrays[name] for name in SeqTensors._fields})
+            get_backend("numpy").block_lstm_grad(tensors, seq_len_max=T, use_peephole=False, layout="ifco",
+                                                 compute_dtype=np.float32,
+                                                 observe=lambda *_: counts.append(blas.get_threads()))
+            return set(counts)
+
+        assert threads_in_pass(5, 3, 4, 4) == {1}
+        assert 16 * 8 * 64 * 256 * (256 + 256) >= _blas.SMALL_PASS_FLOPS
+        assert threads_in_pass(8, 64, 256, 256) == {2}
+        assert blas.get_threads() == 2
+
+        path = write_npz(tmp_path / "small.npz", consistent_inputs(5, 3, 4, 4, seed=2))
+        jobs.run_grad_file(path, tmp_path / "small.grads.npz", GradOptions("seq"))
+        assert seen and {count for _, count in seen} == {1}
+        assert blas.get_threads() == 2
+    finally:
+        blas.set_threads(before)
+
+
 @needs_mkl
 def test_matmul_goes_through_the_chosen_library(choose, monkeypatch):
     choose("mkl")

@@ -315,6 +315,19 @@ def single_threaded():
             blas.set_threads(count)
 
 
+SMALL_PASS_FLOPS = 2 * 10**8  # a backward pass below this takes a few ms: its products gain nothing from threads
+
+
+def threads_for_pass(T: int, B: int, I: int, C: int):  # noqa: E741
+    """``single_threaded()`` for a backward pass of this shape below ``SMALL_PASS_FLOPS`` and the work around it
+    (checks, summaries), else nothing: the products of a small pass are too small to gain from threads, while
+    the threads they wake go on spinning for ~0.1-0.2 s after each call, against the caller's next work (the
+    next file of a batch, the next call of a loop) on the same cores."""
+    if 16 * T * B * C * (I + C) < SMALL_PASS_FLOPS:
+        return single_threaded()
+    return contextlib.nullcontext()
+
+
 def stop_spinning_workers():
     """End numpy's OpenBLAS's idle worker threads, which spin for ~0.1 s after each threaded call.
 

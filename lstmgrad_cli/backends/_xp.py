@@ -29,6 +29,7 @@ Structure (docs/semantics.md, reorganised for speed, same maths):
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import numpy as np
@@ -296,10 +297,11 @@ class XpGradient:
         if overlap:
             self._run_overlapped(chunks, slots, steps, x_product, wb_product)
         else:
-            for j, (lo, hi) in enumerate(chunks):
-                steps(j, lo, hi)
-                x_product(j, lo, hi)
-                wb_product(j, lo, hi)
+            with self._threads_for(L, B, I, C):
+                for j, (lo, hi) in enumerate(chunks):
+                    steps(j, lo, hi)
+                    x_product(j, lo, hi)
+                    wb_product(j, lo, hi)
 
         peep_grads = [a.sum(axis=0) for a in acc] if use_peephole else [xp.zeros(C, dtype=cdt) for _ in range(3)]
 
@@ -345,6 +347,11 @@ class XpGradient:
         thread (~0.5 ms; ``overlap=True`` skips this)."""
         big_enough = self.overlap is True or 16 * L * B * C * (I + C) >= OVERLAP_MIN_FLOPS
         return self.xp is np and L >= 2 and big_enough
+
+    def _threads_for(self, L, B, I, C):  # noqa: E741
+        """BLAS threads for a host pass run in sequence: one for a small pass, the library's own count otherwise
+        (``_blas.threads_for_pass``)."""
+        return _blas.threads_for_pass(L, B, I, C) if self.xp is np else contextlib.nullcontext()
 
     def _overlap_now(self) -> bool:
         """Run those chunks' products beside the loop (``_run_overlapped``): with two cores, unless set."""
