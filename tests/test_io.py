@@ -61,6 +61,56 @@ def test_compressed_npz_members(tmp_path, compression):
     np.testing.assert_array_equal(loaded.tensors["x"], inputs["x"])
 
 
+def _npy_with_header(array: np.ndarray, header: str) -> bytes:
+    """``.npy`` v1.0 bytes of ``array`` under a header text of our own (padded as numpy pads it)."""
+    text = header + " " * ((-(len(header) + 11)) % 64) + "\n"
+    data = array.tobytes(order="F" if "'fortran_order': True" in header else "C")
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text.encode("latin1") + data
+
+
+@pytest.mark.parametrize("header, array", [
+    # as numpy writes them: parsed by the pattern
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 2, 4), }", np.arange(24, dtype="<f4").reshape(3, 2, 4)),
+    ("{'descr': '>f8', 'fortran_order': False, 'shape': (5,), }", np.arange(5, dtype=">f8")),
+    ("{'descr': '<f8', 'fortran_order': False, 'shape': (), }", np.array(2.5)),
+    ("{'descr': '<f4', 'fortran_order': True, 'shape': (3, 4), }", np.asfortranarray(np.arange(12.0, dtype="<f4")
+                                                                                     .reshape(3, 4))),
+    ("{'descr': '<i8', 'fortran_order': False, 'shape': (0, 3), }", np.zeros((0, 3), "<i8")),
+    # anything else: numpy's own parser
+    ("{'shape': (3, 2), 'fortran_order': False, 'descr': '<f4'}", np.arange(6, dtype="<f4").reshape(3, 2)),
+    ("{'descr':'<f4','fortran_order':False,'shape':(6,)}", np.arange(6, dtype="<f4")),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 3L), }", np.arange(6, dtype="<f4").reshape(2, 3)),
+    ("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2,), }", np.zeros(2, [("a", "<f4")])),
+])
+@pytest.mark.filterwarnings("ignore:Reading `.npy`")
+def test_npy_headers_read_as_numpy_reads_them(tmp_path, header, array):
+    """The pattern that parses numpy's own headers and numpy's parser for the rest give what np.load gives."""
+    path = tmp_path / "in.npz"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("x.npy", _npy_with_header(array, header))
+    with np.load(path) as reference:
+        expected = reference["x"]
+    got = io.read_inputs(path, ["x"]).tensors["x"]
+    assert got.dtype == expected.dtype.newbyteorder("=") and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+    assert got.flags.writeable
+
+
+def test_npy_members_larger_than_one_read_stream_in_chunks(tmp_path, monkeypatch):
+    """Members above WHOLE_READ are read in bounded chunks; below it in one call; both read the same."""
+    from lstmgrad_cli.io import npy
+
+    array = np.random.default_rng(0).standard_normal((40, 30, 20)).astype(np.float32)
+    path = tmp_path / "in.npz"
+    np.savez(path, x=array)
+    whole = io.read_inputs(path, ["x"]).tensors["x"]
+    monkeypatch.setattr(npy, "WHOLE_READ", 1000)
+    monkeypatch.setattr(npy, "READ_CHUNK", 4096)
+    streamed = io.read_inputs(path, ["x"]).tensors["x"]
+    np.testing.assert_array_equal(whole, array)
+    np.testing.assert_array_equal(streamed, array)
+
+
 def test_big_endian_and_fortran_order_are_read_natively(tmp_path, runner):
     inputs, expected, _ = load_case("seq_v2_peep")
     odd = {k: (np.asfortranarray(v.astype(v.dtype.newbyteorder(">"))) if v.dtype.kind == "f" else v)

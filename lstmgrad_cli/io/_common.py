@@ -7,6 +7,7 @@ do, and all of them refuse a tensor through ``Budget`` before allocating it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import re
@@ -88,8 +89,9 @@ def max_tensor_bytes() -> int:
     return memory_bytes() // 2
 
 
+@functools.cache
 def memory_bytes() -> int:
-    """Physical memory, or the cgroup's memory limit when that is smaller (containers)."""
+    """Physical memory, or the cgroup's memory limit when that is smaller (containers); read once a process."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
