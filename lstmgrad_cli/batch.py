@@ -175,6 +175,16 @@ def _start_all_workers(pool: cf.ProcessPoolExecutor) -> None:
         launch()
 
 
+_worker_syncs = []  # a local worker process's deferred directory syncs (its parent does them: run_batch)
+
+
+def _worker_started() -> None:
+    """In each local worker process: leave fsyncing output directories to the parent, once per directory."""
+    deferred = io.directories_synced_at_end()
+    deferred.__enter__()  # never left: the parent syncs the directories of the outputs the workers report
+    _worker_syncs.append(deferred)
+
+
 def _blas_limits(threads: int | None):
     if not threads:
         return contextlib.nullcontext()
@@ -201,8 +211,10 @@ def _thread_env(threads: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def make_executor(workers: int = 1, dask_address: str | None = None) -> Iterator[tuple[cf.Executor | None, int | None]]:
-    """(executor, BLAS threads per task) for the chosen way of running; no executor for a serial run."""
+def make_executor(workers: int = 1, dask_address: str | None = None,
+                  initializer: Callable[[], None] | None = None) -> Iterator[tuple[cf.Executor | None, int | None]]:
+    """(executor, BLAS threads per task) for the chosen way of running; no executor for a serial run.
+    ``initializer`` runs first in each local worker process."""
     if dask_address:
         with dask_executor(dask_address) as executor:
             # A Dask worker runs one task per thread at once: one BLAS thread per task keeps it at its cores.
@@ -213,7 +225,8 @@ def make_executor(workers: int = 1, dask_address: str | None = None) -> Iterator
 
         threads = max(1, (os.cpu_count() or 1) // workers)
         with _thread_env(threads):
-            pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+            pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                          initializer=initializer)
             with pool:
                 _start_all_workers(pool)
                 yield pool, threads
@@ -252,8 +265,20 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
         pending.append(index)
     if not pending:
         return results
+    if dask_address:  # workers elsewhere: each makes its outputs durable itself
+        return _run_pending(tasks, pending, options, results, finish, workers, dask_address, keep_going, stop)
+    # This process and its local workers write into a few directories: each is fsynced once, at the end.
+    with io.directories_synced_at_end() as directories:
+        try:
+            return _run_pending(tasks, pending, options, results, finish, workers, dask_address, keep_going, stop)
+        finally:
+            directories.update(Path(r.output).parent for r in results if r is not None and r.status == "ok")
+
+
+def _run_pending(tasks, pending, options, results, finish, workers, dask_address, keep_going, stop):
+    """run_batch's tasks ``pending`` (their indexes), serially or through an executor."""
     # No more worker processes than files: all of them start before the first task (_start_all_workers).
-    with make_executor(min(workers, len(pending)), dask_address) as (executor, threads):
+    with make_executor(min(workers, len(pending)), dask_address, _worker_started) as (executor, threads):
         if executor is None:
             for index in pending:
                 if stop():

@@ -273,7 +273,7 @@ def test_a_task_that_cannot_be_handed_out_is_that_files_failure(tmp_path, monkey
             return super().submit(fn, *args, **kwargs)
 
     @contextlib.contextmanager
-    def executor(workers=1, dask_address=None):
+    def executor(workers=1, dask_address=None, initializer=None):
         with BreaksOnSecond(2) as pool:
             yield pool, 1
 
@@ -303,8 +303,8 @@ def test_no_more_worker_processes_than_files(tmp_path, monkeypatch):
     tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:2], None, tmp_path)
     asked = []
     real = batch.make_executor
-    monkeypatch.setattr(batch, "make_executor", lambda workers=1, dask_address=None: asked.append(workers) or real(
-        workers, dask_address))
+    monkeypatch.setattr(batch, "make_executor", lambda workers=1, dask_address=None, initializer=None: asked.append(
+        workers) or real(workers, dask_address, initializer))
     results = batch.run_batch(tasks, GradOptions("seq"), workers=4)
     assert asked == [2] and [r.status for r in results] == ["ok", "ok"]
 
@@ -363,3 +363,33 @@ def test_out_dir_is_made_when_missing_and_unmakeable_is_one_line(runner, tmp_pat
     result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "--out-dir", str(blocker / "sub")])
     assert result.exit_code == 1 and result.stderr.count("\n") == 1
     assert "cannot create the output directory" in result.stderr
+
+
+def test_a_batch_syncs_each_output_directory_once_and_every_file_before_it_appears(tmp_path, monkeypatch):
+    """Each output's data is fsynced before its rename; the directory entries once per directory, at the end."""
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.io import output
+    from lstmgrad_cli.jobs import GradOptions
+
+    events = []
+    real_fsync, real_publish = os.fsync, output._publish
+    monkeypatch.setattr(output.os, "fsync", lambda fd: events.append(("fsync", os.path.realpath(
+        f"/proc/self/fd/{fd}"))) or real_fsync(fd))
+    monkeypatch.setattr(output, "_publish", lambda tmp, path, force: events.append(("publish", str(tmp))) or
+                        real_publish(tmp, path, force))
+    out = tmp_path / "out"
+    out.mkdir()
+    tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:3], None, out)
+    results = batch.run_batch(tasks, GradOptions("seq"))
+    assert [r.status for r in results] == ["ok"] * 3
+    published = [name for kind, name in events if kind == "publish"]
+    assert len(published) == 3
+    for name in published:  # the file's own fsync comes before its rename
+        assert events.index(("fsync", name)) < events.index(("publish", name))
+    directory_syncs = [name for kind, name in events if kind == "fsync" and name not in published]
+    assert directory_syncs == [str(out.resolve())]
+    assert events[-1] == ("fsync", str(out.resolve()))  # after the last file
+
+    events.clear()  # one write outside a batch syncs its directory at once
+    output.write_outputs(tmp_path / "one.npz", {"x": np.zeros(2)}, {})
+    assert events[-1] == ("fsync", str(tmp_path.resolve()))

@@ -44,6 +44,7 @@ from .output import (
     OUTPUT_FORMATS,
     check_output,
     default_output_path,
+    directories_synced_at_end,
     open_hdf5_output,
     os_reason,
     output_format,
@@ -53,9 +54,9 @@ from .output import (
 
 __all__ = [
     "FORMATS", "HDF5_MAGIC", "HDF5_OFFSETS", "MAX_BYTES_ENV", "METADATA_KEY", "OUTPUT_FORMATS", "Format",
-    "LazyDataset", "LoadedFile", "camel", "check_output", "default_output", "describe_keys", "input_directory_format",
-    "max_tensor_bytes", "open_hdf5_output", "open_inputs", "output_format", "read_inputs", "read_metadata",
-    "sniff_format", "write_metadata", "write_outputs",
+    "LazyDataset", "LoadedFile", "camel", "check_output", "default_output", "describe_keys",
+    "directories_synced_at_end", "input_directory_format", "max_tensor_bytes", "open_hdf5_output", "open_inputs",
+    "output_format", "read_inputs", "read_metadata", "sniff_format", "write_metadata", "write_outputs",
 ]
 
 # Every input format, in the order they are tried.  File formats are told apart by their first bytes;

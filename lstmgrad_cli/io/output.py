@@ -15,6 +15,7 @@ import re
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -79,14 +80,14 @@ def write_outputs(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], me
     with _atomic_file(path, force) as tmp:
         fmt = output_format(path)
         if fmt == "npz":
-            with open(tmp, "wb") as fh:
+            with open(tmp.fd, "wb", closefd=False) as fh:
                 _write_npz(fh, tensors, metadata)
         elif fmt == "safetensors":
             from .safetensors import write_safetensors  # noqa: PLC0415 - the optional package, when asked
 
-            write_safetensors(tmp, tensors, metadata)
+            write_safetensors(tmp.path, tensors, metadata)
         else:
-            with _hdf5_writer(tmp) as out:
+            with _hdf5_writer(tmp.path) as out:
                 for name, value in tensors.items():
                     out.create_dataset(name, data=value)
                 write_metadata(out, metadata)
@@ -100,7 +101,7 @@ def open_hdf5_output(path: str | os.PathLike, force: bool = False) -> Iterator[o
     path = Path(path)
     if output_format(path) != "hdf5":
         raise OutputFileError(f"{path}: streaming output needs an .h5 or .hdf5 file")
-    with _atomic_file(path, force) as tmp, _hdf5_writer(tmp) as out:
+    with _atomic_file(path, force) as tmp, _hdf5_writer(tmp.path) as out:
         yield out
 
 
@@ -110,9 +111,36 @@ def write_metadata(out, metadata: Mapping[str, object]) -> None:
     out.attrs[METADATA_KEY] = json.dumps(dict(metadata), sort_keys=True, default=str)
 
 
+class _Temporary(NamedTuple):
+    """A temporary output: its path, and the descriptor ``_atomic_file`` keeps open on it."""
+
+    path: Path
+    fd: int
+
+
+_deferred_syncs: list[set[Path]] = []  # directories_synced_at_end: the directories each open block will sync
+
+
 @contextlib.contextmanager
-def _atomic_file(path: Path, force: bool) -> Iterator[Path]:
-    """A temporary file beside ``path`` for the block to fill; fsynced and renamed into place after.
+def directories_synced_at_end() -> Iterator[set[Path]]:
+    """Within the block, outputs' directories are fsynced once each when it ends instead of after every file
+    (a batch's outputs share a few).  Each file's data is still fsynced before it is renamed into place, so an
+    output that exists is complete; the block's end makes the new names durable.  Yields the set of
+    directories, to which a caller adds those of outputs written by other processes."""
+    directories: set[Path] = set()
+    _deferred_syncs.append(directories)
+    try:
+        yield directories
+    finally:
+        _deferred_syncs.remove(directories)
+        for directory in directories:
+            _fsync_dir(directory)
+
+
+@contextlib.contextmanager
+def _atomic_file(path: Path, force: bool) -> Iterator[_Temporary]:
+    """A temporary file beside ``path`` for the block to fill (by name, or through its open descriptor ``fd``);
+    fsynced and renamed into place after.
 
     On any failure the temporary file is removed and ``path`` is untouched.
     """
@@ -127,12 +155,12 @@ def _atomic_file(path: Path, force: bool) -> Iterator[Path]:
     try:
         with contextlib.suppress(OSError):
             os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
-        os.close(fd)
-        yield tmp
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
+        yield _Temporary(tmp, fd)
+        os.fsync(fd)  # the file's data, however it was written (by name too: the same file)
         _publish(tmp, path, force)
     except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.close(fd)
         with contextlib.suppress(OSError):
             tmp.unlink()
         if isinstance(err, RuntimeError) and _errno_in(err) is not None:  # h5py's way of saying EFBIG/ENOSPC
@@ -140,7 +168,12 @@ def _atomic_file(path: Path, force: bool) -> Iterator[Path]:
         if isinstance(err, OSError) and (err.errno is not None or _errno_in(err) is not None):
             raise OutputFileError(f"{path}: cannot write: {os_reason(err)}; nothing was written") from None
         raise  # not the file system's (a library that failed to load while computing): as it is
-    _fsync_dir(parent)
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    if _deferred_syncs:
+        _deferred_syncs[-1].add(parent)
+    else:
+        _fsync_dir(parent)
 
 
 def _create_failure(path: Path, parent: Path, err: OSError) -> str:
