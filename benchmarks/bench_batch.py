@@ -1,0 +1,103 @@
+"""A batch of small files as users run it: `lstmgrad seq DIR --out-dir OUT -q`, serial and with --workers 2,
+side by side with the floor (one Python process: np.load + block_lstm_grad_v2 + np.savez per file).
+
+Every contender is a fresh process (interpreter start and imports included, as a user's run pays them),
+timed in alternating rounds, once per BLAS library installed (LSTMGRAD_BLAS). Medians and ratios.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/bench_batch.py --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from lstmgrad_cli import block_lstm_v2
+from lstmgrad_cli.backends._blas import mkl_version
+
+FLOOR = """
+import sys, pathlib, numpy as np
+from lstmgrad_cli import block_lstm_grad_v2
+out = pathlib.Path(sys.argv[2])
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.npz")):
+    with np.load(path) as f:
+        t = {k: f[k] for k in f.files}
+    seq_len_max, peep = int(t.pop("seq_len_max")), bool(t.pop("use_peephole"))
+    g = block_lstm_grad_v2(seq_len_max, **t, use_peephole=peep)
+    np.savez(out / (path.stem + ".grads.npz"), **g._asdict())
+"""
+
+
+def write_inputs(folder: Path, shape, count: int) -> None:
+    """``count`` NPZ files of consistent BlockLSTMV2 activations (the forward op run on random weights)."""
+    T, B, I, C = shape  # noqa: E741
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True)
+    for k in range(count):
+        x = rng.standard_normal((T, B, I), dtype=np.float32)
+        weights = dict(cs_prev=rng.standard_normal((B, C), dtype=np.float32) * 0.5,
+                       h_prev=rng.uniform(-1, 1, (B, C)).astype(np.float32),
+                       w=rng.standard_normal((I + C, 4 * C), dtype=np.float32) * (I + C) ** -0.5,
+                       wci=np.zeros(C, np.float32), wcf=np.zeros(C, np.float32), wco=np.zeros(C, np.float32),
+                       b=rng.standard_normal(4 * C, dtype=np.float32) * 0.5)
+        forward = block_lstm_v2(T, x, **weights)
+        np.savez(folder / f"case{k:04d}.npz", x=x, **weights, **forward._asdict(), seq_len_max=np.int64(T),
+                 use_peephole=np.bool_(False), cs_grad=rng.standard_normal((T, B, C), dtype=np.float32),
+                 h_grad=rng.standard_normal((T, B, C), dtype=np.float32))
+
+
+def timed(command: list[str], env: dict, out: Path) -> float:
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir()
+    start = time.perf_counter()
+    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=300)
+    parser.add_argument("--shape", default="20,16,64,64", help="T,B,I,C of every file")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    shape = tuple(int(v) for v in args.shape.split(","))
+    lstmgrad = str(Path(sys.executable).with_name("lstmgrad"))
+    libraries = ["openblas"] + (["mkl"] if mkl_version() else [])
+    print(f"{args.files} files of T,B,I,C = {args.shape}, float32; median of {args.repeats} alternating rounds, "
+          f"{os.cpu_count()} cores\n")
+    print("| BLAS | floor (np.load + grad + np.savez) | lstmgrad seq, serial | x floor | --workers 2 | "
+          "x floor | serial / workers 2 |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs, out = Path(tmp) / "in", Path(tmp) / "out"
+        write_inputs(inputs, shape, args.files)
+        for library in libraries:
+            env = {**os.environ, "LSTMGRAD_BLAS": library}
+            commands = {
+                "floor": [sys.executable, "-c", FLOOR, str(inputs), str(out)],
+                "serial": [lstmgrad, "seq", str(inputs), "--out-dir", str(out), "-q"],
+                "workers": [lstmgrad, "seq", str(inputs), "--out-dir", str(out), "-q", "--workers", "2"],
+            }
+            times: dict[str, list[float]] = {name: [] for name in commands}
+            for _ in range(args.repeats):
+                for name, command in commands.items():
+                    times[name].append(timed(command, env, out))
+            m = {name: statistics.median(values) for name, values in times.items()}
+            print(f"| {library} | {m['floor']:.2f} s | {m['serial']:.2f} s | {m['serial'] / m['floor']:.2f} | "
+                  f"{m['workers']:.2f} s | {m['workers'] / m['floor']:.2f} | {m['serial'] / m['workers']:.2f} |",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
