@@ -34,6 +34,7 @@ SCHEMA = 1
 FRAMEWORKS = ("tensorflow", "torch")
 CHILD_TIMEOUT = 3600.0
 SETTLE_SECONDS = 0.3
+BACK_TO_BACK = "back-to-back:"  # _round_robin's key prefix for the call made right after the paused one
 CHILD_RATIO_NOTE = "ratio to the GEMM limit timed in the same rounds of its own interpreter"
 
 
@@ -48,6 +49,10 @@ class Timing:
     gflops: float | None = None
     ratio_to_gemm: float | None = None
     note: str = ""
+    # Each round also times a call made right after the paused one, as a user's loop runs them (against
+    # whatever the call before left spinning); None where an engine was timed without them.
+    back_to_back_seconds: list[float] | None = None
+    back_to_back_median: float | None = None
 
 
 @dataclass
@@ -204,12 +209,15 @@ def framework_call(name: str, inputs: dict, use_peephole: bool):
 
 
 def _round_robin(calls: dict, repeats: int, progress=None) -> dict[str, list[float]]:
-    """``repeats`` rounds of one call per engine; each call after a pause of ``SETTLE_SECONDS``.
+    """``repeats`` rounds of two calls per engine: the first after a pause of ``SETTLE_SECONDS`` (under the
+    engine's name), the second right after it (under ``BACK_TO_BACK + name``).
 
     Thread pools spin for a while after their work (OpenBLAS ~0.1 s, OpenMP up to 0.2 s): without the
-    pause, an engine would be timed against the previous engine's spinning threads on 2 cores.
+    pause, an engine would be timed against the previous engine's spinning threads on 2 cores.  A user's
+    loop does not pause, though: the second call is timed against what the engine's own first call left
+    running, as in a batch or a loop of calls.
     """
-    times = {name: [] for name in calls}
+    times = {key: [] for name in calls for key in (name, BACK_TO_BACK + name)}
     for call in calls.values():  # warm up: first-call costs (compiles, allocations) are not timed
         call()
     for r in range(repeats):
@@ -218,7 +226,11 @@ def _round_robin(calls: dict, repeats: int, progress=None) -> dict[str, list[flo
                 time.sleep(SETTLE_SECONDS)
             t0 = time.perf_counter()
             call()
-            times[name].append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            call()
+            t2 = time.perf_counter()
+            times[name].append(t1 - t0)
+            times[BACK_TO_BACK + name].append(t2 - t1)
         if progress:
             progress(f"round {r + 1}/{repeats}")
     return times
@@ -314,15 +326,21 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
                 if name in ("error", "gemm-limit", "blas") or "seconds" not in entry:
                     continue
                 times[name] = entry["seconds"]
+                if entry.get("back_to_back_seconds"):
+                    times[BACK_TO_BACK + name] = entry["back_to_back_seconds"]
                 versions[name], notes[name] = entry["version"], entry["note"]
                 if child_limit:
                     limits[name] = float(np.median(child_limit))
                     notes[name] = "; ".join(filter(None, [notes[name], limit_note]))
         limit = float(np.median(times["gemm-limit"]))
         for name, secs in times.items():
+            if name.startswith(BACK_TO_BACK):
+                continue
             med = float(np.median(secs))
+            following = times.get(BACK_TO_BACK + name)
             results.append(Timing(name, versions.get(name), shape, dtype, secs, med, flops(shape) / med / 1e9,
-                                  med / limits.get(name, limit), notes.get(name, "")))
+                                  med / limits.get(name, limit), notes.get(name, ""), following,
+                                  float(np.median(following)) if following else None))
     settings = {"dtype": dtype, "repeats": repeats, "use_peephole": use_peephole, "layout": "ifco",
                 "shapes": [list(s) for s in shapes]}
     return BenchReport(machine_info(), settings, results, list(skipped.values()))
@@ -330,13 +348,19 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
 
 def markdown_table(report: BenchReport) -> str:
     """The results as a Markdown table (for the README)."""
-    lines = ["| shape T,B,I,C | engine | version | median | GFLOP/s | x GEMM limit |",
-             "| --- | --- | --- | ---: | ---: | ---: |"]
+    lines = ["| shape T,B,I,C | engine | version | median | GFLOP/s | x GEMM limit | back-to-back |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
     for r in report.results:
-        med = f"{r.median * 1e3:.1f} ms" if r.median < 1 else f"{r.median:.2f} s"
-        lines.append(f"| {','.join(map(str, r.shape))} | {r.engine} | {r.version or '-'} | {med} | "
-                     f"{r.gflops:.0f} | {r.ratio_to_gemm:.2f} |")
+        lines.append(f"| {','.join(map(str, r.shape))} | {r.engine} | {r.version or '-'} | {seconds_text(r.median)} | "
+                     f"{r.gflops:.0f} | {r.ratio_to_gemm:.2f} | {seconds_text(r.back_to_back_median)} |")
     return "\n".join(lines)
+
+
+def seconds_text(seconds: float | None) -> str:
+    """``12.3 ms`` or ``1.23 s``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def _child_blas():
@@ -377,8 +401,9 @@ def _child_main(argv) -> int:
             continue
         calls[name] = call
         out[name] = {"version": version, "note": note}
-    for name, secs in _round_robin(calls, repeats).items():
-        out[name]["seconds"] = secs
+    for key, secs in _round_robin(calls, repeats).items():
+        name = key.removeprefix(BACK_TO_BACK)
+        out[name]["back_to_back_seconds" if key.startswith(BACK_TO_BACK) else "seconds"] = secs
     out["blas"] = blas.describe() if blas is not None else None  # the library the limit was timed on
     print(json.dumps(out))
     return 0

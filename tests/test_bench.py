@@ -43,8 +43,29 @@ def test_each_timed_call_waits_for_the_thread_pools_to_settle(monkeypatch):
     monkeypatch.setattr(bench, "SETTLE_SECONDS", 0.25)
     monkeypatch.setattr(bench.time, "sleep", lambda s: events.append(("sleep", s)))
     times = bench._round_robin({"a": lambda: events.append("a"), "b": lambda: events.append("b")}, repeats=2)
-    assert events == ["a", "b"] + [("sleep", 0.25), "a", ("sleep", 0.25), "b"] * 2  # warm-up calls first
-    assert [len(t) for t in times.values()] == [2, 2]
+    # warm-up calls first; then each engine after a pause, and once more right after it (back to back)
+    assert events == ["a", "b"] + [("sleep", 0.25), "a", "a", ("sleep", 0.25), "b", "b"] * 2
+    assert sorted(times) == ["a", "b", "back-to-back:a", "back-to-back:b"]
+    assert [len(t) for t in times.values()] == [2, 2, 2, 2]
+
+
+def test_the_back_to_back_call_is_timed_apart_from_the_paused_one(monkeypatch):
+    """A call that pays for what its predecessor left running shows it in the back-to-back times only."""
+    clock = [0.0]
+    monkeypatch.setattr(bench, "SETTLE_SECONDS", 0.3)
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    state = {"busy": False}
+
+    def call():  # 1 s after a pause, 3 s right after another call
+        clock[0] += 3.0 if state["busy"] else 1.0
+        state["busy"] = True
+
+    def settle(s):
+        state["busy"] = False
+
+    monkeypatch.setattr(bench.time, "sleep", settle)
+    times = bench._round_robin({"a": call}, repeats=3)
+    assert times["a"] == [1.0] * 3 and times["back-to-back:a"] == [3.0] * 3
 
 
 def test_inputs_are_plausible():
@@ -60,6 +81,7 @@ def test_run_reports_every_engine_against_the_gemm_limit():
                        ((2, 1, 1, 1), "gemm-limit"), ((2, 1, 1, 1), "numpy")]
     for r in report.results:
         assert len(r.seconds) == 2 and r.median > 0 and r.gflops > 0
+        assert len(r.back_to_back_seconds) == 2 and r.back_to_back_median > 0
         assert r.ratio_to_gemm == pytest.approx(r.median / report.results[0 if r.shape[0] == 3 else 2].median)
     doc = report.to_json()
     assert doc["schema"] == 1 and doc["machine"]["cores"] >= 1 and doc["settings"]["repeats"] == 2
@@ -108,19 +130,22 @@ def test_child_mode_reports_missing_frameworks_and_its_blas(tmp_path, library):
     assert "error" in out["no_such_framework"]
     assert len(out["gemm-limit"]["seconds"]) == 1 and out["gemm-limit"]["seconds"][0] > 0
     assert out["blas"] == (f"MKL {_blas.mkl_version()}" if library == "mkl" else "OpenBLAS (numpy's)")
+    assert len(out["gemm-limit"]["back_to_back_seconds"]) == 1
 
 
 def test_frameworks_from_another_interpreter_are_compared_with_its_own_gemm_limit(monkeypatch):
     def child(python, inputs, frameworks, repeats, use_peephole):
         assert python == "other-python" and "torch" in frameworks
         return {"gemm-limit": {"seconds": [4.0, 2.0, 3.0]}, "blas": "MKL 9.9",
-                "torch": {"seconds": [1.5, 1.5, 1.5], "version": "9.9", "note": "no peepholes"}}
+                "torch": {"seconds": [1.5, 1.5, 1.5], "back_to_back_seconds": [2.0, 2.5, 2.0], "version": "9.9",
+                          "note": "no peepholes"}}
 
     monkeypatch.setattr(bench, "FRAMEWORKS", ("torch",))
     monkeypatch.setattr(bench, "_child_times", child)
     report = bench.run(["numpy"], shapes=[(2, 1, 2, 2)], repeats=3, compare_python=["other-python"])
     torch_row = next(r for r in report.results if r.engine == "torch")
     assert torch_row.median == 1.5 and torch_row.ratio_to_gemm == pytest.approx(0.5)  # 1.5 s / median 3.0 s
+    assert torch_row.back_to_back_median == 2.0
     assert torch_row.note.startswith("no peepholes; ratio to the GEMM limit timed in the same rounds")
     assert torch_row.note.endswith(", on MKL 9.9")
 

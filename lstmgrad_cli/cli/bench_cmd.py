@@ -42,7 +42,8 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
     those flops as two large products on the BLAS the numpy and numba backends use (MKL when the
     mkl wheel is installed), measured in the same run.  Engines
     are timed round-robin so machine noise hits them alike, each call 0.3 s after the one before
-    (thread pools stop spinning).  Engines run in another interpreter (--compare-python) are rated
+    (thread pools stop spinning), and again right after it, as a loop of calls runs them: the
+    back-to-back median.  Engines run in another interpreter (--compare-python) are rated
     against a GEMM limit timed in their own rounds.  For stable numbers on OpenBLAS, run with
     OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset.
 
@@ -70,14 +71,15 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
         return
     table = Table()
     for col, justify in (("T,B,I,C", "left"), ("engine", "left"), ("version", "left"), ("median", "right"),
-                         ("GFLOP/s", "right"), ("x GEMM limit", "right"), ("note", "left")):
+                         ("GFLOP/s", "right"), ("x GEMM limit", "right"), ("back-to-back", "right"),
+                         ("note", "left")):
         table.add_column(col, justify=justify)
     previous = None
     for r in report.results:
         shape = ",".join(map(str, r.shape))
-        med = f"{r.median * 1e3:.1f} ms" if r.median < 1 else f"{r.median:.2f} s"
-        table.add_row(shape if shape != previous else "", r.engine, r.version or "-", med, f"{r.gflops:.0f}",
-                      f"{r.ratio_to_gemm:.2f}", r.note, end_section=False)
+        table.add_row(shape if shape != previous else "", r.engine, r.version or "-", bench.seconds_text(r.median),
+                      f"{r.gflops:.0f}", f"{r.ratio_to_gemm:.2f}", bench.seconds_text(r.back_to_back_median), r.note,
+                      end_section=False)
         previous = shape
     console = stdout_console()
     print_table(console, table,
