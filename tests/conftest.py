@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
+import subprocess
 from pathlib import Path
 
 import h5py
@@ -88,3 +91,27 @@ def clean_env(monkeypatch):
 @pytest.fixture
 def runner() -> CliRunner:
     return CliRunner()
+
+
+def run_on_a_terminal(command: list[str], *, stdout_too: bool, columns: int = 120) -> tuple[int, bytes]:
+    """Run ``command`` with stderr (and stdout, with ``stdout_too``) on a pseudo-terminal; (exit code, what the
+    terminal showed).  Reads at most 60 s of silence; the process is ended by pid whatever happens."""
+    leader, follower = pty.openpty()
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "xterm"}
+    proc = subprocess.Popen(command, stdout=follower if stdout_too else subprocess.DEVNULL, stderr=follower, env=env)
+    os.close(follower)
+    seen = b""
+    try:
+        while select.select([leader], [], [], 60)[0]:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the terminal closed with the process
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(leader)
+        if proc.poll() is None:
+            proc.kill()
+    return proc.wait(timeout=60), seen

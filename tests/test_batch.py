@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import select
 import signal
 import subprocess
 import sys
@@ -14,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, consistent_inputs, load_case, write_h5, write_npz
+from conftest import FIXTURES, consistent_inputs, load_case, run_on_a_terminal, write_h5, write_npz
 
 from lstmgrad_cli.cli import main
 
@@ -177,22 +175,7 @@ def test_interrupted_batch_leaves_no_partial_output_and_resumes(tmp_path, sig):
 
 def _stderr_on_a_terminal(args: list[str]) -> tuple[int, bytes]:
     """Run the CLI with stderr on a pseudo-terminal; (exit code, what the terminal showed)."""
-    leader, follower = pty.openpty()
-    env = {**os.environ, "COLUMNS": "120", "TERM": "xterm"}
-    proc = subprocess.Popen([sys.executable, "-m", "lstmgrad_cli", *args], stdout=subprocess.DEVNULL,
-                            stderr=follower, env=env)
-    os.close(follower)
-    seen = b""
-    while select.select([leader], [], [], 60)[0]:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # the terminal closed with the process
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(leader)
-    return proc.wait(timeout=60), seen
+    return run_on_a_terminal([sys.executable, "-m", "lstmgrad_cli", *args], stdout_too=False)
 
 
 def test_progress_bar_on_a_terminal_only_for_humans(tmp_path):

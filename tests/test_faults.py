@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pty
-import select
 import signal
 import subprocess
 import sys
@@ -19,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, consistent_inputs, load_case, write_h5, write_npz
+from conftest import FIXTURES, consistent_inputs, load_case, run_on_a_terminal, write_h5, write_npz
 
 from lstmgrad_cli import io
 from lstmgrad_cli.cli import main
@@ -342,27 +340,9 @@ def test_control_characters_in_names_never_reach_a_terminal(tmp_path):
     evil = "evil\x1b]0;PWNED\x07\x1b[2J"
     (folder / f"{evil}.npz").write_bytes(PEEP.read_bytes())
     (folder / f"bad{evil}.npz").write_bytes(b"garbage")
-    leader, follower = pty.openpty()
-    env = {**os.environ, "COLUMNS": "200", "TERM": "xterm"}
-    proc = subprocess.Popen(CLI + ["seq", str(folder), "--keep-going", "--layout", "icfo"], stdout=follower,
-                            stderr=follower, env=env)
-    os.close(follower)
-    seen = b""
-    try:
-        while select.select([leader], [], [], 60)[0]:
-            try:
-                chunk = os.read(leader, 4096)
-            except OSError:  # the terminal closed with the process
-                break
-            if not chunk:
-                break
-            seen += chunk
-    finally:
-        os.close(leader)
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=60)
-    assert proc.returncode == 1
+    returncode, seen = run_on_a_terminal(CLI + ["seq", str(folder), "--keep-going", "--layout", "icfo"],
+                                         stdout_too=True, columns=200)
+    assert returncode == 1
     assert b"\x1b]0;" not in seen and b"\x1b[2J" not in seen and b"\x07" not in seen
     text = seen.decode("utf-8", "replace")
     assert "Error: " in text and "bad" in text
