@@ -351,14 +351,14 @@ def test_out_dir_is_made_when_missing_and_unmakeable_is_one_line(runner, tmp_pat
 def test_a_batch_syncs_each_output_directory_once_and_every_file_before_it_appears(tmp_path, monkeypatch):
     """Each output's data is fsynced before its rename; the directory entries once per directory, at the end."""
     from lstmgrad_cli import batch
-    from lstmgrad_cli.io import output
+    from lstmgrad_cli.io import atomic, output
     from lstmgrad_cli.jobs import GradOptions
 
     events = []
-    real_fsync, real_publish = os.fsync, output._publish
-    monkeypatch.setattr(output.os, "fsync", lambda fd: events.append(("fsync", os.path.realpath(
+    real_fsync, real_publish = os.fsync, atomic._publish
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: events.append(("fsync", os.path.realpath(
         f"/proc/self/fd/{fd}"))) or real_fsync(fd))
-    monkeypatch.setattr(output, "_publish", lambda tmp, path, force: events.append(("publish", str(tmp))) or
+    monkeypatch.setattr(atomic, "_publish", lambda tmp, path, force: events.append(("publish", str(tmp))) or
                         real_publish(tmp, path, force))
     out = tmp_path / "out"
     out.mkdir()

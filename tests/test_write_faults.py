@@ -313,10 +313,12 @@ def test_output_name_near_the_filesystem_limit(tmp_path):
     assert listing(tmp_path) == [out.name]
 
 
-def test_output_permissions_follow_the_umask(tmp_path):
-    old = os.umask(0o022)
+@pytest.mark.parametrize(("umask", "mode", "name"), [(0o022, 0o644, "g.h5"), (0o027, 0o640, "g.npz"),
+                                                     (0o077, 0o600, "g.npz")])
+def test_output_permissions_follow_the_umask(tmp_path, umask, mode, name):
+    old = os.umask(umask)
     try:
-        io.write_outputs(tmp_path / "g.h5", {"a": np.zeros(2)}, {"tool": "lstmgrad"})
+        io.write_outputs(tmp_path / name, {"a": np.zeros(2)}, {"tool": "lstmgrad"})
     finally:
         os.umask(old)
-    assert (tmp_path / "g.h5").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / name).stat().st_mode & 0o777 == mode

@@ -12,8 +12,8 @@ other people's jobs, so every reader assumes the worst:
 * HDF5 links are followed one at a time and never out of the file;
 * anything that goes wrong becomes an ``InputFileError`` naming the file and the tensor.
 
-Writing (output.py): a temporary file beside the target, renamed into place only when complete; an
-existing file is replaced only with ``force``; an input is never opened for writing.
+Writing (output.py, atomic.py): a temporary file beside the target, renamed into place only when complete;
+an existing file is replaced only with ``force``; an input is never opened for writing.
 """
 
 from __future__ import annotations
@@ -38,15 +38,14 @@ from ._common import (
     file_kind,
     max_tensor_bytes,
 )
+from .atomic import directories_synced_at_end, os_reason, published_behind
 from .hdf5 import HDF5_MAGIC, HDF5_OFFSETS, LazyDataset
 from .npy import NPY_MAGIC
 from .output import (
     OUTPUT_FORMATS,
     check_output,
     default_output_path,
-    directories_synced_at_end,
     open_hdf5_output,
-    os_reason,
     output_format,
     write_metadata,
     write_outputs,
@@ -56,7 +55,8 @@ __all__ = [
     "FORMATS", "HDF5_MAGIC", "HDF5_OFFSETS", "MAX_BYTES_ENV", "METADATA_KEY", "OUTPUT_FORMATS", "Format",
     "LazyDataset", "LoadedFile", "camel", "check_output", "default_output", "describe_keys",
     "directories_synced_at_end", "input_directory_format", "max_tensor_bytes", "open_hdf5_output", "open_inputs",
-    "output_format", "read_inputs", "read_metadata", "sniff_format", "write_metadata", "write_outputs",
+    "output_format", "published_behind", "read_inputs", "read_metadata", "sniff_format", "write_metadata",
+    "write_outputs",
 ]
 
 # Every input format, in the order they are tried.  File formats are told apart by their first bytes;

@@ -1,0 +1,257 @@
+"""Files that appear complete or not at all: a temporary file beside the target, fsynced, then renamed into place.
+
+``atomic_file`` is how every output is written.  Without ``force`` the rename is a hard link, which
+fails when the target appeared meanwhile, so nothing is ever clobbered.  On any failure the temporary
+file is removed, the target is untouched and the caller gets an ``OutputFileError`` saying what happened.
+
+Two blocks change when the durable steps happen, never their order for a file (its data is fsynced
+before its name appears):
+
+* ``directories_synced_at_end``: the directory of each output is fsynced once, when the block ends,
+  instead of after every file (a batch writes many files into a few directories);
+* ``published_behind``: each output's fsync and rename run on one thread behind the caller, in order,
+  while the caller goes on with the next file; the caller asks ``Publisher.outcome`` before it reports
+  the output as written.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import errno
+import os
+import re
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+from ..errors import OutputExistsError, OutputFileError
+from ._common import reason
+
+
+class Temporary(NamedTuple):
+    """A temporary output: its path, and the descriptor ``atomic_file`` keeps open on it."""
+
+    path: Path
+    fd: int
+
+
+class _Blocks(threading.local):
+    """The blocks open in this thread (another thread's writes are its own business)."""
+
+    def __init__(self) -> None:
+        self.deferred_syncs: list[set[Path]] = []  # directories_synced_at_end: the directories each block will sync
+        self.publishers: list[Publisher] = []  # published_behind: the innermost block publishes
+
+
+_open = _Blocks()
+
+
+@contextlib.contextmanager
+def directories_synced_at_end() -> Iterator[set[Path]]:
+    """Within the block, outputs' directories are fsynced once each when it ends instead of after every file
+    (a batch's outputs share a few).  Each file's data is still fsynced before it is renamed into place, so an
+    output that exists is complete; the block's end makes the new names durable.  Yields the set of
+    directories, to which a caller adds those of outputs written by other processes."""
+    directories: set[Path] = set()
+    _open.deferred_syncs.append(directories)
+    try:
+        yield directories
+    finally:
+        _open.deferred_syncs.remove(directories)
+        for directory in directories:
+            _fsync_dir(directory)
+
+
+class Publisher:
+    """Outputs written within a ``published_behind`` block, fsynced and renamed into place by one thread."""
+
+    def __init__(self) -> None:
+        self._pending: dict[Path, cf.Future] = {}
+        self._thread: cf.ThreadPoolExecutor | None = cf.ThreadPoolExecutor(max_workers=1,
+                                                                           thread_name_prefix="lstmgrad-publish")
+        try:
+            self._thread.submit(lambda: None)  # starts the thread now
+        except RuntimeError:  # none can start (a tight ulimit -v leaves no room for its stack): publish in line
+            self._thread.shutdown(wait=False)
+            self._thread = None
+
+    def _hand_over(self, path: Path, finish: Callable[[], None]) -> None:
+        if self._thread is None:
+            finish()
+        else:
+            self._pending[path] = self._thread.submit(finish)
+
+    def outcome(self, path: str | os.PathLike) -> BaseException | None:
+        """Wait until the output ``path`` is in place; the error that stopped it (then nothing was written, an
+        ``OutputExistsError`` when another run published it first), or None.  None too for a path never handed
+        over (an output not written in the block)."""
+        future = self._pending.pop(Path(path), None)
+        return None if future is None else future.exception()
+
+    def _close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def published_behind() -> Iterator[Publisher]:
+    """Within the block, ``atomic_file`` returns once the data is written; the fsync and the rename follow on a
+    thread (system calls: they overlap the caller's next computation).  Every output handed over is finished
+    (in place or removed) when the block ends."""
+    publisher = Publisher()
+    _open.publishers.append(publisher)
+    try:
+        yield publisher
+    finally:
+        _open.publishers.remove(publisher)
+        publisher._close()
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, force: bool) -> Iterator[Temporary]:
+    """A temporary file beside ``path`` for the block to fill (by name, or through its open descriptor ``fd``);
+    fsynced and renamed into place after (behind the caller within ``published_behind``).
+
+    On any failure the temporary file is removed and ``path`` is untouched.
+    """
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = _create_temporary(path, parent)
+    except OSError as err:
+        raise OutputFileError(_create_failure(path, parent, err)) from None
+    try:
+        yield Temporary(tmp, fd)
+    except BaseException as err:
+        _discard(fd, tmp)
+        failure = _failure(path, err)
+        if failure is err:
+            raise
+        raise failure from None
+    directories = _open.deferred_syncs[-1] if _open.deferred_syncs else None
+
+    def finish() -> None:
+        try:
+            os.fsync(fd)  # the file's data, however it was written (by name too: the same file)
+            _publish(tmp, path, force)
+        except BaseException as err:
+            _discard(fd, tmp)
+            failure = _failure(path, err)
+            if failure is err:
+                raise
+            raise failure from None
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        if directories is not None:
+            directories.add(parent)
+        else:
+            _fsync_dir(parent)
+
+    if _open.publishers:
+        _open.publishers[-1]._hand_over(path, finish)
+    else:
+        finish()
+
+
+def _discard(fd: int, tmp: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        tmp.unlink()
+
+
+def _failure(path: Path, err: BaseException) -> BaseException:
+    """The error to raise for ``err`` while writing ``path``: the file system's become one OutputFileError line;
+    anything else (a library that failed to load while computing, an interrupt) stays as it is."""
+    if isinstance(err, RuntimeError) and errno_in(err) is not None:  # h5py's way of saying EFBIG/ENOSPC
+        err = OSError(errno_in(err), str(err))
+    if isinstance(err, OSError) and (err.errno is not None or errno_in(err) is not None):
+        return OutputFileError(f"{path}: cannot write: {os_reason(err)}; nothing was written")
+    return err
+
+
+def _create_temporary(path: Path, parent: Path) -> tuple[int, Path]:
+    """A new, empty file beside ``path`` with a name no other process or thread uses, and its descriptor.
+
+    Made with mode 0o666 less the umask, as any new file (tempfile.mkstemp makes 0o600, which would need a
+    chmod and the umask, read from /proc, per file), exclusively (O_EXCL), under a short prefix so that a
+    target name near NAME_MAX does not fail only because of the temporary name.
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    for _attempt in range(100):
+        tmp = parent / f".{path.name[:64]}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name", str(parent))
+
+
+def _create_failure(path: Path, parent: Path, err: OSError) -> str:
+    if err.errno == errno.ENOENT:
+        return f"{path}: output directory {parent} does not exist"
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return f"{path}: permission denied: cannot create a file in {parent}"
+    if err.errno == errno.EROFS:
+        return f"{path}: {parent} is on a read-only file system"
+    if err.errno == errno.ENOTDIR:
+        return f"{path}: {parent} is not a directory"
+    return f"{path}: cannot create a file in {parent}: {os_reason(err)}"
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename durable (best effort: not every filesystem lets a directory be fsynced)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _publish(tmp: Path, path: Path, force: bool) -> None:
+    if force:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)  # fails if the target appeared meanwhile: never clobber without --force
+    except FileExistsError:
+        raise OutputExistsError(f"{path}: already exists; use --force to overwrite") from None
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+            raise
+        if path.exists():
+            raise OutputExistsError(f"{path}: already exists; use --force to overwrite") from None
+        os.replace(tmp, path)  # filesystems without hard links
+        return
+    tmp.unlink()
+
+
+_HDF5_ERRNO = re.compile(r"errno\s*=\s*(\d+)")
+
+
+def errno_in(err: BaseException) -> int | None:
+    """The C errno an h5py error carries only in its message (``errno = 28``), if any."""
+    match = _HDF5_ERRNO.search(str(err))
+    return int(match.group(1)) if match else None
+
+
+def os_reason(err: OSError) -> str:
+    code = err.errno
+    if code is None:  # h5py's OSErrors carry the C errno only in their message
+        code = errno_in(err)
+    if code == errno.ENOSPC:
+        return "no space left on device"
+    if code == errno.EDQUOT:
+        return "disk quota exceeded"
+    if code == errno.EFBIG:
+        return "file too large (file size limit reached)"
+    if code == errno.EROFS:
+        return "read-only file system"
+    if code in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if code is not None and err.errno is None:
+        return os.strerror(code)
+    return err.strerror or reason(err)
