@@ -17,9 +17,9 @@ from pathlib import Path
 
 from . import io
 from .dask_executor import NotStarted, SchedulerLost, dask_executor
-from .errors import LstmGradError, OutputFileError
+from .errors import LstmGradError, OutputExistsError, OutputFileError
 from .io import tfdbg
-from .jobs import GradOptions, GradResult, run_grad_file
+from .jobs import GradOptions, GradResult, existing_output, run_grad_file
 from .provenance import output_difference, request_of
 
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
@@ -280,13 +280,7 @@ def _run_pending(tasks, pending, options, results, finish, workers, dask_address
     # No more worker processes than files: all of them start before the first task (_start_all_workers).
     with make_executor(min(workers, len(pending)), dask_address, _worker_started) as (executor, threads):
         if executor is None:
-            for index in pending:
-                if stop():
-                    break
-                finish(index, run_task(tasks[index], options, threads))
-                if results[index].status == "failed" and not keep_going:
-                    break
-            return results
+            return _run_serially(tasks, pending, options, results, finish, keep_going, stop)
         futures = {_submit(executor, tasks[index], options, threads): index for index in pending}
         try:
             for future in cf.as_completed(futures):
@@ -300,6 +294,60 @@ def _run_pending(tasks, pending, options, results, finish, workers, dask_address
         finally:
             _finish_started(futures, tasks, options, results, finish)
     return results
+
+
+def _run_serially(tasks, pending, options, results, finish, keep_going, stop):
+    """The pending tasks one after another in this process.  Each output's fsync and rename run on a thread
+    while the next file is read and computed (io.published_behind); a result is reported once its output is
+    in place, or as failed when publishing it failed (nothing written).  After a stop every output already
+    handed over is finished and reported, so none appears that the results do not list."""
+    held: tuple[int, GradResult] | None = None  # a task whose output is being published, and its result
+
+    def settle() -> bool:
+        """Report the held task once its output is in place; whether it failed."""
+        nonlocal held
+        if held is None:
+            return False
+        (index, result), held = held, None
+        result = _published(publisher, tasks[index], options, result)
+        finish(index, result)
+        return result.status == "failed"
+
+    # One file: nothing to overlap its publishing with.
+    with io.published_behind() if len(pending) > 1 else contextlib.nullcontext() as publisher:
+        try:
+            for index in pending:
+                if stop():
+                    break
+                result = run_task(tasks[index], options)
+                previous_failed = settle()
+                held = (index, result)
+                if not keep_going and (previous_failed or result.status == "failed"):
+                    break
+        finally:
+            settle()
+    return results
+
+
+def _published(publisher, task: Task, options: GradOptions, result: GradResult) -> GradResult:
+    """``result`` once its output is in place; what happened instead when publishing it failed."""
+    if publisher is None or result.status != "ok" or result.output is None:
+        return result
+    error = publisher.outcome(result.output)
+    if error is None:
+        return result
+    if isinstance(error, OutputExistsError):  # another run published it while this one computed
+        options = replace(options, group=task.group) if task.group else options
+        try:
+            return existing_output(result, Path(result.output), request_of(options, task.input))
+        except LstmGradError as err:
+            return failed(task, options, " ".join(str(err).split()))
+    if isinstance(error, LstmGradError):
+        return failed(task, options, " ".join(str(error).split()))
+    if isinstance(error, Exception):  # an fsync or rename failing as nothing foresaw: still only this file's
+        return failed(task, options, f"{task.output}: cannot write ({type(error).__name__}: {error}); nothing was "
+                                     "written")
+    raise error
 
 
 def _finish_started(futures: dict, tasks: Sequence[Task], options: GradOptions, results: list,

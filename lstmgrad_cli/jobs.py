@@ -104,7 +104,7 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
     try:
         io.check_output(out, options.force, [input_path])
     except OutputExistsError:
-        return _existing_output(result, out, request, start)
+        return existing_output(result, out, request, start)
     lazy = options.kind == "seq" and fmt == "hdf5"
 
     with open_problem(input_path, kind=options.kind, layout=options.layout if options.kind == "seq" else None,
@@ -146,19 +146,21 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
                 tensors = _compute(problem, backend, cdt, options, result)
                 io.write_outputs(out, tensors, metadata, force=options.force)
         except OutputExistsError:  # another run published it while this one computed
-            return _existing_output(result, out, request, start)
+            return existing_output(result, out, request, start)
     result.output = str(out)
     result.seconds = time.perf_counter() - start
     return result
 
 
-def _existing_output(result: GradResult, out: Path, request: dict, start: float) -> GradResult:
+def existing_output(result: GradResult, out: Path, request: dict, start: float | None = None) -> GradResult:
     """The result of a run whose output already exists: kept (status "skipped") when it is complete and made from
-    the same input with the same request, by whichever run; otherwise OutputExistsError saying how it differs."""
+    the same input with the same request, by whichever run; otherwise OutputExistsError saying how it differs.
+    ``start``: when the run began (perf_counter), for its seconds; None keeps ``result.seconds``."""
     source = result.input
     difference = provenance.output_difference(out, source, request)
     if difference is None and provenance.records_request(out):
-        result.status, result.output, result.seconds = "skipped", str(out), time.perf_counter() - start
+        result.status, result.output = "skipped", str(out)
+        result.seconds = result.seconds if start is None else time.perf_counter() - start
         result.notes = ["already complete, from this input with the same options; kept (--force recomputes it)"]
         result.warnings = []
         return result

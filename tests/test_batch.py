@@ -376,3 +376,111 @@ def test_a_batch_syncs_each_output_directory_once_and_every_file_before_it_appea
     events.clear()  # one write outside a batch syncs its directory at once
     output.write_outputs(tmp_path / "one.npz", {"x": np.zeros(2)}, {})
     assert events[-1] == ("fsync", str(tmp_path.resolve()))
+
+
+# -- outputs published behind the next file (io.published_behind) -------------------------------------------------
+
+def test_a_serial_batch_publishes_each_output_while_the_next_file_computes(tmp_path, monkeypatch):
+    """Each output's fsync and rename run on the publishing thread, and its result is reported only after."""
+    import threading
+
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.io import atomic
+    from lstmgrad_cli.jobs import GradOptions
+
+    published, reported = [], []
+    real_publish = atomic._publish
+
+    def publish(tmp, path, force):
+        published.append((path.name, threading.current_thread().name))
+        real_publish(tmp, path, force)
+
+    monkeypatch.setattr(atomic, "_publish", publish)
+    out = tmp_path / "out"
+    tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:3], None, out.resolve())
+    out.mkdir()
+
+    def on_result(task, result):  # the output is in place when its result is reported
+        reported.append(task.output.name)
+        assert task.output.exists() and result.status == "ok"
+
+    results = batch.run_batch(tasks, GradOptions("seq"), on_result=on_result)
+    assert [r.status for r in results] == ["ok"] * 3
+    assert reported == [t.output.name for t in tasks]
+    assert [name for name, _ in published] == reported
+    assert all(thread.startswith("lstmgrad-publish") for _, thread in published)
+    assert sorted(p.name for p in out.iterdir()) == sorted(reported)  # no temporary file left
+
+
+def test_an_output_that_cannot_be_published_fails_that_file_only_and_nothing_is_left(tmp_path, monkeypatch):
+    import errno
+
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.io import atomic
+    from lstmgrad_cli.jobs import GradOptions
+
+    inputs = make_inputs(tmp_path / "in")[:3]
+    out = tmp_path / "out"
+    out.mkdir()
+    tasks = batch.plan_tasks(inputs, None, out)
+    real_fsync = atomic.os.fsync
+    doomed = tasks[1].output.name
+
+    def fsync(fd):  # the disk fills up while the second output is synced
+        if os.path.basename(os.path.realpath(f"/proc/self/fd/{fd}")).startswith(f".{doomed}."):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    results = batch.run_batch(tasks, GradOptions("seq"))
+    # Without --keep-going the batch stops, but the third file, already computed and handed over, is reported.
+    assert [r.status for r in results] == ["ok", "failed", "ok"]
+    assert results[1].error == f"{tasks[1].output}: cannot write: no space left on device; nothing was written"
+    assert sorted(p.name for p in out.iterdir()) == sorted([tasks[0].output.name, tasks[2].output.name])
+
+    results = batch.run_batch(tasks, GradOptions("seq"), keep_going=True, skip_existing=True)
+    assert [r.status for r in results] == ["skipped", "failed", "skipped"]
+
+
+def test_an_output_another_run_publishes_first_is_kept_in_a_serial_batch(tmp_path, monkeypatch):
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.io import atomic
+    from lstmgrad_cli.jobs import GradOptions, run_grad_file
+
+    out = tmp_path / "out"
+    out.mkdir()
+    tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:2], None, out)
+    real_publish = atomic._publish
+    sources = {t.output.name: t.input for t in tasks}
+
+    def other_run_wins(tmp, path, force):  # the other run writes the same request's output just before
+        if path.name in sources:
+            other = tmp_path / f"other{path.suffix}"
+            run_grad_file(sources.pop(path.name), other, GradOptions("seq"))
+            os.link(other, path)
+            other.unlink()
+        real_publish(tmp, path, force)
+
+    monkeypatch.setattr(atomic, "_publish", other_run_wins)
+    results = batch.run_batch(tasks, GradOptions("seq"))
+    assert [r.status for r in results] == ["skipped", "skipped"], [r.error for r in results]
+    assert all("already complete" in r.notes[0] for r in results)
+    assert sorted(p.name for p in out.iterdir()) == sorted(t.output.name for t in tasks)
+
+
+def test_where_no_thread_can_start_outputs_are_published_in_line(tmp_path, monkeypatch):
+    import concurrent.futures as cf
+
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.jobs import GradOptions
+
+    def no_threads(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(cf.ThreadPoolExecutor, "_adjust_thread_count", no_threads)
+    out = tmp_path / "out"
+    out.mkdir()
+    tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:3], None, out)
+    results = batch.run_batch(tasks, GradOptions("seq"))
+    assert [r.status for r in results] == ["ok"] * 3
+    assert sorted(p.name for p in out.iterdir()) == sorted(t.output.name for t in tasks)
