@@ -19,6 +19,7 @@ small products whatever T, B and C (benchmarks/bench_detection.py).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -124,7 +125,7 @@ def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=("ifco", 
     """
     seq = kind == "seq"
     x, w = arrays["x"], arrays["w"]
-    B, I = x.shape[-2], x.shape[-1]  # noqa: E741
+    B = x.shape[-2]
     C = w.shape[1] // 4
     steps = sample_steps(seq_len_max) if seq else [0]
     if not steps or B == 0 or C == 0:
@@ -133,39 +134,38 @@ def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=("ifco", 
     tol = CONSISTENCY_TOL.get(dtype, 1e-4)
     rows = _spread(B, SAMPLE_ROWS)
     units = _spread(C, SAMPLE_UNITS)
-    columns = {block: block * C + units for block in range(4)}  # the sampled units of each gate block
-
-    def at(name: str, t: int, cols=units) -> np.ndarray:
-        value = arrays[name][t] if seq else arrays[name]
-        return np.asarray(value)[rows][:, cols].astype(np.float64)
-
-    def before(state: str, name: str, t: int) -> np.ndarray:
-        if t == 0:
-            return np.asarray(arrays[state])[rows].astype(np.float64)
-        value = arrays[name][t - 1] if seq else arrays[name]
-        return np.asarray(value)[rows].astype(np.float64)
-
-    stored = {name: np.concatenate([at(name, t) for t in steps]) for name in ("i", "f", "o", "ci", "cs")}
-    x_rows = np.concatenate([at("x", t, slice(None)) for t in steps])
-    h_prev = np.concatenate([before("h_prev", "h", t) for t in steps])
-    cs_prev = np.concatenate([before("cs_prev", "cs", t) for t in steps])[:, units]
-    w = np.asarray(w)
-    b = np.asarray(arrays["b"], dtype=np.float64)
-    peep = {n: np.asarray(arrays[n], dtype=np.float64)[units] for n in PEEPHOLES}
+    sample = _Sample(arrays, seq, steps, rows)
+    stored = {name: sample.at(name, units) for name in ("i", "f", "o", "ci", "cs")}
+    x_rows = sample.at("x")
+    h_prev = sample.before("h_prev", "h")
+    cs_prev = sample.before("cs_prev", "cs", units)
+    columns = np.concatenate([block * C + units for block in range(4)])  # the sampled units of every gate block
+    w = np.asarray(w)[:, columns].astype(np.float64)
+    b = np.asarray(arrays["b"])[columns].astype(np.float64)
+    peep = {n: np.asarray(arrays[n])[units].astype(np.float64) for n in PEEPHOLES}
     with np.errstate(all="ignore"):
-        # the pre-activations of the sampled units of every block, [rows * steps, units] each
-        z = {block: x_rows @ w[:I, cols].astype(np.float64) + h_prev @ w[I:, cols].astype(np.float64) + b[cols]
-             for block, cols in columns.items()}
+        # the pre-activations of the sampled units of every block, [rows * steps, units] each, in one product
+        z_all = np.concatenate([x_rows, h_prev], axis=1) @ w + b
+        z = {block: z_all[:, block * units.size:(block + 1) * units.size] for block in range(4)}
         peep_terms = {"i": cs_prev * peep["wci"], "f": cs_prev * peep["wcf"], "o": stored["cs"] * peep["wco"]}
+        # a peephole term that is exactly zero (the weights of the sampled units are) changes nothing: the
+        # deviation without it is reused, which halves the work for the common file without peepholes
+        peeped = {gate: bool(np.any(term)) for gate, term in peep_terms.items()}
         gate_dev = {}  # (gate, layout or None, use_peephole or None) -> (deviation, forget_bias)
         for use_peephole in (False, True):
             for gate, block in (("i", 0), ("o", 3)):  # the same block in both layouts
+                if use_peephole and not peeped[gate]:
+                    gate_dev[gate, None, True] = gate_dev[gate, None, False]
+                    continue
                 zg = z[block] + peep_terms[gate] if use_peephole else z[block]
                 gate_dev[gate, None, use_peephole] = (_worst(stored[gate], sigmoid(zg)), None)
         for layout in layouts:
             k = LAYOUTS[layout]
             gate_dev["ci", layout, None] = (_worst(stored["ci"], np.tanh(z[k["c"]])), None)
             for use_peephole in (False, True):
+                if use_peephole and not peeped["f"]:
+                    gate_dev["f", layout, True] = gate_dev["f", layout, False]
+                    continue
                 zf = z[k["f"]] + peep_terms["f"] if use_peephole else z[k["f"]]
                 gate_dev["f", layout, use_peephole] = _forget_fit(stored["f"], zf, dtype)
     hypotheses = []
@@ -182,14 +182,57 @@ def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=("ifco", 
     return ActivationFit(steps, len(rows), tol, zero, hypotheses)
 
 
+class _Sample:
+    """The sampled rows of the sampled steps of time-major tensors (or of the cell op's [B, ...] ones), as
+    float64 [steps * rows, ...]: one gather from an in-memory tensor, a read per step from a lazy one."""
+
+    def __init__(self, arrays: dict, seq: bool, steps: list[int], rows: np.ndarray):
+        self.arrays, self.seq, self.steps, self.rows = arrays, seq, steps, rows
+
+    def at(self, name: str, cols=None) -> np.ndarray:
+        return self._gather(self.arrays[name], self.steps, cols) if self.seq else self._rows(self.arrays[name], cols)
+
+    def before(self, state: str, name: str, cols=None) -> np.ndarray:
+        """The value before each sampled step: the initial ``state`` at step 0, else ``name`` one step earlier."""
+        if not self.seq:
+            return self._rows(self.arrays[state], cols)
+        earlier = [t - 1 for t in self.steps if t > 0]
+        parts = [self._rows(self.arrays[state], cols)] if self.steps[0] == 0 else []
+        if earlier:
+            parts.append(self._gather(self.arrays[name], earlier, cols))
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def _rows(self, value, cols) -> np.ndarray:
+        picked = np.asarray(value)[self.rows]
+        return (picked if cols is None else picked[:, cols]).astype(np.float64)
+
+    def _gather(self, value, steps: list[int], cols) -> np.ndarray:
+        if isinstance(value, np.ndarray):
+            picked = value[np.asarray(steps, dtype=np.intp)[:, None], self.rows]  # [steps, rows, ...]
+            picked = picked.reshape(-1, picked.shape[-1])
+        else:  # lazy: only these steps are read
+            picked = np.concatenate([np.asarray(value[t])[self.rows] for t in steps])
+        return (picked if cols is None else picked[:, cols]).astype(np.float64)
+
+
+@functools.lru_cache(maxsize=64)
+def _spread_cached(n: int, k: int) -> np.ndarray:
+    spread = np.array(sorted({round(v) for v in np.linspace(0, n - 1, min(n, k))}), dtype=np.intp)
+    spread.flags.writeable = False
+    return spread
+
+
 def _spread(n: int, k: int) -> np.ndarray:
     """Up to ``k`` indices spread evenly over ``range(n)`` (without np.unique: its first call imports ~40 ms)."""
-    return np.array(sorted({round(v) for v in np.linspace(0, n - 1, min(n, k))}), dtype=np.intp)
+    return _spread_cached(n, k)
 
 
 def _worst(stored: np.ndarray, recomputed: np.ndarray) -> float | None:
     """The largest |stored - recomputed| over entries where both are finite; None when there are none."""
     dev = np.abs(stored - recomputed)
+    worst = dev.max(initial=0.0)
+    if np.isfinite(worst):  # NaN or Inf anywhere would show here
+        return float(worst) if dev.size else None
     dev = dev[np.isfinite(dev)]
     return float(dev.max()) if dev.size else None
 
