@@ -26,7 +26,9 @@ def summarise(name: str, value, block_bytes: int = 64 * 2**20) -> TensorSummary:
     values near the float maximum give a finite norm rather than an overflow.
     """
     shape = tuple(value.shape)
-    size = int(np.prod(shape, dtype=np.int64))
+    size = math.prod(shape)
+    if isinstance(value, np.ndarray) and size * 8 <= block_bytes:
+        return _summarise_in_memory(name, value)
     rows = shape[0] if shape else 1
     per_row = max(1, size // max(rows, 1)) * 8
     step = max(1, block_bytes // per_row)
@@ -50,6 +52,21 @@ def summarise(name: str, value, block_bytes: int = 64 * 2**20) -> TensorSummary:
     if nonfinite:
         return TensorSummary(name, list(shape), str(value.dtype), None, None, False, nonfinite)
     return TensorSummary(name, list(shape), str(value.dtype), scale * math.sqrt(scaled_sq), scale, True, 0)
+
+
+def _summarise_in_memory(name: str, value: np.ndarray) -> TensorSummary:
+    """``summarise`` of an array of one block, in fewer passes: NaN or Inf anywhere shows in max |value|, and
+    only then are they counted."""
+    shape, dtype = list(value.shape), str(value.dtype)
+    block = value.astype(np.float64).ravel()
+    peak = float(np.max(np.abs(block))) if block.size else 0.0
+    if not math.isfinite(peak):
+        nonfinite = int(block.size - np.count_nonzero(np.isfinite(block)))
+        return TensorSummary(name, shape, dtype, None, None, False, nonfinite)
+    if peak == 0.0:
+        return TensorSummary(name, shape, dtype, 0.0, 0.0, True, 0)
+    unit = block / peak
+    return TensorSummary(name, shape, dtype, peak * math.sqrt(float(np.dot(unit, unit))), peak, True, 0)
 
 
 def json_safe(value):

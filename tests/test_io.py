@@ -289,6 +289,35 @@ def test_summary_of_finite_values_near_the_float_maximum():
     assert summary.l2_norm == pytest.approx(np.sqrt(2) * 1e300)
 
 
+@pytest.mark.parametrize("value", [
+    np.array([1e300, -1e300, 3.0]), np.zeros((3, 4), np.float32), np.zeros((0, 5)), np.float32(2.5),
+    np.array([[1.0, np.nan], [np.inf, -np.inf]], np.float32), np.array([3e38, -3e38, 1.0], np.float32),
+    np.arange(-60, 60, dtype=np.float16).reshape(4, 30), np.random.default_rng(3).standard_normal((7, 5, 3)),
+], ids=["near-max", "zeros", "empty", "0-d", "nonfinite", "f32-near-max", "f16", "normal"])
+def test_a_summary_in_one_pass_equals_the_one_read_a_block_at_a_time(value):
+    """The in-memory fast path and the blocked path (lazy datasets, huge arrays) give the same summary."""
+    value = np.asarray(value)
+    whole = summarise("g", value)
+    assert whole == summarise("g", _Lazy(value))  # not an ndarray: the blocked loop, here one block
+    rows = summarise("g", _Lazy(value), block_bytes=8)  # one row per block: the same but for rounding
+    assert (rows.finite, rows.nonfinite, rows.max_abs) == (whole.finite, whole.nonfinite, whole.max_abs)
+    assert rows.l2_norm == (None if whole.l2_norm is None else pytest.approx(whole.l2_norm, rel=1e-12))
+    assert whole.nonfinite == int(value.size - np.count_nonzero(np.isfinite(value)))
+
+
+class _Lazy:
+    """A stand-in for an on-disk dataset: shape, dtype and slicing, not an ndarray."""
+
+    def __init__(self, value):
+        self.value, self.shape, self.dtype = value, value.shape, value.dtype
+
+    def __getitem__(self, key):
+        return self.value[key]
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.value, dtype=dtype)
+
+
 def test_describe_keys_is_safe_for_one_line_messages():
     keys = ["x", "\x1b[2J\x1b[31mred", "line\nbreak", "k" * 5000, *[f"n{i}" for i in range(30)]]
     text = io.describe_keys(keys)
