@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import io
+from .backends import _blas
 from .dask_executor import NotStarted, SchedulerLost, dask_executor
 from .errors import LstmGradError, OutputExistsError, OutputFileError
 from .io import tfdbg
@@ -313,8 +314,10 @@ def _run_serially(tasks, pending, options, results, finish, keep_going, stop):
         finish(index, result)
         return result.status == "failed"
 
-    # One file: nothing to overlap its publishing with.
-    with io.published_behind() if len(pending) > 1 else contextlib.nullcontext() as publisher:
+    # One file: nothing to overlap its publishing with.  BLAS thread counts change only when a file needs
+    # other counts than the last (_blas.counts_held).
+    with (io.published_behind() if len(pending) > 1 else contextlib.nullcontext()) as publisher, \
+            _blas.counts_held():
         try:
             for index in pending:
                 if stop():

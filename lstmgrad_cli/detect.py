@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .backends import _blas
 from .backends._xp import LAYOUTS
 from .forward import logit, sigmoid
 from .gradcheck import CONSISTENCY_TOL, UNSATURATED
@@ -143,9 +144,11 @@ def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=("ifco", 
     w = np.asarray(w)[:, columns].astype(np.float64)
     b = np.asarray(arrays["b"])[columns].astype(np.float64)
     peep = {n: np.asarray(arrays[n])[units].astype(np.float64) for n in PEEPHOLES}
-    with np.errstate(all="ignore"):
-        # the pre-activations of the sampled units of every block, [rows * steps, units] each, in one product
+    # the pre-activations of the sampled units of every block, [rows * steps, units] each, in one product: small
+    # whatever the shape, so on one BLAS thread (threads it woke would spin against the work after it)
+    with np.errstate(all="ignore"), _blas.single_threaded():
         z_all = np.concatenate([x_rows, h_prev], axis=1) @ w + b
+    with np.errstate(all="ignore"):
         z = {block: z_all[:, block * units.size:(block + 1) * units.size] for block in range(4)}
         peep_terms = {"i": cs_prev * peep["wci"], "f": cs_prev * peep["wcf"], "o": stored["cs"] * peep["wco"]}
         # a peephole term that is exactly zero (the weights of the sampled units are) changes nothing: the

@@ -49,6 +49,55 @@ def test_openblas_is_numpys_own_library(choose):
     assert _blas.describe() == "OpenBLAS (numpy's)" and _blas.version_note() == ""
 
 
+class _CountingLibrary:
+    """A stand-in BLAS library whose thread count is a number, with every change recorded."""
+
+    def __init__(self, count):
+        self.count, self.changes = count, []
+
+    def blas(self):
+        return _blas.Blas("counting", 0, 0, lambda: self.count, self.set, None)
+
+    def set(self, count):
+        self.changes.append(count)
+        self.count = count
+
+
+def test_counts_held_changes_the_count_only_when_a_pass_needs_another(monkeypatch):
+    library = _CountingLibrary(2)
+    monkeypatch.setattr(_blas, "_libraries", lambda: [library.blas()])
+    with _blas.counts_held():
+        for _ in range(3):
+            with _blas.single_threaded():
+                assert library.count == 1
+            assert library.count == 1  # not put back after each small pass
+        with _blas.threads_for_pass(8, 64, 256, 256):  # a pass that wants threads gets the library's count
+            assert library.count == 2
+        with _blas.threads_for_pass(5, 3, 4, 4):
+            assert library.count == 1
+    assert library.count == 2 and library.changes == [1, 2, 1, 2]
+    with _blas.single_threaded():  # outside: set and put back each time, as before
+        assert library.count == 1
+    assert library.count == 2 and library.changes[4:] == [1, 2]
+
+
+def test_a_serial_batch_of_small_files_sets_blas_threads_once(monkeypatch, tmp_path):
+    """Putting numpy's OpenBLAS back to its count after each file restarts its threads, which spin against the
+    next file: in a batch the count is set at the first small file and put back at the end only."""
+    from conftest import consistent_inputs, write_npz
+
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.jobs import GradOptions
+
+    library = _CountingLibrary(2)
+    monkeypatch.setattr(_blas, "_libraries", lambda: [library.blas()])
+    paths = [write_npz(tmp_path / f"f{k}.npz", consistent_inputs(5, 3, 4, 4, seed=k)) for k in range(4)]
+    (tmp_path / "out").mkdir()
+    results = batch.run_batch(batch.plan_tasks(paths, None, tmp_path / "out"), GradOptions("seq"))
+    assert [r.status for r in results] == ["ok"] * 4
+    assert library.changes == [1, 2] and library.count == 2
+
+
 @needs_mkl
 @pytest.mark.parametrize("value", [None, "auto", "MKL", " mkl "])
 def test_mkl_is_chosen_when_installed_unless_openblas_is_asked_for(choose, value):
