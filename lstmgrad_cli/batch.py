@@ -282,7 +282,10 @@ def _run_pending(tasks, pending, options, results, finish, workers, dask_address
     with make_executor(min(workers, len(pending)), dask_address, _worker_started) as (executor, threads):
         if executor is None:
             return _run_serially(tasks, pending, options, results, finish, keep_going, stop)
-        futures = {_submit(executor, tasks[index], options, threads): index for index in pending}
+        # Local workers were started with their BLAS thread counts set (_thread_env); Dask workers run one task
+        # per thread, each limited as it runs (threadpoolctl: ~0.5 ms a task, which local ones need not pay).
+        per_task = threads if dask_address else None
+        futures = {_submit(executor, tasks[index], options, per_task): index for index in pending}
         try:
             for future in cf.as_completed(futures):
                 index = futures[future]
