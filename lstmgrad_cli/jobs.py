@@ -218,11 +218,13 @@ def nonfinite_note(result: GradResult) -> str:
 def _count_nonfinite(arrays: dict) -> dict[str, int]:
     """NaN/Inf entries per input tensor (they are computed through, as TF does, and reported).
 
-    Lazy (on-disk) tensors are scanned a block at a time."""
+    Lazy (on-disk) tensors were counted as the backward pass read them; rows it did not read are read now."""
     counts = {}
     for name, a in arrays.items():
         if isinstance(a, np.ndarray):
             counts[name] = int(a.size - np.count_nonzero(np.isfinite(a)))
+        elif isinstance(a, io.LazyDataset):  # counted as the pass read it; only the rest is read now
+            counts[name] = a.nonfinite()
         else:
             counts[name] = summarise(name, a).nonfinite
     return {name: n for name, n in counts.items() if n}

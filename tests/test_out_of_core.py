@@ -7,6 +7,8 @@ import json
 import h5py
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import consistent_inputs, load_case, write_h5, write_npz
 
 from lstmgrad_cli.cli import main
@@ -89,3 +91,87 @@ def test_nan_in_a_streamed_input_is_counted_and_strict_writes_nothing(runner, tm
     result = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.h5"), "--strict", "--chunk-steps", "4"])
     assert result.exit_code == 1 and "NaN/Inf in inputs: h_grad (1)" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.h5"]
+
+
+def test_the_overlapped_schedule_streams_too_and_equals_the_in_memory_run(tmp_path, monkeypatch):
+    """Large shapes run the chunk products on a second thread; a streamed run (lazy inputs, x_grad written into
+    the HDF5 output from either thread) takes that schedule too and gives the in-memory result bit for bit."""
+    from lstmgrad_cli.backends import _blas, _xp
+
+    monkeypatch.setattr(_xp, "OVERLAP_MIN_FLOPS", 0)  # this small shape takes the large shapes' schedule
+    monkeypatch.setattr(_blas, "usable_cores", lambda: 2)
+    threads = []
+    real = _xp.XpGradient._run_overlapped
+    monkeypatch.setattr(_xp.XpGradient, "_run_overlapped",
+                        lambda self, *a: threads.append(1) or real(self, *a))
+    tensors = long_problem(T=40, B=4, I=6, C=5, seed=3)
+    h5_in = write_h5(tmp_path / "in.h5", tensors, attrs={"seq_len_max": np.int64(37)})
+    npz_in = write_npz(tmp_path / "in.npz", {**tensors, "seq_len_max": np.int64(37)})
+    streamed = run_grad_file(h5_in, tmp_path / "streamed.h5", GradOptions("seq"))
+    in_memory = run_grad_file(npz_in, tmp_path / "memory.npz", GradOptions("seq"))
+    assert len(threads) == 2  # both runs took the overlapped schedule
+    got, _ = read_h5(tmp_path / "streamed.h5")
+    with np.load(tmp_path / "memory.npz") as want:
+        for key in got:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    assert streamed.nonfinite_inputs == in_memory.nonfinite_inputs == {}
+
+
+@pytest.mark.parametrize("chunk_steps", [3, 40])
+def test_nonfinite_inputs_of_a_streamed_run_are_counted_once_each_without_a_second_pass(tmp_path, monkeypatch,
+                                                                                         chunk_steps):
+    """NaN/Inf are counted as the pass reads the rows (cs is read one row past each chunk, detection reads a few
+    rows first), each once, and rows the pass never reads (beyond seq_len_max) are read for the count alone."""
+    from lstmgrad_cli.io import hdf5
+
+    tensors = long_problem(T=40, B=3, I=5, C=4, seed=5)
+    tensors["cs"][[0, 19, 20, 21, 38]] = np.nan  # chunk edges, detection's rows, a row beyond seq_len_max
+    tensors["x"][1, 0, 0] = np.inf
+    tensors["h_grad"][39, 2, 3] = -np.inf  # only beyond seq_len_max
+    tensors["cs_prev"][0, 0] = np.nan  # in memory, counted as before
+    scalars = {"seq_len_max": np.int64(36)}
+    h5_in = write_h5(tmp_path / "in.h5", tensors, attrs=scalars)
+    npz_in = write_npz(tmp_path / "in.npz", {**tensors, **scalars})
+    reads = []
+    real = hdf5.LazyDataset.__getitem__
+    monkeypatch.setattr(hdf5.LazyDataset, "__getitem__", lambda self, index: reads.append((self._key, index)) or
+                        real(self, index))
+    options = GradOptions("seq", chunk_steps=chunk_steps)
+    streamed = run_grad_file(h5_in, tmp_path / "streamed.h5", options)
+    in_memory = run_grad_file(npz_in, tmp_path / "memory.npz", options)
+    expected = {"cs": 5 * 3 * 4, "x": 1, "h_grad": 1, "cs_prev": 1}
+    assert in_memory.nonfinite_inputs == expected
+    assert streamed.nonfinite_inputs == expected
+    rows_read = {}
+    for key, index in reads:
+        rows = range(40)[index] if isinstance(index, slice) else [index]
+        for row in rows:
+            rows_read[key, row] = rows_read.get((key, row), 0) + 1
+    assert rows_read["h_grad", 39] == 1  # read once, for the count: the pass stops at seq_len_max
+    assert max(n for (key, _), n in rows_read.items() if key == "x") <= 2  # no second pass over the file
+
+
+class _Rows:
+    """A stand-in for an h5py dataset: numpy slicing on a [T, ...] array."""
+
+    def __init__(self, value):
+        self.value, self.shape, self.dtype = value, value.shape, value.dtype
+
+    def __getitem__(self, index):
+        return self.value[index]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.tuples(st.integers(-3, 12), st.integers(-3, 12)), st.integers(-12, 11)), max_size=12),
+       st.sets(st.integers(0, 11 * 2 - 1)))
+def test_a_lazy_dataset_counts_each_nonfinite_entry_once_however_it_is_read(reads, bad):
+    from lstmgrad_cli.io.hdf5 import LazyDataset
+
+    value = np.arange(24, dtype=np.float32).reshape(12, 2)
+    value.ravel()[sorted(bad)] = np.nan
+    lazy = LazyDataset(_Rows(value), "t", None)
+    for read in reads:
+        index = slice(*read) if isinstance(read, tuple) else read
+        np.testing.assert_array_equal(lazy[index], value[index])
+    assert lazy.nonfinite(block_bytes=8) == len(bad)
+    assert lazy.nonfinite() == len(bad)  # asked again: nothing counted twice

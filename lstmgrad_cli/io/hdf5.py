@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -47,23 +48,92 @@ class LazyDataset:
 
     Has what the gradient code uses of an array: ``shape``, ``ndim``, ``dtype``, ``size`` and
     slicing along the first axis.  Valid while the ``open_inputs`` block that made it runs.
+
+    The NaN/Inf entries of every row a read returns are counted on the way (once per row, however
+    often it is read), so that ``nonfinite()`` after a backward pass reads only the rows the pass
+    did not: the streamed run needs no second pass over the file to report them.
     """
 
     def __init__(self, dataset, key: str, path: Path):
         self._dataset, self._key, self._path = dataset, key, path
         self.shape, self.dtype = tuple(dataset.shape), dataset.dtype
         self.ndim, self.size = len(self.shape), int(math.prod(self.shape))
+        self._counted: list[tuple[int, int]] = []  # disjoint, sorted [lo, hi) row ranges already counted
+        self._nonfinite = 0
+        self._lock = threading.Lock()  # the overlapped schedule reads from two threads
 
     def __len__(self) -> int:
         return self.shape[0]
 
     def __getitem__(self, index) -> np.ndarray:
         try:
-            return np.asarray(self._dataset[index])
+            value = np.asarray(self._dataset[index])
         except MemoryError:
             raise InputFileError(f"{self._path}: {self._key} does not fit in memory") from None
         except HDF5_ERRORS as err:
             raise InputFileError(f"{self._path}: {self._key} cannot be read ({reason(err)})") from None
+        rows = _rows(index, self.shape[0]) if self.ndim else None
+        if rows is not None:
+            self._tally(rows, value if isinstance(index, slice) else value[None])
+        return value
+
+    def nonfinite(self, block_bytes: int = 64 * 2**20) -> int:
+        """NaN/Inf entries of the whole dataset: those counted as rows were read, and the rows never read,
+        read now a block at a time."""
+        if not self.ndim:
+            return _count_nonfinite(self[()])
+        per_row = max(1, self.size // max(self.shape[0], 1)) * self.dtype.itemsize
+        step = max(1, block_bytes // per_row)
+        for lo, hi in _uncovered(self._counted, 0, self.shape[0]):
+            for a in range(lo, hi, step):
+                self[a:min(a + step, hi)]  # counted as it is read
+        return self._nonfinite
+
+    def _tally(self, rows: tuple[int, int], value: np.ndarray) -> None:
+        lo, hi = rows
+        with self._lock:
+            for a, b in _uncovered(self._counted, lo, hi):
+                self._nonfinite += _count_nonfinite(value[a - lo:b - lo])
+            self._counted = _merged([*self._counted, rows])
+
+
+def _rows(index, n: int) -> tuple[int, int] | None:
+    """The rows ``[lo, hi)`` an index of the first axis reads (an int or a slice of step 1), else None."""
+    if isinstance(index, int | np.integer):
+        row = int(index) + n if index < 0 else int(index)
+        return (row, row + 1) if 0 <= row < n else None
+    if isinstance(index, slice) and index.step in (None, 1):
+        lo, hi, _ = index.indices(n)
+        return (lo, hi) if lo < hi else None
+    return None
+
+
+def _uncovered(ranges: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """The parts of ``[lo, hi)`` outside the sorted, disjoint ``ranges``."""
+    parts = []
+    for a, b in ranges:
+        if b <= lo or a >= hi:
+            continue
+        if a > lo:
+            parts.append((lo, a))
+        lo = max(lo, b)
+    if lo < hi:
+        parts.append((lo, hi))
+    return parts
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _count_nonfinite(value: np.ndarray) -> int:
+    return int(value.size - np.count_nonzero(np.isfinite(value)))
 
 
 @contextlib.contextmanager
