@@ -243,7 +243,7 @@ class XpGradient:
 
         # The chunks depend on the shape only, so a result never depends on the schedule or machine.
         overlap_chunks = self._overlap_chunks(L, B, I, C, cdt)
-        overlap = (overlap_chunks and not return_dgates and x_grad_out is None and observe is None
+        overlap = (overlap_chunks and not return_dgates and observe is None
                    and self._overlap_now())
         gates_step = B * 4 * C * cdt.itemsize
         if overlap_chunks:  # a fifth of the steps each, or fewer so that a few chunks fit the budget
