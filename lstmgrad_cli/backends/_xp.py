@@ -107,6 +107,14 @@ def contiguous_transpose(xp, a, tile: int = 128):
     return out
 
 
+def _rows_into(source, lo: int, hi: int, out, dest) -> None:
+    """``out[dest] = source[lo:hi]``; a lazy input of ``out``'s dtype (h5py) is read straight into place."""
+    if hasattr(source, "read_into") and isinstance(out, np.ndarray) and source.dtype == out.dtype:
+        source.read_into(lo, hi, out, dest)
+    else:
+        out[dest] = source[lo:hi]
+
+
 def chunk_bounds(L: int, K: int, short_first: bool = False) -> list[tuple[int, int]]:  # noqa: E741
     """``(lo, hi)`` of each chunk of at most K steps, last steps first, covering ``[0, L)``.
 
@@ -259,6 +267,7 @@ class XpGradient:
         else:
             dgates_buf = xp.empty((slots, K, B, 4 * C), dtype=cdt)
         cast_bufs = {}  # name -> [K(+1), B, C] buffer in the compute dtype, made on first use
+        read_bufs = {}  # name -> [K+1, B, C] buffer a lazy input's chunks are read into (chunk())
         xh_buf = None  # [x, h_prev, 1] of a chunk's steps, [K, B, I+C+1]
         if L > 0:
             xh_buf = xp.empty((K, B, I + C + 1), dtype=cdt)
@@ -266,7 +275,14 @@ class XpGradient:
 
         def chunk(name, a, b):
             """``t.<name>[a:b]`` in the compute dtype (a view when no cast is needed)."""
-            src = getattr(t, name)[a:b]
+            source = getattr(t, name)
+            if hasattr(source, "read_into") and xp is np:  # on disk: into a buffer reused from chunk to chunk
+                buf = read_bufs.get(name)
+                if buf is None:
+                    buf = read_bufs[name] = np.empty((K + 1, *source.shape[1:]), dtype=source.dtype)
+                src = source.read_into(a, b, buf[:b - a])
+            else:
+                src = source[a:b]
             if src.dtype == cdt:
                 return src
             buf = cast_bufs.get(name)
@@ -474,14 +490,14 @@ class XpGradient:
         C = wb_grad.shape[0] - I - 1
         flat = gates.reshape(n * B, G4)
         xh = xh_buf[:n]
-        xh[:, :, :I] = t.x[lo:hi]
+        _rows_into(t.x, lo, hi, xh_buf, np.s_[:n, :, :I])
         # h_prev of step s is h[s-1], and the input h_prev at s = 0 (never read h at t = L-1).
         if lo > 0:
-            xh[:, :, I:I + C] = t.h[lo - 1:hi - 1]
+            _rows_into(t.h, lo - 1, hi - 1, xh_buf, np.s_[:n, :, I:I + C])
         else:
             xh[0, :, I:I + C] = h_prev
             if n > 1:
-                xh[1:, :, I:I + C] = t.h[0:hi - 1]
+                _rows_into(t.h, 0, hi - 1, xh_buf, np.s_[1:n, :, I:I + C])
         xh = xh.reshape(n * B, I + C + 1)
         if _blas.matmul_into(xh.T, flat, wb_grad, accumulate=not first):
             return  # one BLAS call adds the product in: no [I+C+1, 4C] temporary, no extra pass

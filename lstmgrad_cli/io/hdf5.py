@@ -77,6 +77,21 @@ class LazyDataset:
             self._tally(rows, value if isinstance(index, slice) else value[None])
         return value
 
+    def read_into(self, lo: int, hi: int, out: np.ndarray, dest=None) -> np.ndarray:
+        """Rows ``[lo, hi)`` into ``out`` (C-contiguous, of this dtype), or into ``out[dest]``: a buffer kept
+        from chunk to chunk costs no fresh pages per read, as slicing does.  Returns what was filled."""
+        filled = out if dest is None else out[dest]
+        if lo >= hi:
+            return filled
+        try:
+            self._dataset.read_direct(out, np.s_[lo:hi], dest)
+        except MemoryError:
+            raise InputFileError(f"{self._path}: {self._key} does not fit in memory") from None
+        except HDF5_ERRORS as err:
+            raise InputFileError(f"{self._path}: {self._key} cannot be read ({reason(err)})") from None
+        self._tally((lo, hi), filled)
+        return filled
+
     def nonfinite(self, block_bytes: int = 64 * 2**20) -> int:
         """NaN/Inf entries of the whole dataset: those counted as rows were read, and the rows never read,
         read now a block at a time."""
