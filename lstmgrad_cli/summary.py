@@ -27,23 +27,19 @@ def summarise(name: str, value, block_bytes: int = 64 * 2**20) -> TensorSummary:
     """
     shape = tuple(value.shape)
     size = math.prod(shape)
-    if isinstance(value, np.ndarray) and size * 8 <= block_bytes:
-        return _summarise_in_memory(name, value)
-    rows = shape[0] if shape else 1
-    per_row = max(1, size // max(rows, 1)) * 8
-    step = max(1, block_bytes // per_row)
+    itemsize = max(np.dtype(value.dtype).itemsize, 8)
+    if isinstance(value, np.ndarray) and size * itemsize <= block_bytes:
+        blocks = [value]
+    else:
+        rows = shape[0] if shape else 1
+        step = max(1, block_bytes // (max(1, size // max(rows, 1)) * itemsize))
+        blocks = (value[lo:lo + step] for lo in range(0, rows, step)) if shape else [value[()]]
     scale, scaled_sq, nonfinite = 0.0, 0.0, 0  # norm = scale * sqrt(scaled_sq)
-    for lo in range(0, rows, step) if shape else [None]:
-        block = np.asarray(value if lo is None else value[lo:lo + step], dtype=np.float64).ravel()
-        bad = int(block.size - np.count_nonzero(np.isfinite(block)))
+    for block in blocks:
+        peak, block_sq, bad = _block_part(np.asarray(block))
         nonfinite += bad
-        if nonfinite or not block.size:
+        if nonfinite or peak == 0.0:
             continue
-        peak = float(np.max(np.abs(block)))
-        if peak == 0.0:
-            continue
-        unit = block / peak
-        block_sq = float(np.dot(unit, unit))
         if peak > scale:
             scaled_sq = scaled_sq * (scale / peak) ** 2 + block_sq
             scale = peak
@@ -54,19 +50,22 @@ def summarise(name: str, value, block_bytes: int = 64 * 2**20) -> TensorSummary:
     return TensorSummary(name, list(shape), str(value.dtype), scale * math.sqrt(scaled_sq), scale, True, 0)
 
 
-def _summarise_in_memory(name: str, value: np.ndarray) -> TensorSummary:
-    """``summarise`` of an array of one block, in fewer passes: NaN or Inf anywhere shows in max |value|, and
-    only then are they counted."""
-    shape, dtype = list(value.shape), str(value.dtype)
-    block = value.astype(np.float64).ravel()
-    peak = float(np.max(np.abs(block))) if block.size else 0.0
+def _block_part(block: np.ndarray) -> tuple[float, float, int]:
+    """(max |value|, sum of (value / max)^2, NaN/Inf count) of one block, in few passes: max and min in the
+    block's own dtype (NaN and Inf show there; only then are they counted), the squares summed in float64,
+    unscaled where they can neither overflow nor underflow."""
+    if not block.size:
+        return 0.0, 0.0, 0
+    peak = float(np.maximum(abs(block.max()), abs(block.min())))  # np.maximum: a NaN is not lost
     if not math.isfinite(peak):
-        nonfinite = int(block.size - np.count_nonzero(np.isfinite(block)))
-        return TensorSummary(name, shape, dtype, None, None, False, nonfinite)
+        return peak, 0.0, int(block.size - np.count_nonzero(np.isfinite(block)))
     if peak == 0.0:
-        return TensorSummary(name, shape, dtype, 0.0, 0.0, True, 0)
-    unit = block / peak
-    return TensorSummary(name, shape, dtype, peak * math.sqrt(float(np.dot(unit, unit))), peak, True, 0)
+        return 0.0, 0.0, 0
+    flat = block.astype(np.float64, copy=False).ravel()
+    if 1e-100 < peak < 1e100:
+        return peak, float(np.dot(flat, flat)) / peak / peak, 0
+    unit = flat / peak
+    return peak, float(np.dot(unit, unit)), 0
 
 
 def json_safe(value):
