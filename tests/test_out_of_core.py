@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 
 import h5py
 import numpy as np
 import pytest
+from conftest import consistent_inputs, load_case, write_h5, write_npz
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from conftest import consistent_inputs, load_case, write_h5, write_npz
 
 from lstmgrad_cli.cli import main
 from lstmgrad_cli.jobs import GradOptions, run_grad_file
@@ -175,3 +176,105 @@ def test_a_lazy_dataset_counts_each_nonfinite_entry_once_however_it_is_read(read
         np.testing.assert_array_equal(lazy[index], value[index])
     assert lazy.nonfinite(block_bytes=8) == len(bad)
     assert lazy.nonfinite() == len(bad)  # asked again: nothing counted twice
+
+
+# -- reading ahead: contiguous datasets with pread, the next chunk on a thread --------------------------------------
+
+@pytest.mark.parametrize("layout", ["contiguous", "userblock-512", "userblock-4096", "chunked", "gzip"])
+def test_read_into_gives_what_hdf5_gives_with_pread_only_for_plain_contiguous_data(tmp_path, layout):
+    from lstmgrad_cli.io.hdf5 import LazyDataset
+
+    value = np.random.default_rng(0).standard_normal((9, 3, 5)).astype(np.float32)
+    value[4, 1, 2] = np.nan
+    path = tmp_path / "t.h5"
+    userblock = int(layout.split("-")[1]) if layout.startswith("userblock") else 0
+    with h5py.File(path, "w", userblock_size=userblock) as fh:
+        if layout == "chunked":
+            fh.create_dataset("t", data=value, chunks=(2, 3, 5))
+        elif layout == "gzip":
+            fh.create_dataset("t", data=value, compression="gzip")
+        else:
+            fh.create_dataset("t", data=value)
+    with h5py.File(path, "r") as fh:
+        lazy = LazyDataset(fh["t"], "t", path)
+        assert (lazy._raw is not None) == (layout not in ("chunked", "gzip"))
+        out = np.full((4, 3, 5), -1.0, np.float32)
+        np.testing.assert_array_equal(lazy.read_into(3, 7, out), value[3:7])
+        into = np.zeros((4, 3, 8), np.float32)  # a strided place, as the w_grad product's [x, h_prev, 1] buffer
+        lazy.read_into(5, 9, into, np.s_[:, :, 2:7])
+        np.testing.assert_array_equal(into[:, :, 2:7], value[5:9])
+        assert not into[:, :, :2].any() and not into[:, :, 7:].any()
+        assert lazy.nonfinite() == 1
+
+
+def test_a_contiguous_dataset_past_the_files_end_is_not_read_with_pread(tmp_path):
+    """A block that would reach past the end (a truncated or hostile file) is left to HDF5, which refuses it;
+    a file that shrinks after opening is an InputFileError, never a short buffer."""
+    from lstmgrad_cli.errors import InputFileError
+    from lstmgrad_cli.io.hdf5 import LazyDataset
+
+    path = write_h5(tmp_path / "t.h5", {"t": np.ones((50, 4, 4), np.float32)})
+    with h5py.File(path, "r") as fh:
+        offset = fh["t"].id.get_offset()
+    with open(path, "r+b") as fh:
+        fh.truncate(offset + 100)
+    try:
+        fh = h5py.File(path, "r")
+    except OSError:
+        pass  # this HDF5 refuses the file outright: nothing to read
+    else:
+        with fh:
+            lazy = LazyDataset(fh["t"], "t", path)
+            assert lazy._raw is None
+            with pytest.raises(InputFileError, match="cannot be read"):
+                lazy.read_into(40, 50, np.empty((10, 4, 4), np.float32))
+    path = write_h5(tmp_path / "u.h5", {"t": np.ones((50, 4, 4), np.float32)})
+    with h5py.File(path, "r") as fh:
+        lazy = LazyDataset(fh["t"], "t", path)
+        assert lazy._raw is not None
+        os.truncate(path, fh["t"].id.get_offset() + 100)
+        with pytest.raises(InputFileError, match=r"u\.h5: t cannot be read \(.*truncated"):
+            lazy.read_into(40, 50, np.empty((10, 4, 4), np.float32))
+
+
+def test_the_next_chunk_is_read_on_a_thread_and_a_failed_read_is_one_line(runner, tmp_path, monkeypatch):
+    import threading
+
+    from lstmgrad_cli.errors import InputFileError
+    from lstmgrad_cli.io import hdf5
+
+    tensors = long_problem(T=40, B=3, I=5, C=4, seed=7)
+    src = write_h5(tmp_path / "in.h5", tensors)
+    threads, calls = [], []
+    real = hdf5.LazyDataset._pread
+
+    def pread(self, lo, hi, out):
+        threads.append(threading.current_thread().name)
+        calls.append(self._key)
+        if fail_at and len(calls) >= fail_at and threads[-1].startswith("lstmgrad-read"):
+            raise InputFileError(f"{self._path}: {self._key} cannot be read (Input/output error)")
+        real(self, lo, hi, out)
+
+    monkeypatch.setattr(hdf5.LazyDataset, "_pread", pread)
+    fail_at = None
+    before = threading.active_count()
+    ok = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.h5"), "--chunk-steps", "4", "-q"])
+    assert ok.exit_code == 0, ok.stderr
+    assert any(name.startswith("lstmgrad-read") for name in threads)  # chunks after the first, ahead
+    assert threading.active_count() == before  # the reading thread ended with the pass
+    reference = runner.invoke(main, ["seq", str(write_npz(tmp_path / "in.npz", tensors)), "-o",
+                                     str(tmp_path / "ref.npz"), "--chunk-steps", "4", "-q"])
+    assert reference.exit_code == 0
+    got, _ = read_h5(tmp_path / "g.h5")
+    with np.load(tmp_path / "ref.npz") as want:
+        for key in got:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+    calls.clear()
+    fail_at = 30  # a read of a later chunk, on the reading thread
+    failed = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "h.h5"), "--chunk-steps", "4"])
+    assert failed.exit_code == 1 and "Traceback" not in failed.stderr
+    assert failed.stderr.startswith("Error: ") and "cannot be read (Input/output error)" in failed.stderr
+    assert not (tmp_path / "h.h5").exists() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))\
+        == []
+    assert threading.active_count() == before

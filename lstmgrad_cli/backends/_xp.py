@@ -107,6 +107,59 @@ def contiguous_transpose(xp, a, tile: int = 128):
     return out
 
 
+class _ReadAhead:
+    """The time-major inputs a chunk's time loop reads (``STEP_NAMES`` and cs, one row earlier), for inputs on
+    disk: each chunk's rows go into one of two sets of buffers kept for the whole pass, and the next chunk's
+    are read on a thread while this chunk's loop runs.  ``LazyDataset.read_into`` reads plain contiguous
+    datasets with ``pread``, which leaves the GIL to the loop (through h5py the thread would gain nothing).
+    Chunks are taken in order, ``take(0)``, ``take(1)``, ...
+    """
+
+    def __init__(self, t, chunks, K: int):
+        self._t, self._chunks, self._K = t, chunks, K
+        self._slots = ({}, {})  # name -> [K+1, ...] buffer, for even and odd chunks
+        self._ahead = None  # (j, future) of the chunk being read on the thread
+        self._pool = None
+
+    def take(self, j: int) -> dict:
+        """Chunk j's rows by name ("cs": from one step before the chunk, as the loop wants it)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == j:
+            rows = ahead[1].result()  # a read error is raised here, in the loop's thread
+        else:
+            if ahead is not None:
+                ahead[1].exception()  # not wanted (never happens in order), but its buffers must be free
+            rows = self._read(j)
+        if j + 1 < len(self._chunks):
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only passes on disk
+
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="lstmgrad-read")
+            self._ahead = (j + 1, self._pool.submit(self._read, j + 1))
+        return rows
+
+    def close(self) -> None:
+        """Wait for a read still running (it fills buffers of this pass) and end the thread."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def _read(self, j: int) -> dict:
+        lo, hi = self._chunks[j]
+        first = 1 if lo > 0 else 0
+        slot = self._slots[j % 2]
+        return {name: self._rows(slot, name, lo - first if name == "cs" else lo, hi) for name in (*STEP_NAMES, "cs")}
+
+    def _rows(self, slot: dict, name: str, a: int, b: int):
+        source = getattr(self._t, name)
+        if not hasattr(source, "read_into"):
+            return source[a:b]
+        buf = slot.get(name)
+        if buf is None:
+            buf = slot[name] = np.empty((self._K + 1, *source.shape[1:]), dtype=source.dtype)
+        return source.read_into(a, b, buf[:b - a])
+
+
 def _rows_into(source, lo: int, hi: int, out, dest) -> None:
     """``out[dest] = source[lo:hi]``; a lazy input of ``out``'s dtype (h5py) is read straight into place."""
     if hasattr(source, "read_into") and isinstance(out, np.ndarray) and source.dtype == out.dtype:
@@ -267,22 +320,19 @@ class XpGradient:
         else:
             dgates_buf = xp.empty((slots, K, B, 4 * C), dtype=cdt)
         cast_bufs = {}  # name -> [K(+1), B, C] buffer in the compute dtype, made on first use
-        read_bufs = {}  # name -> [K+1, B, C] buffer a lazy input's chunks are read into (chunk())
         xh_buf = None  # [x, h_prev, 1] of a chunk's steps, [K, B, I+C+1]
         if L > 0:
             xh_buf = xp.empty((K, B, I + C + 1), dtype=cdt)
             xh_buf[:, :, I + C] = 1
+        # Inputs on disk (h5py datasets): each chunk's rows read into reused buffers, the next chunk's ahead.
+        on_disk = xp is np and any(hasattr(getattr(t, name), "read_into") for name in (*STEP_NAMES, "cs"))
+        reader = _ReadAhead(t, chunks, K) if on_disk else None
 
-        def chunk(name, a, b):
-            """``t.<name>[a:b]`` in the compute dtype (a view when no cast is needed)."""
-            source = getattr(t, name)
-            if hasattr(source, "read_into") and xp is np:  # on disk: into a buffer reused from chunk to chunk
-                buf = read_bufs.get(name)
-                if buf is None:
-                    buf = read_bufs[name] = np.empty((K + 1, *source.shape[1:]), dtype=source.dtype)
-                src = source.read_into(a, b, buf[:b - a])
-            else:
-                src = source[a:b]
+        def chunk(name, a, b, src=None):
+            """``t.<name>[a:b]`` (``src``: those rows, read already) in the compute dtype (a view when no cast is
+            needed)."""
+            if src is None:
+                src = getattr(t, name)[a:b]
             if src.dtype == cdt:
                 return src
             buf = cast_bufs.get(name)
@@ -297,9 +347,10 @@ class XpGradient:
 
         def steps(j, lo, hi):
             nonlocal carried_cs, new_cs
-            acts = {name: chunk(name, lo, hi) for name in STEP_NAMES}
+            read = reader.take(j) if reader is not None else {}
+            acts = {name: chunk(name, lo, hi, read.get(name)) for name in STEP_NAMES}
             first = 1 if lo > 0 else 0                     # cs_ext[k + first] is cs of step lo + k
-            cs_ext = chunk("cs", lo - first, hi)
+            cs_ext = chunk("cs", lo - first, hi, read.get("cs"))
             carried_cs, new_cs = self._steps(lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs,
                                              gates_of(j, lo, hi), w_h_t, peep, acc, offsets, ws, observe,
                                              one_core=overlap)
@@ -310,14 +361,18 @@ class XpGradient:
         def wb_product(j, lo, hi):
             self._wb_product(t, lo, hi, gates_of(j, lo, hi), wb_grad, h_prev, xh_buf, hi == L)
 
-        if overlap:
-            self._run_overlapped(chunks, slots, steps, x_product, wb_product)
-        else:
-            with self._threads_for(L, B, I, C):
-                for j, (lo, hi) in enumerate(chunks):
-                    steps(j, lo, hi)
-                    x_product(j, lo, hi)
-                    wb_product(j, lo, hi)
+        try:
+            if overlap:
+                self._run_overlapped(chunks, slots, steps, x_product, wb_product)
+            else:
+                with self._threads_for(L, B, I, C):
+                    for j, (lo, hi) in enumerate(chunks):
+                        steps(j, lo, hi)
+                        x_product(j, lo, hi)
+                        wb_product(j, lo, hi)
+        finally:
+            if reader is not None:
+                reader.close()
 
         peep_grads = [a.sum(axis=0) for a in acc] if use_peephole else [xp.zeros(C, dtype=cdt) for _ in range(3)]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 from pathlib import Path
 
@@ -52,12 +53,20 @@ class LazyDataset:
     The NaN/Inf entries of every row a read returns are counted on the way (once per row, however
     often it is read), so that ``nonfinite()`` after a backward pass reads only the rows the pass
     did not: the streamed run needs no second pass over the file to report them.
+
+    ``read_into`` reads a dataset stored in one contiguous, unfiltered block of a plain file with
+    ``pread`` on the file's own descriptor, not through HDF5: h5py holds the GIL while it reads, so a
+    thread reading ahead (the backward pass's ``_ReadAhead``) would stall the time loop, while a
+    ``pread`` lets it run (a read beside a loop of small products: 0.69 s in sequence, 0.67 s with
+    h5py on a thread, 0.50 s with pread).
     """
 
     def __init__(self, dataset, key: str, path: Path):
         self._dataset, self._key, self._path = dataset, key, path
         self.shape, self.dtype = tuple(dataset.shape), dataset.dtype
         self.ndim, self.size = len(self.shape), int(math.prod(self.shape))
+        self._row_bytes = self.size // max(self.shape[0], 1) * self.dtype.itemsize if self.ndim else 0
+        self._raw = _raw_location(dataset, self.size * self.dtype.itemsize)  # (descriptor, offset) or None
         self._counted: list[tuple[int, int]] = []  # disjoint, sorted [lo, hi) row ranges already counted
         self._nonfinite = 0
         self._lock = threading.Lock()  # the overlapped schedule reads from two threads
@@ -84,13 +93,37 @@ class LazyDataset:
         if lo >= hi:
             return filled
         try:
-            self._dataset.read_direct(out, np.s_[lo:hi], dest)
+            if self._raw is not None and dest is None:
+                self._pread(lo, hi, out)
+            elif self._raw is not None:  # into a strided place: read whole rows, then copy them there
+                rows = np.empty(filled.shape, dtype=self.dtype)
+                self._pread(lo, hi, rows)
+                filled[...] = rows
+            else:
+                self._dataset.read_direct(out, np.s_[lo:hi], dest)
         except MemoryError:
             raise InputFileError(f"{self._path}: {self._key} does not fit in memory") from None
         except HDF5_ERRORS as err:
             raise InputFileError(f"{self._path}: {self._key} cannot be read ({reason(err)})") from None
         self._tally((lo, hi), filled)
         return filled
+
+    def _pread(self, lo: int, hi: int, out: np.ndarray) -> None:
+        """Rows ``[lo, hi)`` straight from the file into C-contiguous ``out`` (the GIL is released meanwhile)."""
+        fd, offset = self._raw
+        view = memoryview(out).cast("B")
+        start, done = offset + lo * self._row_bytes, 0
+        if len(view) != (hi - lo) * self._row_bytes:
+            raise ValueError("the buffer does not hold those rows")
+        while done < len(view):
+            try:
+                got = os.preadv(fd, [view[done:]], start + done)
+            except OSError as err:
+                raise InputFileError(f"{self._path}: {self._key} cannot be read ({err.strerror or err})") from None
+            if not got:
+                raise InputFileError(f"{self._path}: {self._key} cannot be read (the file ends before its data: "
+                                     "truncated meanwhile?)")
+            done += got
 
     def nonfinite(self, block_bytes: int = 64 * 2**20) -> int:
         """NaN/Inf entries of the whole dataset: those counted as rows were read, and the rows never read,
@@ -110,6 +143,29 @@ class LazyDataset:
             for a, b in _uncovered(self._counted, lo, hi):
                 self._nonfinite += _count_nonfinite(value[a - lo:b - lo])
             self._counted = _merged([*self._counted, rows])
+
+
+def _raw_location(dataset, nbytes: int) -> tuple[int, int] | None:
+    """(file descriptor, byte offset) of a dataset whose data is one contiguous, unfiltered block inside a plain
+    file, which ``pread`` reads as HDF5 would; None for anything else (chunked, filtered, not yet written,
+    another file driver, no ``os.preadv``) or for a block that would reach past the file's end."""
+    if not hasattr(os, "preadv") or not nbytes:
+        return None
+    try:
+        import h5py  # noqa: PLC0415 - a LazyDataset exists only when h5py is imported
+
+        dcpl = dataset.id.get_create_plist()
+        if dcpl.get_layout() != h5py.h5d.CONTIGUOUS or dcpl.get_nfilters() or dcpl.get_external_count():
+            return None
+        if dataset.file.driver != "sec2" or dataset.id.get_storage_size() != nbytes:
+            return None
+        offset = dataset.id.get_offset()
+        fd = dataset.file.id.get_vfd_handle()
+        if offset is None or not isinstance(fd, int) or offset + nbytes > os.fstat(fd).st_size:
+            return None
+    except (*HDF5_ERRORS, MemoryError):
+        return None
+    return fd, offset
 
 
 def _rows(index, n: int) -> tuple[int, int] | None:
