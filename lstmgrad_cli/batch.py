@@ -112,6 +112,28 @@ def run_task(task: Task, options: GradOptions, blas_threads: int | None = None) 
         return failed(task, options, f"{task.input}: {reason}")
 
 
+@dataclass(frozen=True)
+class Unpublished:
+    """A local worker's result whose output is written but not yet in place: the process it reports to
+    fsyncs and renames it (``io.publish_handed``), so the worker goes on at once with its next file."""
+
+    result: GradResult
+    output: io.Handoff
+
+
+def run_task_unpublished(task: Task, options: GradOptions) -> GradResult | Unpublished:
+    """``run_task`` in a local worker process: an output written is returned ``Unpublished``, for the parent to
+    fsync and rename (``_outcome``)."""
+    with io.handed_to_parent() as handoffs:
+        result = run_task(task, options)
+    if handoffs and result.status == "ok":
+        return Unpublished(result, handoffs[0])
+    for handoff in handoffs:  # (never happens: the output is a run's last step) nothing half-done stays behind
+        with contextlib.suppress(OSError):
+            handoff.tmp.unlink()
+    return result
+
+
 def failed(task: Task, options: GradOptions, error: str) -> GradResult:
     """The result of a task that failed with ``error`` (one line)."""
     return GradResult(str(task.input), None, options.op, member=task.group, status="failed", error=error)
@@ -124,7 +146,10 @@ def _outcome(future: cf.Future, task: Task, options: GradOptions) -> GradResult 
         return None
     err = future.exception()  # the future is done: this does not wait
     if err is None:
-        return future.result()
+        value = future.result()
+        if isinstance(value, Unpublished):  # a local worker's output, fsynced and renamed here
+            return _as_published(io.publish_handed(value.output), task, options, value.result)
+        return value
     if isinstance(err, NotStarted):
         return None
     if isinstance(err, SchedulerLost):
@@ -145,14 +170,17 @@ def _lost(task: Task, options: GradOptions, error: str) -> GradResult:
                       error=f"{task.input}: {error}")
 
 
-def _submit(executor: cf.Executor, task: Task, options: GradOptions, threads: int | None) -> cf.Future:
-    """``executor.submit(run_task, ...)``, or a future holding the error when handing out fails.
+def _submit(executor: cf.Executor, task: Task, options: GradOptions, threads: int | None, local: bool) -> cf.Future:
+    """``executor.submit(run_task, ...)`` (``run_task_unpublished`` to a ``local`` pool), or a future holding the
+    error when handing out fails.
 
     A worker killed while tasks are still being handed out breaks the pool: later submits raise
     BrokenProcessPool, and one that is starting a worker at that moment can raise whatever starting it
     does (ValueError from a pipe the pool just closed).  Either is that file's failure (``_outcome``).
     """
     try:
+        if local:
+            return executor.submit(run_task_unpublished, task, options)
         return executor.submit(run_task, task, options, threads)
     except Exception as err:  # noqa: BLE001 - BrokenProcessPool, RuntimeError after shutdown, a failed spawn
         failed: cf.Future = cf.Future()
@@ -282,10 +310,11 @@ def _run_pending(tasks, pending, options, results, finish, workers, dask_address
     with make_executor(min(workers, len(pending)), dask_address, _worker_started) as (executor, threads):
         if executor is None:
             return _run_serially(tasks, pending, options, results, finish, keep_going, stop)
-        # Local workers were started with their BLAS thread counts set (_thread_env); Dask workers run one task
-        # per thread, each limited as it runs (threadpoolctl: ~0.5 ms a task, which local ones need not pay).
-        per_task = threads if dask_address else None
-        futures = {_submit(executor, tasks[index], options, per_task): index for index in pending}
+        # Local workers were started with their BLAS thread counts set (_thread_env), and leave their outputs'
+        # fsync and rename to this process (run_task_unpublished); Dask workers, which run one task per thread,
+        # limit each task's threads (threadpoolctl: ~0.5 ms a task) and make their own outputs durable.
+        local = not dask_address
+        futures = {_submit(executor, tasks[index], options, threads, local): index for index in pending}
         try:
             for future in cf.as_completed(futures):
                 index = futures[future]
@@ -339,7 +368,11 @@ def _published(publisher, task: Task, options: GradOptions, result: GradResult) 
     """``result`` once its output is in place; what happened instead when publishing it failed."""
     if publisher is None or result.status != "ok" or result.output is None:
         return result
-    error = publisher.outcome(result.output)
+    return _as_published(publisher.outcome(result.output), task, options, result)
+
+
+def _as_published(error: BaseException | None, task: Task, options: GradOptions, result: GradResult) -> GradResult:
+    """``result`` of a run whose output publishing ended with ``error`` (None: it is in place)."""
     if error is None:
         return result
     if isinstance(error, OutputExistsError):  # another run published it while this one computed

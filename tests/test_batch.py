@@ -484,3 +484,72 @@ def test_where_no_thread_can_start_outputs_are_published_in_line(tmp_path, monke
     results = batch.run_batch(tasks, GradOptions("seq"))
     assert [r.status for r in results] == ["ok"] * 3
     assert sorted(p.name for p in out.iterdir()) == sorted(t.output.name for t in tasks)
+
+
+# -- local workers hand each output's fsync and rename to the parent (io.handed_to_parent) -------------------------
+
+def test_local_workers_leave_fsync_and_rename_to_the_parent_which_reports_each_output_in_place(tmp_path,
+                                                                                               monkeypatch,
+                                                                                               serial_outputs):
+    """The workers (fresh processes, unpatched) write; this process publishes every output, then reports it."""
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.io import atomic
+    from lstmgrad_cli.jobs import GradOptions
+
+    published = []
+    real_publish = atomic._publish
+    monkeypatch.setattr(atomic, "_publish", lambda tmp, path, force: published.append(path.name) or
+                        real_publish(tmp, path, force))
+    out = tmp_path / "out"
+    out.mkdir()
+    tasks = batch.plan_tasks(make_inputs(tmp_path / "in"), None, out)
+
+    def on_result(task, result):
+        assert result.status == "ok" and task.output.exists() and task.output.name in published
+
+    results = batch.run_batch(tasks, GradOptions("seq"), workers=2, on_result=on_result)
+    assert [r.status for r in results] == ["ok"] * len(tasks)
+    assert sorted(published) == sorted(t.output.name for t in tasks)
+    assert sorted(p.name for p in out.iterdir()) == sorted(published)  # no temporary file left
+    assert_same_outputs(outputs_of(out), serial_outputs)
+
+
+def test_an_output_handed_to_the_parent_is_written_closed_and_not_yet_in_place(tmp_path):
+    from lstmgrad_cli.io import atomic, output
+
+    with atomic.handed_to_parent() as handoffs:
+        output.write_outputs(tmp_path / "a.npz", {"x": np.arange(3.0)}, {})
+    [handoff] = handoffs
+    assert not (tmp_path / "a.npz").exists() and handoff.tmp.exists() and handoff.path == tmp_path / "a.npz"
+    assert atomic.publish_handed(handoff) is None
+    assert not handoff.tmp.exists()
+    with np.load(tmp_path / "a.npz") as got:
+        np.testing.assert_array_equal(got["x"], np.arange(3.0))
+
+
+@pytest.mark.parametrize("failure", ["exists", "enospc", "gone"])
+def test_a_handed_output_that_cannot_be_published_is_an_error_and_leaves_nothing(tmp_path, monkeypatch, failure):
+    import errno
+
+    from lstmgrad_cli.errors import OutputExistsError, OutputFileError
+    from lstmgrad_cli.io import atomic, output
+
+    with atomic.handed_to_parent() as handoffs:
+        output.write_outputs(tmp_path / "a.npz", {"x": np.arange(3.0)}, {})
+    [handoff] = handoffs
+    if failure == "exists":
+        (tmp_path / "a.npz").write_bytes(b"another run's")
+    elif failure == "enospc":
+        def fsync(fd):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(atomic.os, "fsync", fsync)
+    else:
+        handoff.tmp.unlink()
+    error = atomic.publish_handed(handoff)
+    expected = {"exists": OutputExistsError, "enospc": OutputFileError, "gone": OutputFileError}[failure]
+    assert isinstance(error, expected), error
+    assert "\n" not in str(error) and str(error).startswith(str(tmp_path / "a.npz"))
+    assert not handoff.tmp.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["a.npz"] if failure == "exists" else [])
+    if failure == "exists":
+        assert (tmp_path / "a.npz").read_bytes() == b"another run's"

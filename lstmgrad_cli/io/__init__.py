@@ -38,7 +38,14 @@ from ._common import (
     file_kind,
     max_tensor_bytes,
 )
-from .atomic import directories_synced_at_end, os_reason, published_behind
+from .atomic import (
+    Handoff,
+    directories_synced_at_end,
+    handed_to_parent,
+    os_reason,
+    publish_handed,
+    published_behind,
+)
 from .hdf5 import HDF5_MAGIC, HDF5_OFFSETS, LazyDataset
 from .npy import NPY_MAGIC
 from .output import (
@@ -52,11 +59,11 @@ from .output import (
 )
 
 __all__ = [
-    "FORMATS", "HDF5_MAGIC", "HDF5_OFFSETS", "MAX_BYTES_ENV", "METADATA_KEY", "OUTPUT_FORMATS", "Format",
+    "FORMATS", "HDF5_MAGIC", "HDF5_OFFSETS", "MAX_BYTES_ENV", "METADATA_KEY", "OUTPUT_FORMATS", "Format", "Handoff",
     "LazyDataset", "LoadedFile", "camel", "check_output", "default_output", "describe_keys",
-    "directories_synced_at_end", "input_directory_format", "max_tensor_bytes", "open_hdf5_output", "open_inputs",
-    "output_format", "published_behind", "read_inputs", "read_metadata", "sniff_format", "write_metadata",
-    "write_outputs",
+    "directories_synced_at_end", "handed_to_parent", "input_directory_format", "max_tensor_bytes", "open_hdf5_output",
+    "open_inputs", "output_format", "publish_handed", "published_behind", "read_inputs", "read_metadata",
+    "sniff_format", "write_metadata", "write_outputs",
 ]
 
 # Every input format, in the order they are tried.  File formats are told apart by their first bytes;

@@ -11,7 +11,9 @@ before its name appears):
   instead of after every file (a batch writes many files into a few directories);
 * ``published_behind``: each output's fsync and rename run on one thread behind the caller, in order,
   while the caller goes on with the next file; the caller asks ``Publisher.outcome`` before it reports
-  the output as written.
+  the output as written;
+* ``handed_to_parent``: a local worker process writes its output's temporary file and hands the fsync and
+  the rename to the process that reports it (``publish_handed``), and goes on with its next file.
 """
 
 from __future__ import annotations
@@ -38,12 +40,21 @@ class Temporary(NamedTuple):
     fd: int
 
 
+class Handoff(NamedTuple):
+    """An output written completely to its temporary file, for another process to fsync and rename into place."""
+
+    tmp: Path
+    path: Path
+    force: bool
+
+
 class _Blocks(threading.local):
     """The blocks open in this thread (another thread's writes are its own business)."""
 
     def __init__(self) -> None:
         self.deferred_syncs: list[set[Path]] = []  # directories_synced_at_end: the directories each block will sync
         self.publishers: list[Publisher] = []  # published_behind: the innermost block publishes
+        self.handoffs: list[list[Handoff]] = []  # handed_to_parent: the outputs each block left to its parent
 
 
 _open = _Blocks()
@@ -111,6 +122,48 @@ def published_behind() -> Iterator[Publisher]:
 
 
 @contextlib.contextmanager
+def handed_to_parent() -> Iterator[list[Handoff]]:
+    """Within the block (a task in a local worker process), ``atomic_file`` writes and closes the temporary
+    file and leaves the fsync and the rename to the process the task reports to (``publish_handed``), which
+    runs them while this one computes its next file.  Yields the outputs so left."""
+    handoffs: list[Handoff] = []
+    _open.handoffs.append(handoffs)
+    try:
+        yield handoffs
+    finally:
+        _open.handoffs.remove(handoffs)
+
+
+def publish_handed(handoff: Handoff) -> Exception | None:
+    """Fsync an output a worker process wrote (``handed_to_parent``) and rename it into place; the error that
+    stopped it (then its temporary file is removed and nothing was written; an ``OutputExistsError`` when
+    another run published it first), or None."""
+    parent = handoff.path.parent if str(handoff.path.parent) else Path(".")
+    fd = None
+    try:
+        fd = os.open(handoff.tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        os.fsync(fd)  # the worker's data, through a descriptor of the same file
+        _publish(handoff.tmp, handoff.path, handoff.force)
+    except BaseException as err:
+        if fd is not None:
+            _discard(fd, handoff.tmp)
+        else:
+            with contextlib.suppress(OSError):
+                handoff.tmp.unlink()
+        failure = _failure(handoff.path, err)
+        if not isinstance(failure, Exception):
+            raise
+        return failure
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    if _open.deferred_syncs:
+        _open.deferred_syncs[-1].add(parent)
+    else:
+        _fsync_dir(parent)
+    return None
+
+
+@contextlib.contextmanager
 def atomic_file(path: Path, force: bool) -> Iterator[Temporary]:
     """A temporary file beside ``path`` for the block to fill (by name, or through its open descriptor ``fd``);
     fsynced and renamed into place after (behind the caller within ``published_behind``).
@@ -149,7 +202,14 @@ def atomic_file(path: Path, force: bool) -> Iterator[Temporary]:
         else:
             _fsync_dir(parent)
 
-    if _open.publishers:
+    if _open.handoffs:  # the parent process fsyncs and renames it
+        try:
+            os.close(fd)
+        except OSError as err:  # a write that failed late (NFS reports some at close)
+            _discard(fd, tmp)
+            raise _failure(path, err) from None
+        _open.handoffs[-1].append(Handoff(tmp, path, force))
+    elif _open.publishers:
         _open.publishers[-1]._hand_over(path, finish)
     else:
         finish()
