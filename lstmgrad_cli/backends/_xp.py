@@ -528,7 +528,7 @@ class XpGradient:
         else:  # another dtype, or a lazy output such as an h5py dataset
             product = xp.empty((n * B, I), dtype=cdt)
             self._matmul(flat, w_x_t, product)
-            x_grad[lo:hi] = product.reshape(n, B, I).astype(x_grad.dtype)
+            x_grad[lo:hi] = product.reshape(n, B, I).astype(x_grad.dtype, copy=False)
 
     def _wb_product(self, t, lo, hi, gates, wb_grad, h_prev, xh_buf, first):
         """w_grad and b_grad of steps [lo, hi): ``[w_grad; b_grad] += [x, h_prev, 1]^T @ dgates``.
