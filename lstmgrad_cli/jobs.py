@@ -111,7 +111,7 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
                       use_peephole=options.use_peephole, seq_len_max=options.seq_len_max, group=options.group,
                       lazy=lazy, weights=options.weights, weights_group=options.weights_group,
                       forget_bias=options.forget_bias, cell_clip=options.cell_clip,
-                      framework=options.framework) as problem:
+                      framework=options.framework, input_format=fmt) as problem:
         result.op, result.layout, result.warnings = problem.op, problem.layout, problem.warnings
         result.framework = problem.framework.framework if problem.framework else None
         result.notes, result.recorded_op = problem.notes, problem.recorded_op

@@ -130,11 +130,13 @@ def load_problem(path, *, kind: str | None = None, layout: str | None = None, us
 def open_problem(path, *, kind: str | None = None, layout: str | None = None, use_peephole: bool | None = None,
                  seq_len_max: int | None = None, group: str | None = None, lazy: bool = False, weights=None,
                  weights_group: str | None = None, forget_bias: float | None = None, cell_clip: float | None = None,
-                 framework: frameworks.FrameworkOptions | None = None) -> Iterator[Problem]:
+                 framework: frameworks.FrameworkOptions | None = None,
+                 input_format: str | None = None) -> Iterator[Problem]:
     """``load_problem`` whose time-major tensors may stay on disk (``lazy``, HDF5 only) while the block runs.
 
     Lazy tensors are read a chunk of time steps at a time by the backward pass, so an input larger
-    than memory can be processed; they must not be used after the block ends.  Keras and PyTorch tensors
+    than memory can be processed; they must not be used after the block ends.  ``input_format``: what
+    ``io.sniff_format`` said of ``path``, when the caller has asked it already.  Keras and PyTorch tensors
     (``framework``, else told from the names) are turned into the op's (frameworks.py).
     """
     path = Path(path)
@@ -144,7 +146,8 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
         wanted = tuple(dict.fromkeys([*wanted, *frameworks.file_names(framework)]))
     scalars = ("seq_len_max", "use_peephole") if kind != "cell" else ("use_peephole",)
     scalars += ("forget_bias", "cell_clip")  # used only when the activations are recomputed
-    with io.open_inputs(path, wanted, scalars, group, lazy=TIME_MAJOR if lazy else ()) as loaded:
+    with io.open_inputs(path, wanted, scalars, group, lazy=TIME_MAJOR if lazy else (),
+                        input_format=input_format) as loaded:
         notes, keys = _supplement(loaded, weights, weights_group, wanted, scalars)
         name = "tf" if kind == "cell" else frameworks.detect([*keys, *loaded.tensors], framework)
         layer = None
