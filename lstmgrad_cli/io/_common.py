@@ -47,6 +47,7 @@ def file_kind(mode: int) -> str:
 
 
 
+@functools.lru_cache(maxsize=1024)  # asked for every tensor name of every file a batch reads
 def camel(name: str) -> str:
     """The camelCase spelling of TensorFlow's Java API (cs_prev -> csPrev), accepted beside snake_case."""
     head, *rest = name.split("_")
