@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import io
+from .allocator import keep_heap_top
 from .backends import _blas
 from .dask_executor import NotStarted, SchedulerLost, dask_executor
 from .errors import LstmGradError, OutputExistsError, OutputFileError
@@ -208,7 +209,9 @@ _worker_syncs = []  # a local worker process's deferred directory syncs (its par
 
 
 def _worker_started() -> None:
-    """In each local worker process: leave fsyncing output directories to the parent, once per directory."""
+    """In each local worker process: keep the heap's top for the next file (allocator.py); leave fsyncing
+    output directories to the parent, once per directory."""
+    keep_heap_top()
     deferred = io.directories_synced_at_end()
     deferred.__enter__()  # never left: the parent syncs the directories of the outputs the workers report
     _worker_syncs.append(deferred)

@@ -13,6 +13,7 @@ import warnings
 import click
 
 from .. import __version__
+from ..allocator import keep_heap_top
 from ._common import one_line, tolerate_unencodable_output
 
 # command name -> "module:attribute", in the order `lstmgrad --help` lists them
@@ -57,6 +58,7 @@ def main() -> None:
     """
     warnings.showwarning = _warning_on_one_line
     tolerate_unencodable_output()
+    keep_heap_top()  # this process is lstmgrad's own: files one after another reuse the same heap (allocator.py)
 
 
 def _warning_on_one_line(message, category, filename, lineno, file=None, line=None) -> None:
