@@ -5,6 +5,9 @@ Every contender is a fresh process (interpreter start and imports included, as a
 timed in alternating rounds, once per BLAS library installed (LSTMGRAD_BLAS). Medians and ratios.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/bench_batch.py --repeats 5
+
+``--baseline DIR`` times another checkout of lstmgrad in the same rounds (``git worktree add DIR COMMIT``;
+it runs from DIR through PYTHONPATH, with this environment's packages), for before/after tables.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=300)
     parser.add_argument("--shape", default="20,16,64,64", help="T,B,I,C of every file")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--baseline", type=Path, help="another lstmgrad checkout, timed in the same rounds")
     args = parser.parse_args()
     shape = tuple(int(v) for v in args.shape.split(","))
     lstmgrad = str(Path(sys.executable).with_name("lstmgrad"))
@@ -83,19 +87,26 @@ def main() -> int:
         write_inputs(inputs, shape, args.files)
         for library in libraries:
             env = {**os.environ, "LSTMGRAD_BLAS": library}
+            serial = [lstmgrad, "seq", str(inputs), "--out-dir", str(out), "-q"]
             commands = {
-                "floor": [sys.executable, "-c", FLOOR, str(inputs), str(out)],
-                "serial": [lstmgrad, "seq", str(inputs), "--out-dir", str(out), "-q"],
-                "workers": [lstmgrad, "seq", str(inputs), "--out-dir", str(out), "-q", "--workers", "2"],
+                "floor": ([sys.executable, "-c", FLOOR, str(inputs), str(out)], env),
+                "serial": (serial, env),
+                "workers": ([*serial, "--workers", "2"], env),
             }
+            if args.baseline:
+                base_env = {**env, "PYTHONPATH": str(args.baseline.resolve())}
+                commands.update({"base serial": (serial, base_env), "base workers": ([*serial, "--workers", "2"],
+                                                                                    base_env)})
             times: dict[str, list[float]] = {name: [] for name in commands}
             for _ in range(args.repeats):
-                for name, command in commands.items():
-                    times[name].append(timed(command, env, out))
+                for name, (command, command_env) in commands.items():
+                    times[name].append(timed(command, command_env, out))
             m = {name: statistics.median(values) for name, values in times.items()}
-            print(f"| {library} | {m['floor']:.2f} s | {m['serial']:.2f} s | {m['serial'] / m['floor']:.2f} | "
-                  f"{m['workers']:.2f} s | {m['workers'] / m['floor']:.2f} | {m['serial'] / m['workers']:.2f} |",
-                  flush=True)
+            rows = [("", "")] + ([(" (baseline)", "base ")] if args.baseline else [])
+            for label, prefix in rows:
+                s_, w_ = m[prefix + "serial"], m[prefix + "workers"]
+                print(f"| {library}{label} | {m['floor']:.2f} s | {s_:.2f} s | {s_ / m['floor']:.2f} | {w_:.2f} s | "
+                      f"{w_ / m['floor']:.2f} | {s_ / w_:.2f} |", flush=True)
     return 0
 
 

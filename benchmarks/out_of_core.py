@@ -17,6 +17,7 @@ x_grad is written chunk by chunk into the HDF5 output, so the peak does not grow
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -66,14 +67,15 @@ print(time.perf_counter() - start)
 """
 
 
-def streamed(src: Path, out: Path, chunk_steps: int | None) -> tuple[float, float]:
-    """(wall seconds, peak resident MB) of the whole command."""
+def streamed(src: Path, out: Path, chunk_steps: int | None, baseline: Path | None = None) -> tuple[float, float]:
+    """(wall seconds, peak resident MB) of the whole command (of another checkout: ``baseline``)."""
     cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "lstmgrad_cli", "seq", str(src), "-o", str(out), "--force",
            "-q"]
     if chunk_steps:
         cmd += ["--chunk-steps", str(chunk_steps)]
     start = time.perf_counter()
-    run = subprocess.run(cmd, capture_output=True, text=True)
+    env = {**os.environ, "PYTHONPATH": str(baseline.resolve())} if baseline else None
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     if run.returncode != 0:
         raise SystemExit(run.stderr)
@@ -96,6 +98,8 @@ def main() -> int:
     parser.add_argument("--chunk-steps", type=int)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-in-memory", action="store_true", help="only the streamed run (memory-starved hosts)")
+    parser.add_argument("--baseline", type=Path, help="another lstmgrad checkout (git worktree add DIR COMMIT), "
+                        "its streamed run timed in the same rounds")
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     src = args.dir / f"big_T{args.T}_B{args.B}_I{args.I}_C{args.C}.h5"
@@ -103,20 +107,28 @@ def main() -> int:
         print(f"writing {src} ...", file=sys.stderr)
         write_input(src, args.T, args.B, args.I, args.C)
     size_gb = src.stat().st_size / 1e9
-    walls, peaks, floors = [], [], []
+    walls, peaks, floors, base_walls, base_peaks = [], [], [], [], []
     for _ in range(args.repeats):
         wall, peak = streamed(src, args.dir / "big.grads.h5", args.chunk_steps)
         walls.append(wall)
         peaks.append(peak)
+        if args.baseline:
+            wall, peak = streamed(src, args.dir / "big.grads.h5", args.chunk_steps, args.baseline)
+            base_walls.append(wall)
+            base_peaks.append(peak)
         if not args.no_in_memory:
             floors.append(in_memory(src))
     wall = statistics.median(walls)
     print(f"input {size_gb:.2f} GB (T={args.T}, B={args.B}, I={args.I}, C={args.C}, float32), median of "
           f"{args.repeats} alternating rounds")
     print(f"streamed `lstmgrad seq`: {wall:.1f} s, peak resident memory {max(peaks):.0f} MB")
+    if base_walls:
+        print(f"baseline {args.baseline}: {statistics.median(base_walls):.1f} s, peak resident memory "
+              f"{max(base_peaks):.0f} MB")
     if floors:
         floor = statistics.median(floors)
-        print(f"in-memory compute (block_lstm_grad_v2 alone): {floor:.1f} s; streamed / in-memory {wall / floor:.2f}")
+        print(f"in-memory compute (block_lstm_grad_v2 alone): {floor:.1f} s; streamed / in-memory {wall / floor:.2f}"
+              + (f", baseline / in-memory {statistics.median(base_walls) / floor:.2f}" if base_walls else ""))
     return 0
 
 
