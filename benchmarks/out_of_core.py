@@ -75,7 +75,8 @@ def streamed(src: Path, out: Path, chunk_steps: int | None, baseline: Path | Non
         cmd += ["--chunk-steps", str(chunk_steps)]
     start = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(baseline.resolve())} if baseline else None
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    # run from the data folder: `python -m` puts the working directory first on sys.path, before PYTHONPATH
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=src.parent)
     wall = time.perf_counter() - start
     if run.returncode != 0:
         raise SystemExit(run.stderr)
@@ -84,7 +85,8 @@ def streamed(src: Path, out: Path, chunk_steps: int | None, baseline: Path | Non
 
 
 def in_memory(src: Path) -> float:
-    run = subprocess.run([sys.executable, "-c", IN_MEMORY, str(src)], capture_output=True, text=True, check=True)
+    run = subprocess.run([sys.executable, "-c", IN_MEMORY, str(src)], capture_output=True, text=True, check=True,
+                         cwd=src.parent)
     return float(run.stdout.split()[-1])
 
 
