@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test lint bench bench-batch fuzz fixtures conformance docs clean
+.PHONY: demo test lint bench bench-batch bench-stream fuzz fixtures conformance docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ bench: $(STAMP)
 # A batch of small files as users run it (serial, --workers 2) against the in-process floor, per BLAS library.
 bench-batch: $(STAMP)
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(PY) benchmarks/bench_batch.py $(BENCH_ARGS)
+
+# A streamed 2.6 GB HDF5 sequence against the in-memory compute of the same tensors, with peak memory.
+bench-stream: $(STAMP)
+	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(PY) benchmarks/out_of_core.py $(BENCH_ARGS)
 
 # The long fuzz run (hypothesis); `make test` runs a short one. LSTMGRAD_FUZZ_EXAMPLES sets the examples per test.
 fuzz: $(STAMP)
