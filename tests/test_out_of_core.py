@@ -278,3 +278,23 @@ def test_the_next_chunk_is_read_on_a_thread_and_a_failed_read_is_one_line(runner
     assert not (tmp_path / "h.h5").exists() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))\
         == []
     assert threading.active_count() == before
+
+
+def test_a_lazy_dataset_used_after_its_file_closed_is_an_error_not_another_files_bytes(tmp_path):
+    """pread goes through HDF5's descriptor, which the system may give to the next file opened: a read after
+    the file is closed is refused, as h5py refuses it."""
+    from lstmgrad_cli.errors import InputFileError
+    from lstmgrad_cli.io.hdf5 import LazyDataset
+
+    path = write_h5(tmp_path / "t.h5", {"t": np.ones((6, 2, 2), np.float32)})
+    with h5py.File(path, "r") as fh:
+        lazy = LazyDataset(fh["t"], "t", path)
+        assert lazy._raw is not None
+    other = open(tmp_path / "other.bin", "wb+")  # noqa: SIM115 - may take the closed file's descriptor number
+    try:
+        other.write(b"\x7f" * 4096)
+        other.flush()
+        with pytest.raises(InputFileError, match="cannot be read"):
+            lazy.read_into(0, 6, np.empty((6, 2, 2), np.float32))
+    finally:
+        other.close()

@@ -111,6 +111,8 @@ class LazyDataset:
     def _pread(self, lo: int, hi: int, out: np.ndarray) -> None:
         """Rows ``[lo, hi)`` straight from the file into C-contiguous ``out`` (the GIL is released meanwhile)."""
         fd, offset = self._raw
+        if not self._dataset.id.valid:  # the file was closed: its descriptor may belong to another file now
+            raise ValueError("the file is closed")
         view = memoryview(out).cast("B")
         start, done = offset + lo * self._row_bytes, 0
         if len(view) != (hi - lo) * self._row_bytes:
