@@ -233,8 +233,9 @@ def test_a_contiguous_dataset_past_the_files_end_is_not_read_with_pread(tmp_path
         lazy = LazyDataset(fh["t"], "t", path)
         assert lazy._raw is not None
         os.truncate(path, fh["t"].id.get_offset() + 100)
-        with pytest.raises(InputFileError, match=r"u\.h5: t cannot be read \(.*truncated"):
+        with pytest.raises(InputFileError, match=r"u\.h5: t cannot be read \(.*truncated") as caught:
             lazy.read_into(40, 50, np.empty((10, 4, 4), np.float32))
+        assert str(caught.value).count("cannot be read") == 1
 
 
 def test_the_next_chunk_is_read_on_a_thread_and_a_failed_read_is_one_line(runner, tmp_path, monkeypatch):
@@ -298,3 +299,23 @@ def test_a_lazy_dataset_used_after_its_file_closed_is_an_error_not_another_files
             lazy.read_into(0, 6, np.empty((6, 2, 2), np.float32))
     finally:
         other.close()
+
+
+def test_a_streamed_pass_reads_in_line_when_no_thread_can_start(runner, tmp_path, monkeypatch):
+    """Under a tight ulimit -v no thread may start: the pass reads every chunk itself, same result."""
+    import concurrent.futures as cf
+
+    def no_threads(self):
+        raise RuntimeError("can't start new thread")
+
+    tensors = long_problem(T=40, B=3, I=5, C=4, seed=8)
+    src = write_h5(tmp_path / "in.h5", tensors)
+    reference = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "ref.h5"), "--chunk-steps", "4", "-q"])
+    assert reference.exit_code == 0, reference.stderr
+    monkeypatch.setattr(cf.ThreadPoolExecutor, "_adjust_thread_count", no_threads)
+    result = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.h5"), "--chunk-steps", "4", "-q"])
+    assert result.exit_code == 0, result.stderr
+    got, _ = read_h5(tmp_path / "g.h5")
+    want, _ = read_h5(tmp_path / "ref.h5")
+    for key in got:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)

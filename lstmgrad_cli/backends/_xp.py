@@ -120,6 +120,7 @@ class _ReadAhead:
         self._slots = ({}, {})  # name -> [K+1, ...] buffer, for even and odd chunks
         self._ahead = None  # (j, future) of the chunk being read on the thread
         self._pool = None
+        self._inline = False  # no thread could start
 
     def take(self, j: int) -> dict:
         """Chunk j's rows by name ("cs": from one step before the chunk, as the loop wants it)."""
@@ -130,12 +131,16 @@ class _ReadAhead:
             if ahead is not None:
                 ahead[1].exception()  # not wanted (never happens in order), but its buffers must be free
             rows = self._read(j)
-        if j + 1 < len(self._chunks):
+        if j + 1 < len(self._chunks) and not self._inline:
             if self._pool is None:
                 from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only passes on disk
 
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="lstmgrad-read")
-            self._ahead = (j + 1, self._pool.submit(self._read, j + 1))
+            try:
+                self._ahead = (j + 1, self._pool.submit(self._read, j + 1))
+            except RuntimeError:  # no thread can start (a tight ulimit -v): every chunk is read in line
+                self.close()
+                self._inline = True
         return rows
 
     def close(self) -> None:

@@ -141,7 +141,8 @@ def publish_handed(handoff: Handoff) -> Exception | None:
     parent = handoff.path.parent if str(handoff.path.parent) else Path(".")
     fd = None
     try:
-        fd = os.open(handoff.tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # writable: Windows flushes only through a descriptor open for writing
+        fd = os.open(handoff.tmp, os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
         os.fsync(fd)  # the worker's data, through a descriptor of the same file
         _publish(handoff.tmp, handoff.path, handoff.force)
     except BaseException as err:

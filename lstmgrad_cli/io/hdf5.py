@@ -101,6 +101,8 @@ class LazyDataset:
                 filled[...] = rows
             else:
                 self._dataset.read_direct(out, np.s_[lo:hi], dest)
+        except InputFileError:  # _pread's own, already naming file and tensor
+            raise
         except MemoryError:
             raise InputFileError(f"{self._path}: {self._key} does not fit in memory") from None
         except HDF5_ERRORS as err:
