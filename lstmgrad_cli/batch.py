@@ -310,41 +310,60 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
 def _run_pending(tasks, pending, options, results, finish, workers, dask_address, keep_going, stop):
     """run_batch's tasks ``pending`` (their indexes), serially or through an executor."""
     # No more worker processes than files: all of them start before the first task (_start_all_workers).
-    with make_executor(min(workers, len(pending)), dask_address, _worker_started) as (executor, threads):
-        if executor is None:
-            return _run_serially(tasks, pending, options, results, finish, keep_going, stop)
-        # Local workers were started with their BLAS thread counts set (_thread_env), and leave their outputs'
-        # fsync and rename to this process (run_task_unpublished); Dask workers, which run one task per thread,
-        # limit each task's threads (threadpoolctl: ~0.5 ms a task) and make their own outputs durable.
-        local = not dask_address
-        futures = {_submit(executor, tasks[index], options, threads, local): index for index in pending}
-        try:
-            for future in cf.as_completed(futures):
-                index = futures[future]
-                result = _outcome(future, tasks[index], options)
-                if result is None:
-                    continue
-                finish(index, result)
-                if stop() or (result.status == "failed" and not keep_going):
-                    break
-        finally:
-            _finish_started(futures, tasks, options, results, finish)
+    futures: dict[cf.Future, int] = {}
+    local = not dask_address
+    try:
+        with make_executor(min(workers, len(pending)), dask_address, _worker_started) as (executor, threads):
+            if executor is None:
+                return _run_serially(tasks, pending, options, results, finish, keep_going, stop)
+            # Local workers were started with their BLAS thread counts set (_thread_env), and leave their
+            # outputs' fsync and rename to this process (run_task_unpublished); Dask workers, which run one task
+            # per thread, limit each task's threads (threadpoolctl: ~0.5 ms a task) and publish their own outputs.
+            futures = {_submit(executor, tasks[index], options, threads, local): index for index in pending}
+            try:
+                for future in cf.as_completed(futures):
+                    index = futures[future]
+                    result = _outcome(future, tasks[index], options)
+                    if result is None:
+                        continue
+                    finish(index, result)
+                    if stop() or (result.status == "failed" and not keep_going):
+                        break
+            finally:
+                _finish_started(futures, tasks, options, results, finish, local)
+    finally:
+        _discard_unpublished(futures)
     return results
+
+
+def _discard_unpublished(futures) -> None:
+    """Remove the temporary files of local workers' outputs whose results were never taken (the run was
+    interrupted while waiting for them): no one will publish them.  Published ones are gone already."""
+    for future in futures:
+        if future.done() and not future.cancelled() and future.exception() is None:
+            value = future.result()
+            if isinstance(value, Unpublished):
+                with contextlib.suppress(OSError):
+                    value.output.tmp.unlink()
+
+
+SETTLE_AT_ONCE_SECONDS = 0.25  # a file that took longer is reported before the next starts (_run_serially)
 
 
 def _run_serially(tasks, pending, options, results, finish, keep_going, stop):
     """The pending tasks one after another in this process.  Each output's fsync and rename run on a thread
     while the next file is read and computed (io.published_behind); a result is reported once its output is
-    in place, or as failed when publishing it failed (nothing written).  After a stop every output already
-    handed over is finished and reported, so none appears that the results do not list."""
+    in place, or as failed when publishing it failed (nothing written).  A file that took more than
+    ``SETTLE_AT_ONCE_SECONDS`` is reported before the next starts (its fsync is nothing beside its computation,
+    and progress should not lag a long file).  After a stop every output already handed over is finished and
+    reported, so none appears that the results do not list."""
     held: tuple[int, GradResult] | None = None  # a task whose output is being published, and its result
 
-    def settle() -> bool:
-        """Report the held task once its output is in place; whether it failed."""
-        nonlocal held
-        if held is None:
+    def settle(item: tuple[int, GradResult] | None) -> bool:
+        """Report a held task once its output is in place; whether it failed."""
+        if item is None:
             return False
-        (index, result), held = held, None
+        index, result = item
         result = _published(publisher, tasks[index], options, result)
         finish(index, result)
         return result.status == "failed"
@@ -358,12 +377,16 @@ def _run_serially(tasks, pending, options, results, finish, keep_going, stop):
                 if stop():
                     break
                 result = run_task(tasks[index], options)
-                previous_failed = settle()
-                held = (index, result)
-                if not keep_going and (previous_failed or result.status == "failed"):
+                previous, held = held, (index, result)  # held first: an interrupt in settle() still reports it
+                failed_now = settle(previous)
+                if result.seconds is None or result.seconds >= SETTLE_AT_ONCE_SECONDS:
+                    current, held = held, None
+                    failed_now = settle(current) or failed_now
+                if not keep_going and (failed_now or result.status == "failed"):
                     break
         finally:
-            settle()
+            last, held = held, None
+            settle(last)
     return results
 
 
@@ -393,11 +416,12 @@ def _as_published(error: BaseException | None, task: Task, options: GradOptions,
 
 
 def _finish_started(futures: dict, tasks: Sequence[Task], options: GradOptions, results: list,
-                    finish: Callable[[int, GradResult], None]) -> None:
+                    finish: Callable[[int, GradResult], None], local: bool = False) -> None:
     """After a stop (a failure, an interrupt): cancel every task not started, then wait for those that have (no
     executor can stop them) and report them, so no output appears that the results do not list.
 
-    Interrupted again while waiting, the tasks still running are reported "lost" (their output may yet appear).
+    Interrupted again while waiting, the tasks still running are reported "lost": a Dask worker's output may yet
+    appear; a ``local`` worker's never will (its parent publishes it, and now will not: _discard_unpublished).
     """
     started = [future for future in futures if not future.cancel() and results[futures[future]] is None]
     try:
@@ -409,8 +433,8 @@ def _finish_started(futures: dict, tasks: Sequence[Task], options: GradOptions, 
         for future in started:
             index = futures[future]
             if results[index] is None and not future.cancelled():
-                finish(index, _lost(tasks[index], options, "still running when the batch was interrupted; its "
-                                                           "output may still be written"))
+                fate = "nothing of it is kept" if local else "its output may still be written"
+                finish(index, _lost(tasks[index], options, f"still running when the batch was interrupted; {fate}"))
         raise
 
 

@@ -553,3 +553,73 @@ def test_a_handed_output_that_cannot_be_published_is_an_error_and_leaves_nothing
     assert sorted(p.name for p in tmp_path.iterdir()) == (["a.npz"] if failure == "exists" else [])
     if failure == "exists":
         assert (tmp_path / "a.npz").read_bytes() == b"another run's"
+
+
+def test_a_long_file_is_reported_before_the_next_starts(tmp_path, monkeypatch):
+    """Small files are reported one file late (their output published meanwhile); one that took longer than
+    SETTLE_AT_ONCE_SECONDS is reported before the next file starts, so progress never lags a long file."""
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.jobs import GradOptions
+
+    events = []
+    real_run_task = batch.run_task
+    monkeypatch.setattr(batch, "run_task", lambda task, *a: events.append(("start", task.input.name)) or
+                        real_run_task(task, *a))
+    tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:3], None, (tmp_path / "out").resolve())
+    (tmp_path / "out").mkdir()
+    on_result = lambda task, result: events.append(("report", task.input.name))  # noqa: E731
+    batch.run_batch(tasks, GradOptions("seq"), on_result=on_result)
+    names = [t.input.name for t in tasks]
+    assert events[:3] == [("start", names[0]), ("start", names[1]), ("report", names[0])]  # small: one file late
+
+    events.clear()
+    monkeypatch.setattr(batch, "SETTLE_AT_ONCE_SECONDS", 0.0)  # every file counts as long
+    batch.run_batch(tasks, GradOptions("seq", force=True), on_result=on_result)
+    assert events == [(kind, name) for name in names for kind in ("start", "report")]
+
+
+def test_an_interrupt_while_reporting_still_reports_the_file_already_computed(tmp_path):
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.jobs import GradOptions
+
+    out = tmp_path / "out"
+    out.mkdir()
+    tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:4], None, out)
+    reported = []
+
+    def on_result(task, result):
+        reported.append(task.output.name)
+        if len(reported) == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        batch.run_batch(tasks, GradOptions("seq"), on_result=on_result)
+    # the first report was interrupted after the second file was computed and handed over: it is reported too
+    assert reported == [tasks[0].output.name, tasks[1].output.name]
+    assert sorted(p.name for p in out.iterdir()) == sorted(reported)  # no output unreported, no temporary file
+
+
+def test_local_workers_interrupted_twice_leave_no_temporary_file(tmp_path):
+    """A worker's output is a temporary file until the parent publishes it: when a second interrupt stops the
+    parent from taking the remaining results, their temporary files are removed, and those files say so."""
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.jobs import GradOptions
+
+    out = tmp_path / "out"
+    out.mkdir()
+    tasks = batch.plan_tasks(make_inputs(tmp_path / "in"), None, out)
+    results, interrupts = {}, [2]
+
+    def on_result(task, result):
+        results[task.output.name] = result
+        if result.status == "ok" and interrupts[0]:
+            interrupts[0] -= 1
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        batch.run_batch(tasks, GradOptions("seq"), workers=2, on_result=on_result)
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+    ok = {name for name, r in results.items() if r.status == "ok"}
+    assert {p.name for p in out.iterdir()} == ok  # every output there is reported done
+    lost = [r for r in results.values() if r.status == "lost"]
+    assert all("nothing of it is kept" in r.error for r in lost)
