@@ -11,6 +11,9 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import os
+import signal
+import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -217,6 +220,49 @@ def _worker_started() -> None:
     _worker_syncs.append(deferred)
 
 
+def start_method() -> str:
+    """How local workers start: ``"fork"`` (a copy of this process) where that is safe, else ``"spawn"``.
+
+    A spawned worker is a new interpreter that imports numpy and lstmgrad before its first file: ~0.4 s of
+    CPU each, which on 2 cores costs a batch of small files most of what its second worker gains.  A forked
+    one starts in milliseconds with all of that in place.  Forking is safe only from a process with one
+    thread, as a lock another thread holds at that moment stays held in the child for ever: so only on Linux
+    (macOS's system libraries refuse it), only with no other Python thread, and only when, after numpy's
+    OpenBLAS has ended its idle threads (it starts them again on demand), the system counts one thread in
+    this process, so no MKL or OpenMP team, numba thread pool or other library's thread is running.
+    """
+    if not sys.platform.startswith("linux") or threading.active_count() != 1:
+        return "spawn"
+    _blas.stop_spinning_workers()  # no other thread can be inside BLAS: there is none
+    return "fork" if _system_threads() == 1 else "spawn"
+
+
+def _system_threads() -> int | None:
+    """The threads the system counts in this process (Linux), or None when it cannot be read."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _forked_worker_started(threads: int, initializer: Callable[[], None] | None) -> None:
+    """First in a forked worker: what a spawned one starts with.  Ctrl-C raises KeyboardInterrupt and SIGTERM
+    ends it (not the handlers its parent had set), and the BLAS libraries its parent loaded run ``threads``
+    threads each (a spawned worker reads the count from the environment when it loads them: _thread_env)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _blas.set_thread_counts(threads)
+    numba = sys.modules.get("numba")  # imported before the fork: it read NUMBA_NUM_THREADS then
+    if numba is not None:
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    if initializer is not None:
+        initializer()
+
+
 def _blas_limits(threads: int | None):
     if not threads:
         return contextlib.nullcontext()
@@ -256,9 +302,14 @@ def make_executor(workers: int = 1, dask_address: str | None = None,
         import multiprocessing  # noqa: PLC0415 - only parallel runs pay for it
 
         threads = max(1, (os.cpu_count() or 1) // workers)
+        method = start_method()
+        if method == "fork":  # what a spawned worker starts with, set up first (_forked_worker_started)
+            initializer, initargs = _forked_worker_started, (threads, initializer)
+        else:
+            initargs = ()
         with _thread_env(threads):
-            pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                          initializer=initializer)
+            pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
+                                          initializer=initializer, initargs=initargs)
             with pool:
                 _start_all_workers(pool)
                 yield pool, threads

@@ -70,31 +70,115 @@ def serial_outputs(tmp_path_factory):
     return outs
 
 
-def test_worker_processes_give_the_serial_results(runner, tmp_path, serial_outputs):
+# The CLI as a subprocess, its local workers forked (batch.start_method, on Linux) or spawned as on macOS and Windows.
+CLI_WITH_WORKERS = {
+    "fork": [sys.executable, "-m", "lstmgrad_cli"],
+    "spawn": [sys.executable, "-c", "import sys; from lstmgrad_cli import batch; batch.start_method = lambda: 'spawn'; "
+                                    "from lstmgrad_cli.cli import main; sys.exit(main())"],
+}
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_worker_processes_give_the_serial_results(tmp_path, serial_outputs, method):
     make_inputs(tmp_path / "in")
     (tmp_path / "out").mkdir()
-    result = runner.invoke(main, ["seq", str(tmp_path / "in"), "--out-dir", str(tmp_path / "out"), "--workers", "2",
-                                  "--json"])
-    assert result.exit_code == 0, result.stderr
+    result = subprocess.run(CLI_WITH_WORKERS[method] + ["seq", str(tmp_path / "in"), "--out-dir", str(tmp_path / "out"),
+                                                        "--workers", "2", "--json"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["summary"] == {"done": 6, "failed": 0, "skipped": 0, "lost": 0, "not_run": 0}
     assert [Path(r["input"]).name for r in doc["results"]] == sorted(p.name for p in (tmp_path / "in").iterdir())
     assert_same_outputs(outputs_of(tmp_path / "out"), serial_outputs)
 
 
-def test_worker_processes_divide_blas_threads():
+def test_spawned_worker_processes_divide_blas_threads(monkeypatch):
+    from lstmgrad_cli import batch
     from lstmgrad_cli.batch import make_executor
 
+    monkeypatch.setattr(batch, "start_method", lambda: "spawn")  # forked: test_a_forked_worker_starts_as_...
     with make_executor(workers=2) as (executor, threads):
         assert threads == max(1, (os.cpu_count() or 1) // 2)
         seen = executor.submit(_blas_threads_in_worker).result(timeout=120)
-    assert seen == threads
+    assert seen == [threads] * len(seen) and seen
 
 
-def _blas_threads_in_worker() -> int:
+def _blas_threads_in_worker() -> list[int]:
     from threadpoolctl import threadpool_info
 
-    return min(info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas")
+    return [info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"]
+
+
+A_FORKED_WORKER = """
+import signal, sys
+import numba  # imported, its threads not started: it has read NUMBA_NUM_THREADS already
+from threadpoolctl import threadpool_info
+from lstmgrad_cli import batch
+from lstmgrad_cli.backends import _blas
+
+def state():
+    blas = {info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"}
+    return (signal.getsignal(signal.SIGINT) is signal.default_int_handler, signal.getsignal(signal.SIGTERM),
+            numba.get_num_threads(), *blas)
+
+_blas.find()  # loaded here, MKL too where installed: they have read their thread counts already
+
+def interrupted(signum, frame):
+    raise SystemExit("the parent's handler ran")
+
+signal.signal(signal.SIGINT, interrupted)
+signal.signal(signal.SIGTERM, interrupted)
+print(batch.start_method())
+with batch.make_executor(workers=2) as (pool, threads):
+    print(threads, *pool.submit(state).result(timeout=60))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork only on Linux")
+def test_a_forked_worker_starts_as_a_spawned_one_does():
+    # A forked worker inherits its parent's signal handlers (the CLI's turn SIGTERM into KeyboardInterrupt)
+    # and the thread counts its libraries read when they were loaded.
+    pytest.importorskip("numba")
+    pytest.importorskip("threadpoolctl")
+    done = subprocess.run([sys.executable, "-c", A_FORKED_WORKER], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    method, line = done.stdout.split("\n")[:2]
+    threads = max(1, (os.cpu_count() or 1) // 2)
+    assert method == "fork" and line.split() == [str(threads), "True", str(signal.SIG_DFL), str(threads), str(threads)]
+
+
+THREADS_AT_THE_POOL = """
+import _thread, threading, time
+from lstmgrad_cli import batch
+import numpy as np
+
+np.ones((300, 300)) @ np.ones((300, 300))  # numpy's OpenBLAS starts its threads: they are ended, not counted
+print(batch.start_method())
+_thread.start_new_thread(time.sleep, (30,))  # a thread Python's threading module does not know of
+print(batch.start_method(), threading.active_count())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork only on Linux")
+def test_workers_are_forked_only_from_a_process_with_one_thread():
+    done = subprocess.run([sys.executable, "-c", THREADS_AT_THE_POOL], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["fork", "spawn", "1"]
+
+
+def test_workers_are_spawned_while_another_python_thread_runs():
+    import threading
+
+    from lstmgrad_cli import batch
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert batch.start_method() == "spawn"
+    finally:
+        stop.set()
+        thread.join()
 
 
 def test_dask_local_cluster_gives_the_serial_results(runner, tmp_path, serial_outputs):
@@ -186,6 +270,18 @@ def test_progress_bar_on_a_terminal_only_for_humans(tmp_path):
     assert code == 0 and b"6/6" in seen and b"files" in seen
 
 
+def test_the_progress_bar_runs_no_thread():
+    # A refreshing thread would make every batch with a progress bar spawn its workers (batch.start_method).
+    import threading
+
+    from lstmgrad_cli.cli._common import progress_bar
+
+    before = threading.active_count()
+    with progress_bar(True, 2) as advance:
+        advance()
+        assert threading.active_count() == before
+
+
 def _kill_the_first_worker(cmd: list[str], poll: float) -> subprocess.Popen:
     """Start ``cmd`` (a batch with --workers) and SIGKILL its first worker process as soon as it appears."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -199,11 +295,12 @@ def _kill_the_first_worker(cmd: list[str], poll: float) -> subprocess.Popen:
     return proc
 
 
-def test_a_killed_worker_is_a_failed_file_not_a_crash(tmp_path):
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_killed_worker_is_a_failed_file_not_a_crash(tmp_path, method):
     inputs = _long_inputs(tmp_path / "in", 6)
     out = tmp_path / "out"
     out.mkdir()
-    cmd = [sys.executable, "-m", "lstmgrad_cli", "seq", str(tmp_path / "in"), "--out-dir", str(out), "--workers", "2"]
+    cmd = CLI_WITH_WORKERS[method] + ["seq", str(tmp_path / "in"), "--out-dir", str(out), "--workers", "2"]
     proc = _kill_the_first_worker(cmd + ["--keep-going", "--json"], poll=0.05)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 1, stderr
@@ -219,15 +316,16 @@ def test_a_killed_worker_is_a_failed_file_not_a_crash(tmp_path):
     assert len(list(out.glob("*.grads.h5"))) == len(inputs)
 
 
-def test_killed_as_the_pool_starts_never_hangs_nor_prints_a_traceback(tmp_path):
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_killed_as_the_pool_starts_never_hangs_nor_prints_a_traceback(tmp_path, method):
     # Killing a worker while the pool was still starting others used to race the pool's own teardown
     # (CPython 3.11): a hang, or a traceback from its manager thread, in ~1 run of 5 here.
     _long_inputs(tmp_path / "in", 4)
     for attempt in range(4):
         out = tmp_path / f"out{attempt}"
         out.mkdir()
-        cmd = [sys.executable, "-m", "lstmgrad_cli", "seq", str(tmp_path / "in"), "--out-dir", str(out),
-               "--workers", "2", "--keep-going", "--json"]
+        cmd = CLI_WITH_WORKERS[method] + ["seq", str(tmp_path / "in"), "--out-dir", str(out), "--workers", "2",
+                                          "--keep-going", "--json"]
         proc = _kill_the_first_worker(cmd, poll=0.002)
         stdout, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 1 and "Traceback" not in stderr, stderr
@@ -293,7 +391,8 @@ def test_no_more_worker_processes_than_files(tmp_path, monkeypatch):
 
 
 def _worker_pids(parent: int) -> list[int]:
-    """Worker processes of a process pool: children of ``parent`` that run the multiprocessing spawn main."""
+    """Worker processes of a process pool: children of ``parent`` but the multiprocessing resource tracker
+    (forked workers run the parent's command line, spawned ones multiprocessing's)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -304,9 +403,28 @@ def _worker_pids(parent: int) -> list[int]:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and b"multiprocessing" in cmdline and b"resource_tracker" not in cmdline:
+        if ppid == parent and b"resource_tracker" not in cmdline:
             pids.append(int(entry.name))
     return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork only on Linux")
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_the_cli_forks_its_workers_where_it_can(tmp_path, method):
+    _long_inputs(tmp_path / "in", 3)
+    cmd = CLI_WITH_WORKERS[method] + ["seq", str(tmp_path / "in"), "--out-dir", str(tmp_path), "--workers", "2", "-q"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := _worker_pids(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        commands = {Path(f"/proc/{pid}/cmdline").read_bytes() for pid in workers}
+        parent = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+    finally:
+        stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert len(workers) == 2
+    assert commands == ({parent} if method == "fork" else {c for c in commands if b"multiprocessing" in c})
 
 
 def test_two_inputs_writing_one_output_are_refused_before_anything_runs(runner, tmp_path):

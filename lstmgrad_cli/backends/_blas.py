@@ -348,6 +348,12 @@ def counts_held():
         _held.clear()
 
 
+def set_thread_counts(count: int) -> None:
+    """Every library's thread count to ``count`` (a forked worker process, whose libraries were loaded, and read
+    their counts from the environment, before the fork)."""
+    _set_counts((blas, count) for blas in _libraries())
+
+
 def _set_counts(counts) -> None:
     for blas, count in counts:
         if blas.get_threads() != count:

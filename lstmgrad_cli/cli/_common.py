@@ -153,12 +153,23 @@ class _RateColumn(ProgressColumn):
 
 @contextlib.contextmanager
 def progress_bar(enabled: bool, total: int, unit: str = "files"):
-    """A rich progress bar on stderr (files done, rate, time left); a no-op when disabled."""
+    """A rich progress bar on stderr (files done, rate, time left); a no-op when disabled.
+
+    It is drawn again as each file finishes, not by a refreshing thread: everything it shows changes only
+    then, and a process with no other thread can fork its workers (batch.start_method).
+    """
     if not enabled:
         yield lambda: None
         return
     progress = Progress(TextColumn("lstmgrad"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
-                        _RateColumn(unit), TimeRemainingColumn(), console=stderr_console(), transient=True)
+                        _RateColumn(unit), TimeRemainingColumn(), console=stderr_console(), transient=True,
+                        auto_refresh=False)
+
+    def advance() -> None:
+        progress.advance(job)
+        progress.refresh()
+
     with progress:
         job = progress.add_task(unit, total=total)
-        yield lambda: progress.advance(job)
+        progress.refresh()
+        yield advance
