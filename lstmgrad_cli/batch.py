@@ -229,11 +229,15 @@ def start_method() -> str:
     thread, as a lock another thread holds at that moment stays held in the child for ever: so only on Linux
     (macOS's system libraries refuse it), only with no other Python thread, and only when, after numpy's
     OpenBLAS has ended its idle threads (it starts them again on demand), the system counts one thread in
-    this process, so no MKL or OpenMP team, numba thread pool or other library's thread is running.
+    this process, so no MKL or OpenMP team, numba thread pool or other library's thread is running.  Not
+    after numba is imported either: it sized its thread pool then, and every forked copy would start a pool
+    of that size (or fail to, where its threading layer cannot load) instead of its share of the cores.
     """
-    if not sys.platform.startswith("linux") or threading.active_count() != 1:
+    if not sys.platform.startswith("linux") or threading.active_count() != 1 or "numba" in sys.modules:
         return "spawn"
-    _blas.stop_spinning_workers()  # no other thread can be inside BLAS: there is none
+    # Ending OpenBLAS's threads assumes no thread is inside BLAS; the only one Python knows of is this one
+    # (a thread started outside the threading module would be, and is then counted below: spawn).
+    _blas.stop_spinning_workers()
     return "fork" if _system_threads() == 1 else "spawn"
 
 
@@ -249,16 +253,18 @@ def _system_threads() -> int | None:
     return None
 
 
-def _forked_worker_started(threads: int, initializer: Callable[[], None] | None) -> None:
-    """First in a forked worker: what a spawned one starts with.  Ctrl-C raises KeyboardInterrupt and SIGTERM
-    ends it (not the handlers its parent had set), and the BLAS libraries its parent loaded run ``threads``
-    threads each (a spawned worker reads the count from the environment when it loads them: _thread_env)."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+FORK_RESET_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the signals the command line catches (_interruptible)
+
+
+def _forked_worker_started(threads: int, ignored: frozenset[int], initializer: Callable[[], None] | None) -> None:
+    """First in a forked worker: what a spawned one starts with.  Its parent's handlers go: Ctrl-C raises
+    KeyboardInterrupt and SIGTERM ends it, unless the parent ignored them (``ignored``: a new interpreter keeps
+    an ignored signal ignored).  The BLAS libraries its parent loaded run ``threads`` threads each (a spawned
+    worker reads the count from the environment when it loads them: _thread_env)."""
+    for sig in FORK_RESET_SIGNALS:
+        fresh = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+        signal.signal(sig, signal.SIG_IGN if sig in ignored else fresh)
     _blas.set_thread_counts(threads)
-    numba = sys.modules.get("numba")  # imported before the fork: it read NUMBA_NUM_THREADS then
-    if numba is not None:
-        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     if initializer is not None:
         initializer()
 
@@ -304,7 +310,8 @@ def make_executor(workers: int = 1, dask_address: str | None = None,
         threads = max(1, (os.cpu_count() or 1) // workers)
         method = start_method()
         if method == "fork":  # what a spawned worker starts with, set up first (_forked_worker_started)
-            initializer, initargs = _forked_worker_started, (threads, initializer)
+            ignored = frozenset(sig for sig in FORK_RESET_SIGNALS if signal.getsignal(sig) == signal.SIG_IGN)
+            initializer, initargs = _forked_worker_started, (threads, ignored, initializer)
         else:
             initargs = ()
         with _thread_env(threads):

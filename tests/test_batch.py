@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -111,23 +112,21 @@ def _blas_threads_in_worker() -> list[int]:
 
 A_FORKED_WORKER = """
 import signal, sys
-import numba  # imported, its threads not started: it has read NUMBA_NUM_THREADS already
 from threadpoolctl import threadpool_info
 from lstmgrad_cli import batch
 from lstmgrad_cli.backends import _blas
 
 def state():
     blas = {info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"}
-    return (signal.getsignal(signal.SIGINT) is signal.default_int_handler, signal.getsignal(signal.SIGTERM),
-            numba.get_num_threads(), *blas)
-
-_blas.find()  # loaded here, MKL too where installed: they have read their thread counts already
+    sigint = signal.getsignal(signal.SIGINT)
+    return (getattr(sigint, "__name__", sigint), int(signal.getsignal(signal.SIGTERM)), *blas)
 
 def interrupted(signum, frame):
     raise SystemExit("the parent's handler ran")
 
+_blas.find()  # loaded here, MKL too where installed: they have read their thread counts already
 signal.signal(signal.SIGINT, interrupted)
-signal.signal(signal.SIGTERM, interrupted)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if sys.argv[1] == "ignored" else interrupted)
 print(batch.start_method())
 with batch.make_executor(workers=2) as (pool, threads):
     print(threads, *pool.submit(state).result(timeout=60))
@@ -135,33 +134,45 @@ with batch.make_executor(workers=2) as (pool, threads):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork only on Linux")
-def test_a_forked_worker_starts_as_a_spawned_one_does():
+@pytest.mark.parametrize("sigterm", ["caught", "ignored"])
+def test_a_forked_worker_starts_as_a_spawned_one_does(sigterm):
     # A forked worker inherits its parent's signal handlers (the CLI's turn SIGTERM into KeyboardInterrupt)
-    # and the thread counts its libraries read when they were loaded.
-    pytest.importorskip("numba")
+    # and the thread counts its libraries read when they were loaded.  A new interpreter would keep a signal
+    # its parent ignores ignored, and put every other back to its default.
     pytest.importorskip("threadpoolctl")
-    done = subprocess.run([sys.executable, "-c", A_FORKED_WORKER], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", A_FORKED_WORKER, sigterm], capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     method, line = done.stdout.split("\n")[:2]
-    threads = max(1, (os.cpu_count() or 1) // 2)
-    assert method == "fork" and line.split() == [str(threads), "True", str(signal.SIG_DFL), str(threads), str(threads)]
+    threads = str(max(1, (os.cpu_count() or 1) // 2))
+    sigterm_handler = signal.SIG_IGN if sigterm == "ignored" else signal.SIG_DFL
+    assert method == "fork"
+    assert line.split() == [threads, "default_int_handler", str(int(sigterm_handler)), threads]
 
 
 THREADS_AT_THE_POOL = """
-import _thread, threading, time
+import sys, threading, time
 from lstmgrad_cli import batch
 import numpy as np
 
 np.ones((300, 300)) @ np.ones((300, 300))  # numpy's OpenBLAS starts its threads: they are ended, not counted
-print(batch.start_method())
-_thread.start_new_thread(time.sleep, (30,))  # a thread Python's threading module does not know of
-print(batch.start_method(), threading.active_count())
+before = batch.start_method()
+if sys.argv[1] == "thread":
+    import _thread
+    _thread.start_new_thread(time.sleep, (30,))  # a thread Python's threading module does not know of
+else:
+    import numba  # no thread yet, but its pool's size is fixed
+print(before, batch.start_method(), threading.active_count())
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork only on Linux")
-def test_workers_are_forked_only_from_a_process_with_one_thread():
-    done = subprocess.run([sys.executable, "-c", THREADS_AT_THE_POOL], capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("then", ["thread", "numba"])
+def test_workers_are_forked_only_from_a_process_with_one_thread(then):
+    if then == "numba":
+        pytest.importorskip("numba")
+    done = subprocess.run([sys.executable, "-c", THREADS_AT_THE_POOL, then], capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["fork", "spawn", "1"]
 
@@ -268,6 +279,7 @@ def test_progress_bar_on_a_terminal_only_for_humans(tmp_path):
     assert code == 0 and b"files" not in seen  # --json: no progress bar, even on a terminal
     code, seen = _stderr_on_a_terminal(["seq", str(tmp_path / "in"), "--force"])
     assert code == 0 and b"6/6" in seen and b"files" in seen
+    assert b"1/6" in seen and b"5/6" in seen  # drawn again as each file finishes, not only at the end
 
 
 def test_the_progress_bar_runs_no_thread():
@@ -415,16 +427,19 @@ def test_the_cli_forks_its_workers_where_it_can(tmp_path, method):
     cmd = CLI_WITH_WORKERS[method] + ["seq", str(tmp_path / "in"), "--out-dir", str(tmp_path), "--workers", "2", "-q"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while len(workers := _worker_pids(proc.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        commands = {Path(f"/proc/{pid}/cmdline").read_bytes() for pid in workers}
         parent = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        forked, spawned = set(), set()  # a forked worker runs its parent's command line, a spawned one spawn_main
+        deadline = time.monotonic() + 60
+        while len(forked) + len(spawned) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+            for pid in _worker_pids(proc.pid):
+                with contextlib.suppress(OSError):
+                    command = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    (forked if command == parent else spawned if b"spawn_main" in command else set()).add(pid)
     finally:
         stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr
-    assert len(workers) == 2
-    assert commands == ({parent} if method == "fork" else {c for c in commands if b"multiprocessing" in c})
+    assert (len(forked), len(spawned)) == ((2, 0) if method == "fork" else (0, 2))
 
 
 def test_two_inputs_writing_one_output_are_refused_before_anything_runs(runner, tmp_path):
