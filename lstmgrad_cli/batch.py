@@ -235,8 +235,9 @@ def start_method() -> str:
     """
     if not sys.platform.startswith("linux") or threading.active_count() != 1 or "numba" in sys.modules:
         return "spawn"
-    # Ending OpenBLAS's threads assumes no thread is inside BLAS; the only one Python knows of is this one
-    # (a thread started outside the threading module would be, and is then counted below: spawn).
+    # Ending OpenBLAS's threads assumes no other thread is inside BLAS.  None that Python's threading module
+    # knows of runs; one started outside it could (the risk _xp._run_overlapped takes too), and is then
+    # counted below, so the workers are spawned.
     _blas.stop_spinning_workers()
     return "fork" if _system_threads() == 1 else "spawn"
 
