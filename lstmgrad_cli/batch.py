@@ -127,15 +127,31 @@ class Unpublished:
 
 def run_task_unpublished(task: Task, options: GradOptions) -> GradResult | Unpublished:
     """``run_task`` in a local worker process: an output written is returned ``Unpublished``, for the parent to
-    fsync and rename (``_outcome``)."""
+    fsync and rename (``_outcome``).  Interrupted (_stop_signal), it raises KeyboardInterrupt and leaves nothing."""
     with io.handed_to_parent() as handoffs:
-        result = run_task(task, options)
+        try:
+            _worker_task.append(True)  # from here _stop_signal raises KeyboardInterrupt
+            try:
+                if _worker_stop:  # signalled between files, or where the interrupt could not land: stop now
+                    raise KeyboardInterrupt
+                result = run_task(task, options)
+            finally:
+                _worker_task.clear()
+        except BaseException as err:
+            _remove_handed(handoffs)  # an output written, then interrupted: no one will publish it
+            if isinstance(err, KeyboardInterrupt):
+                _worker_stop.clear()  # delivered
+            raise
     if handoffs and result.status == "ok":
         return Unpublished(result, handoffs[0])
-    for handoff in handoffs:  # (never happens: the output is a run's last step) nothing half-done stays behind
+    _remove_handed(handoffs)  # (never happens: the output is a run's last step) nothing half-done stays behind
+    return result
+
+
+def _remove_handed(handoffs: list[io.Handoff]) -> None:
+    for handoff in handoffs:
         with contextlib.suppress(OSError):
             handoff.tmp.unlink()
-    return result
 
 
 def failed(task: Task, options: GradOptions, error: str) -> GradResult:
@@ -209,11 +225,48 @@ def _start_all_workers(pool: cf.ProcessPoolExecutor) -> None:
 
 
 _worker_syncs = []  # a local worker process's deferred directory syncs (its parent does them: run_batch)
+_worker_task: list[bool] = []  # [True] while a local worker process runs a task (run_task_unpublished)
+_worker_stop: list[int] = []  # stop signals a local worker process got and no task has taken yet
+
+
+def _stop_signal(signum, frame) -> None:
+    """SIGINT and SIGTERM in a local worker process.  During a task: KeyboardInterrupt, so the task unwinds (its
+    temporary file removed) and is reported "interrupted", as Ctrl-C does in the command itself.  Between tasks,
+    or during an import (an import cut short leaves a module half made for every later file): remembered, and
+    the next task is interrupted as it starts, as is the next after an interrupt Python dropped (raised in a
+    weakref callback).  A pool that is shutting down (its parent got the signal too: a terminal's Ctrl-C,
+    ``timeout``, a job scheduler) simply ends the process, with no traceback from an interrupted wait for work
+    and no process dying mid-write."""
+    _worker_stop.append(signum)  # until a task takes it (run_task_unpublished)
+    if _worker_task and not _importing(frame):
+        raise KeyboardInterrupt
+
+
+def _importing(frame) -> bool:
+    """Whether the code at ``frame`` runs inside an import."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _dropped_interrupt_unreported(unraisable) -> None:
+    """``sys.unraisablehook`` in a local worker process: a KeyboardInterrupt Python could not raise (a weakref
+    callback, a ``__del__``) is not printed; _stop_signal kept it for the next task."""
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        sys.__unraisablehook__(unraisable)
 
 
 def _worker_started() -> None:
-    """In each local worker process: keep the heap's top for the next file (allocator.py); leave fsyncing
-    output directories to the parent, once per directory."""
+    """In each local worker process: SIGINT and SIGTERM stop it as _stop_signal says (unless ignored); keep the
+    heap's top for the next file (allocator.py); leave fsyncing output directories to the parent, once per
+    directory."""
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    for sig, default in defaults.items():
+        if signal.getsignal(sig) == default:
+            signal.signal(sig, _stop_signal)
+    sys.unraisablehook = _dropped_interrupt_unreported
     keep_heap_top()
     deferred = io.directories_synced_at_end()
     deferred.__enter__()  # never left: the parent syncs the directories of the outputs the workers report
@@ -254,20 +307,41 @@ def _system_threads() -> int | None:
     return None
 
 
-FORK_RESET_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the signals the command line catches (_interruptible)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the signals the command line catches (_interruptible)
 
 
-def _forked_worker_started(threads: int, ignored: frozenset[int], initializer: Callable[[], None] | None) -> None:
-    """First in a forked worker: what a spawned one starts with.  Its parent's handlers go: Ctrl-C raises
-    KeyboardInterrupt and SIGTERM ends it, unless the parent ignored them (``ignored``: a new interpreter keeps
-    an ignored signal ignored).  The BLAS libraries its parent loaded run ``threads`` threads each (a spawned
-    worker reads the count from the environment when it loads them: _thread_env)."""
-    for sig in FORK_RESET_SIGNALS:
-        fresh = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
-        signal.signal(sig, signal.SIG_IGN if sig in ignored else fresh)
-    _blas.set_thread_counts(threads)
+def _worker_begins(forked: bool, threads: int, ignored: frozenset[int], initializer: Callable[[], None] | None) -> None:
+    """First in every local worker process, which starts with the stop signals blocked (_stop_signals_held).
+
+    A forked worker is first made what a spawned one starts as: its parent's handlers go (Ctrl-C raises
+    KeyboardInterrupt, SIGTERM ends it) but for a signal the parent ignored (``ignored``: a new interpreter
+    keeps an ignored signal ignored), and the BLAS libraries its parent loaded run ``threads`` threads each (a
+    spawned worker reads the count from the environment when it loads them: _thread_env).  Then
+    ``initializer`` runs, and a stop signal that came meanwhile reaches the handlers it left in place."""
+    if forked:
+        for sig in STOP_SIGNALS:
+            fresh = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+            signal.signal(sig, signal.SIG_IGN if sig in ignored else fresh)
+        _blas.set_thread_counts(threads)
     if initializer is not None:
         initializer()
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+@contextlib.contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM blocked in this thread meanwhile, and so in the worker processes it starts, until each
+    has its handlers (_worker_begins): one that arrives while a worker starts is neither taken by the handler a
+    fork copied nor a traceback from a half-started interpreter.  Here it waits, and is delivered after."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _blas_limits(threads: int | None):
@@ -310,16 +384,14 @@ def make_executor(workers: int = 1, dask_address: str | None = None,
 
         threads = max(1, (os.cpu_count() or 1) // workers)
         method = start_method()
-        if method == "fork":  # what a spawned worker starts with, set up first (_forked_worker_started)
-            ignored = frozenset(sig for sig in FORK_RESET_SIGNALS if signal.getsignal(sig) == signal.SIG_IGN)
-            initializer, initargs = _forked_worker_started, (threads, ignored, initializer)
-        else:
-            initargs = ()
+        ignored = frozenset(sig for sig in STOP_SIGNALS if signal.getsignal(sig) == signal.SIG_IGN)
         with _thread_env(threads):
             pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
-                                          initializer=initializer, initargs=initargs)
+                                          initializer=_worker_begins,
+                                          initargs=(method == "fork", threads, ignored, initializer))
             with pool:
-                _start_all_workers(pool)
+                with _stop_signals_held():
+                    _start_all_workers(pool)
                 yield pool, threads
         return
     yield None, None  # serial: tasks run in this process, one after another

@@ -756,3 +756,93 @@ def test_local_workers_interrupted_twice_leave_no_temporary_file(tmp_path):
     assert {p.name for p in out.iterdir()} == ok  # every output there is reported done
     lost = [r for r in results.values() if r.status == "lost"]
     assert all("nothing of it is kept" in r.error for r in lost)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_whole_process_group_stops_workers_cleanly(tmp_path, method, sig):
+    # What `timeout`, a job scheduler or a terminal's Ctrl-C do: every process gets the signal. A worker used
+    # to die of SIGTERM mid-write (a temporary file left, its files "worker process failed", a traceback from
+    # the pool's manager thread); each now interrupts its file as Ctrl-C does in the command.
+    inputs = _long_inputs(tmp_path / "in", 12)
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = CLI_WITH_WORKERS[method] + ["seq", str(tmp_path / "in"), "--out-dir", str(out), "--workers", "2"]
+    proc = subprocess.Popen(cmd + ["--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not list(out.glob("*.grads.h5")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, stderr
+    assert "Traceback" not in stderr and "worker process failed" not in stderr, stderr
+    assert [p.name for p in out.iterdir() if p.name.endswith(".tmp")] == []
+    from lstmgrad_cli.provenance import is_complete_output
+
+    finished = list(out.glob("*.grads.h5"))
+    assert 0 < len(finished) < len(inputs) and all(is_complete_output(p) for p in finished)
+    resumed = subprocess.run(cmd + ["--skip-existing", "-q"], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(list(out.glob("*.grads.h5"))) == len(inputs)
+
+
+def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_path, monkeypatch):
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.io.atomic import atomic_file
+    from lstmgrad_cli.jobs import GradOptions
+
+    tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:2], None, tmp_path / "out")
+    (tmp_path / "out").mkdir()
+    monkeypatch.setattr(batch, "_worker_stop", [])
+    batch._stop_signal(signal.SIGTERM, None)  # between tasks: remembered, not raised
+    with pytest.raises(KeyboardInterrupt):
+        batch.run_task_unpublished(tasks[0], GradOptions("seq"))
+    assert list((tmp_path / "out").iterdir()) == []
+
+    def written_then_signalled(task, options):  # the signal lands after the output is written and handed over
+        with atomic_file(task.output, force=False) as tmp:
+            tmp.path.write_bytes(b"complete")
+        batch._stop_signal(signal.SIGTERM, None)
+
+    monkeypatch.setattr(batch, "_worker_stop", [])
+    monkeypatch.setattr(batch, "run_task", written_then_signalled)
+    with pytest.raises(KeyboardInterrupt):
+        batch.run_task_unpublished(tasks[1], GradOptions("seq"))
+    assert list((tmp_path / "out").iterdir()) == []  # its temporary file is removed: no one would publish it
+
+
+SIGNALLED_AS_IT_STARTS = """
+import os, signal, sys
+from pathlib import Path
+from lstmgrad_cli import batch
+from lstmgrad_cli.jobs import GradOptions
+
+def signalled_while_starting():  # a stop signal lands before the worker's handlers are in place
+    os.kill(os.getpid(), signal.SIGTERM)
+    batch._worker_started()
+
+if __name__ == "__main__":
+    batch.start_method = lambda: sys.argv[1]
+    task = batch.Task(Path(sys.argv[2]), Path(sys.argv[3]))
+    with batch.make_executor(workers=2, initializer=signalled_while_starting) as (pool, _threads):
+        error = pool.submit(batch.run_task_unpublished, task, GradOptions("seq")).exception(timeout=60)
+    print(type(error).__name__, Path(sys.argv[3]).exists(), signal.pthread_sigmask(signal.SIG_BLOCK, []))
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="no signal masks (Windows)")
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_stop_signal_while_a_worker_starts_interrupts_its_first_file(tmp_path, method):
+    # Blocked from before the worker exists until its handlers are in place: SIGTERM would otherwise have killed
+    # it (a broken pool, every file "worker process failed"), or run the handler its parent had when it forked.
+    if method == "fork" and not sys.platform.startswith("linux"):
+        pytest.skip("workers fork only on Linux")
+    script = tmp_path / "signalled.py"
+    script.write_text(SIGNALLED_AS_IT_STARTS)
+    src = write_npz(tmp_path / "a.npz", load_case("seq_v2_peep")[0])
+    done = subprocess.run([sys.executable, str(script), method, str(src), str(tmp_path / "a.grads.npz")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["KeyboardInterrupt", "False", "set()"], done.stdout  # the parent's mask is back
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npz", "signalled.py"]  # no output, no temporary file
