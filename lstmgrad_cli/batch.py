@@ -132,7 +132,7 @@ def run_task_unpublished(task: Task, options: GradOptions) -> GradResult | Unpub
         try:
             _worker_task.append(True)  # from here _stop_signal raises KeyboardInterrupt
             try:
-                if _worker_stop:  # signalled between files, or where the interrupt could not land: stop now
+                if _worker_stop or _worker_ending:  # signalled where the interrupt could not land, or ending
                     raise KeyboardInterrupt
                 result = run_task(task, options)
             finally:
@@ -159,9 +159,11 @@ def failed(task: Task, options: GradOptions, error: str) -> GradResult:
     return GradResult(str(task.input), None, options.op, member=task.group, status="failed", error=error)
 
 
-def _outcome(future: cf.Future, task: Task, options: GradOptions) -> GradResult | None:
+def _outcome(future: cf.Future, task: Task, options: GradOptions,
+             worker_pids: frozenset[int] = frozenset()) -> GradResult | None:
     """A finished task's result (None for one never started); a worker that died (killed, out of memory) is that
-    file's failure, a lost Dask scheduler its "lost", neither a crash."""
+    file's failure, a lost Dask scheduler its "lost", neither a crash.  A local task that failed so (died, or
+    interrupted) has whatever temporary file one of the ``worker_pids`` left for its output removed."""
     if future.cancelled():
         return None
     err = future.exception()  # the future is done: this does not wait
@@ -174,6 +176,7 @@ def _outcome(future: cf.Future, task: Task, options: GradOptions) -> GradResult 
         return None
     if isinstance(err, SchedulerLost):
         return _lost(task, options, str(err))
+    io.remove_left_behind(task.output, worker_pids)
     if isinstance(err, KeyboardInterrupt):  # the worker got the terminal's Ctrl-C too
         return failed(task, options, f"{task.input}: interrupted")
     reason = " ".join(str(err).split()) or type(err).__name__
@@ -227,16 +230,29 @@ def _start_all_workers(pool: cf.ProcessPoolExecutor) -> None:
 _worker_syncs = []  # a local worker process's deferred directory syncs (its parent does them: run_batch)
 _worker_task: list[bool] = []  # [True] while a local worker process runs a task (run_task_unpublished)
 _worker_stop: list[int] = []  # stop signals a local worker process got and no task has taken yet
+_worker_ending: list[int] = []  # a SIGTERM a local worker process got: it ends within a second (_stop_signal)
 
 
 def _stop_signal(signum, frame) -> None:
-    """SIGINT and SIGTERM in a local worker process.  During a task: KeyboardInterrupt, so the task unwinds (its
-    temporary file removed) and is reported "interrupted", as Ctrl-C does in the command itself.  Between tasks,
-    or during an import (an import cut short leaves a module half made for every later file): remembered, and
-    the next task is interrupted as it starts, as is the next after an interrupt Python dropped (raised in a
-    weakref callback).  A pool that is shutting down (its parent got the signal too: a terminal's Ctrl-C,
-    ``timeout``, a job scheduler) simply ends the process, with no traceback from an interrupted wait for work
-    and no process dying mid-write."""
+    """SIGINT and SIGTERM in a local worker process.
+
+    During a task: KeyboardInterrupt, so the task unwinds (its temporary file removed) and is reported
+    "interrupted", as Ctrl-C does in the command itself.  Not during an import (cut short, it would leave a
+    module half made for every later file), nor where Python drops the interrupt (a weakref callback): then
+    the task goes on, and the next one is interrupted as it starts.  A Ctrl-C between tasks is kept the same
+    way, so a worker waiting for work never dies of it with a traceback.
+
+    SIGTERM also ends the process, a second later: time for an interrupted task's result to go back, and for
+    a parent that got it too to stop handing out work and shut the pool down, which ends an idle worker
+    cleanly (dying at once, it would break the pool: "worker process failed" for the files still out).  Every
+    task it gets meanwhile is interrupted as it starts.  The pool itself ends its workers with SIGTERM when one
+    has died (it may have died holding the lock of the queue the others wait on) and waits for them to go."""
+    if signum == signal.SIGTERM:
+        signal.signal(signum, signal.SIG_DFL)
+        ending = threading.Timer(1.0, os.kill, (os.getpid(), signum))
+        ending.daemon = True
+        ending.start()
+        _worker_ending.append(signum)  # every task it is still handed is interrupted as it starts
     _worker_stop.append(signum)  # until a task takes it (run_task_unpublished)
     if _worker_task and not _importing(frame):
         raise KeyboardInterrupt
@@ -451,17 +467,18 @@ def _run_pending(tasks, pending, options, results, finish, workers, dask_address
             # outputs' fsync and rename to this process (run_task_unpublished); Dask workers, which run one task
             # per thread, limit each task's threads (threadpoolctl: ~0.5 ms a task) and publish their own outputs.
             futures = {_submit(executor, tasks[index], options, threads, local): index for index in pending}
+            pids = frozenset(getattr(executor, "_processes", None) or ()) if local else frozenset()
             try:
                 for future in cf.as_completed(futures):
                     index = futures[future]
-                    result = _outcome(future, tasks[index], options)
+                    result = _outcome(future, tasks[index], options, pids)
                     if result is None:
                         continue
                     finish(index, result)
                     if stop() or (result.status == "failed" and not keep_going):
                         break
             finally:
-                _finish_started(futures, tasks, options, results, finish, local)
+                _finish_started(futures, tasks, options, results, finish, local, pids)
     finally:
         _discard_unpublished(futures)
     return results
@@ -547,7 +564,8 @@ def _as_published(error: BaseException | None, task: Task, options: GradOptions,
 
 
 def _finish_started(futures: dict, tasks: Sequence[Task], options: GradOptions, results: list,
-                    finish: Callable[[int, GradResult], None], local: bool = False) -> None:
+                    finish: Callable[[int, GradResult], None], local: bool = False,
+                    worker_pids: frozenset[int] = frozenset()) -> None:
     """After a stop (a failure, an interrupt): cancel every task not started, then wait for those that have (no
     executor can stop them) and report them, so no output appears that the results do not list.
 
@@ -557,7 +575,7 @@ def _finish_started(futures: dict, tasks: Sequence[Task], options: GradOptions, 
     started = [future for future in futures if not future.cancel() and results[futures[future]] is None]
     try:
         for future in cf.as_completed(started):
-            result = _outcome(future, tasks[futures[future]], options)
+            result = _outcome(future, tasks[futures[future]], options, worker_pids)
             if result is not None:
                 finish(futures[future], result)
     except KeyboardInterrupt:

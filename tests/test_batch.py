@@ -427,13 +427,13 @@ def test_the_cli_forks_its_workers_where_it_can(tmp_path, method):
     cmd = CLI_WITH_WORKERS[method] + ["seq", str(tmp_path / "in"), "--out-dir", str(tmp_path), "--workers", "2", "-q"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        parent = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         forked, spawned = set(), set()  # a forked worker runs its parent's command line, a spawned one spawn_main
         deadline = time.monotonic() + 60
         while len(forked) + len(spawned) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
             for pid in _worker_pids(proc.pid):
                 with contextlib.suppress(OSError):
+                    parent = Path(f"/proc/{proc.pid}/cmdline").read_bytes()  # read once it runs the CLI
                     command = Path(f"/proc/{pid}/cmdline").read_bytes()
                     (forked if command == parent else spawned if b"spawn_main" in command else set()).add(pid)
     finally:
@@ -795,7 +795,7 @@ def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_p
     tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:2], None, tmp_path / "out")
     (tmp_path / "out").mkdir()
     monkeypatch.setattr(batch, "_worker_stop", [])
-    batch._stop_signal(signal.SIGTERM, None)  # between tasks: remembered, not raised
+    batch._stop_signal(signal.SIGINT, None)  # between tasks: remembered, not raised (SIGTERM would end pytest)
     with pytest.raises(KeyboardInterrupt):
         batch.run_task_unpublished(tasks[0], GradOptions("seq"))
     assert list((tmp_path / "out").iterdir()) == []
@@ -803,7 +803,7 @@ def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_p
     def written_then_signalled(task, options):  # the signal lands after the output is written and handed over
         with atomic_file(task.output, force=False) as tmp:
             tmp.path.write_bytes(b"complete")
-        batch._stop_signal(signal.SIGTERM, None)
+        batch._stop_signal(signal.SIGINT, None)
 
     monkeypatch.setattr(batch, "_worker_stop", [])
     monkeypatch.setattr(batch, "run_task", written_then_signalled)
@@ -846,3 +846,26 @@ def test_a_stop_signal_while_a_worker_starts_interrupts_its_first_file(tmp_path,
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["KeyboardInterrupt", "False", "set()"], done.stdout  # the parent's mask is back
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npz", "signalled.py"]  # no output, no temporary file
+
+
+def test_a_local_task_that_failed_has_the_temporary_file_its_worker_left_removed(tmp_path):
+    # A worker killed mid-write (out of memory, SIGKILL) or interrupted where it could not clean up leaves its
+    # temporary file; the parent removes it when it hears of the failure, and another process's is kept.
+    import concurrent.futures as cf
+
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.jobs import GradOptions
+
+    task = batch.Task(tmp_path / "run.h5", tmp_path / "run.grads.h5")
+    ours = tmp_path / ".run.grads.h5.4242-0123abcd.tmp"
+    others = [tmp_path / ".run.grads.h5.4343-0123abcd.tmp", tmp_path / ".run.grads.h5.4242-x.tmp",
+              tmp_path / ".other.grads.h5.4242-0123abcd.tmp"]
+    for path in [ours, *others]:
+        path.write_bytes(b"half")
+    for err in (KeyboardInterrupt(), RuntimeError("A process in the process pool was terminated abruptly")):
+        future: cf.Future = cf.Future()
+        future.set_exception(err)
+        result = batch._outcome(future, task, GradOptions("seq"), frozenset({4242, 17}))
+        assert result.status == "failed" and not ours.exists()
+        assert all(path.exists() for path in others)
+        ours.write_bytes(b"half")

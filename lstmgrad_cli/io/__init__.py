@@ -45,6 +45,7 @@ from .atomic import (
     os_reason,
     publish_handed,
     published_behind,
+    remove_left_behind,
 )
 from .hdf5 import HDF5_MAGIC, HDF5_OFFSETS, LazyDataset
 from .npy import NPY_MAGIC
@@ -63,7 +64,7 @@ __all__ = [
     "LazyDataset", "LoadedFile", "camel", "check_output", "default_output", "describe_keys",
     "directories_synced_at_end", "handed_to_parent", "input_directory_format", "max_tensor_bytes", "open_hdf5_output",
     "open_inputs", "output_format", "publish_handed", "published_behind", "read_inputs", "read_metadata",
-    "sniff_format", "write_metadata", "write_outputs",
+    "remove_left_behind", "sniff_format", "write_metadata", "write_outputs",
 ]
 
 # Every input format, in the order they are tried.  File formats are told apart by their first bytes;
