@@ -278,9 +278,8 @@ def _worker_started() -> None:
     """In each local worker process: SIGINT and SIGTERM stop it as _stop_signal says (unless ignored); keep the
     heap's top for the next file (allocator.py); leave fsyncing output directories to the parent, once per
     directory."""
-    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
-    for sig, default in defaults.items():
-        if signal.getsignal(sig) == default:
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) == _fresh_handler(sig):
             signal.signal(sig, _stop_signal)
     sys.unraisablehook = _dropped_interrupt_unreported
     keep_heap_top()
@@ -326,6 +325,11 @@ def _system_threads() -> int | None:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the signals the command line catches (_interruptible)
 
 
+def _fresh_handler(sig: int):
+    """What a new interpreter handles ``sig`` with (one of STOP_SIGNALS, not ignored)."""
+    return signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+
+
 def _worker_begins(forked: bool, threads: int, ignored: frozenset[int], initializer: Callable[[], None] | None) -> None:
     """First in every local worker process, which starts with the stop signals blocked (_stop_signals_held).
 
@@ -336,8 +340,7 @@ def _worker_begins(forked: bool, threads: int, ignored: frozenset[int], initiali
     ``initializer`` runs, and a stop signal that came meanwhile reaches the handlers it left in place."""
     if forked:
         for sig in STOP_SIGNALS:
-            fresh = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
-            signal.signal(sig, signal.SIG_IGN if sig in ignored else fresh)
+            signal.signal(sig, signal.SIG_IGN if sig in ignored else _fresh_handler(sig))
         _blas.set_thread_counts(threads)
     if initializer is not None:
         initializer()

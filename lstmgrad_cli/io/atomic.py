@@ -25,7 +25,7 @@ import os
 import re
 import secrets
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -250,20 +250,20 @@ def _create_temporary(path: Path, parent: Path) -> tuple[int, Path]:
     raise FileExistsError(errno.EEXIST, "no unused temporary file name", str(parent))
 
 
-def remove_left_behind(path: Path, pids: Iterable[int]) -> None:
+def remove_left_behind(path: Path, pids: Collection[int]) -> None:
     """Remove the temporary files for the output ``path`` that the processes ``pids`` made and left (killed, or
     interrupted where they could not clean up): no one will finish them.  Other processes' are left alone."""
+    if not pids:
+        return
     parent = path.parent if str(path.parent) else Path(".")
-    for pid in pids:
-        prefix = f".{path.name[:64]}.{pid}-"
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(parent):
-                if entry.name.startswith(prefix) and _TEMPORARY_TAIL.fullmatch(entry.name[len(prefix):]):
-                    with contextlib.suppress(OSError):
-                        os.unlink(entry.path)
-
-
-_TEMPORARY_TAIL = re.compile(r"[0-9a-f]{8}\.tmp")  # after the pid in a name _create_temporary makes
+    # the names _create_temporary makes: .<name>.<pid>-<8 hex digits>.tmp
+    made = re.compile(re.escape(f".{path.name[:64]}.") + f"(?:{'|'.join(str(int(p)) for p in pids)})" +
+                      r"-[0-9a-f]{8}\.tmp")
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:  # one pass over the directory
+        for entry in entries:
+            if made.fullmatch(entry.name):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
 
 
 def _create_failure(path: Path, parent: Path, err: OSError) -> str:
