@@ -19,7 +19,7 @@ from .frameworks import FrameworkOptions
 from .ops import block_lstm_grad_checked, lstm_block_cell_grad_full
 from .perstep import StepRecorder, impulse_norms, per_step_report
 from .problem import OPS, open_problem
-from .summary import TensorSummary, summarise
+from .summary import SummarisedOutput, TensorSummary, summarise
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,9 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
         try:
             if lazy and io.output_format(out) == "hdf5" and problem.framework is None:
                 with io.open_hdf5_output(out, options.force) as sink:
-                    x_grad = sink.create_dataset("x_grad", shape=problem.arrays["x"].shape, dtype=problem.dtype)
+                    # summarised as the pass writes it: a tensor larger than memory is not read back for that
+                    x_grad = SummarisedOutput(sink.create_dataset("x_grad", shape=problem.arrays["x"].shape,
+                                                                  dtype=problem.dtype))
                     tensors = _compute(problem, backend, cdt, options, result, x_grad_out=x_grad)
                     for name, value in tensors.items():
                         if name != "x_grad":

@@ -19,7 +19,7 @@ from conftest import FIXTURES, assert_close_scaled, load_case, write_h5
 from lstmgrad_cli import io, validation
 from lstmgrad_cli.cli import main
 from lstmgrad_cli.errors import InputFileError, OutputFileError
-from lstmgrad_cli.summary import summarise
+from lstmgrad_cli.summary import SummarisedOutput, summarise
 
 SEQ_OUTPUTS = ["x_grad", "cs_prev_grad", "h_prev_grad", "w_grad", "wci_grad", "wcf_grad", "wco_grad", "b_grad"]
 ALL_NAMES = [*validation.SEQ_TENSORS]
@@ -303,6 +303,72 @@ def test_a_summary_in_one_pass_equals_the_one_read_a_block_at_a_time(value):
     assert (rows.finite, rows.nonfinite, rows.max_abs) == (whole.finite, whole.nonfinite, whole.max_abs)
     assert rows.l2_norm == (None if whole.l2_norm is None else pytest.approx(whole.l2_norm, rel=1e-12))
     assert whole.nonfinite == int(value.size - np.count_nonzero(np.isfinite(value)))
+
+
+@pytest.mark.parametrize("value", [
+    np.random.default_rng(4).standard_normal((9, 3, 2)).astype(np.float32),
+    np.array([[1e300, 2.0], [-1e300, 0.0], [3.0, 1e-300]]),
+    np.array([[1.0, np.nan], [np.inf, 2.0], [0.0, 0.0]], np.float32),
+], ids=["normal", "near-max", "nonfinite"])
+def test_an_output_summarised_as_written_equals_the_summary_read_back(value):
+    """The chunks of a backward pass, written last first (and some rows never), give the summary of the whole."""
+    target = _Written(value.shape, value.dtype)
+    out = SummarisedOutput(target)
+    rows = value.shape[0]
+    for lo in reversed(range(0, rows - 1, 2)):  # the last row is never written: it stays zero
+        out[lo:min(lo + 2, rows - 1)] = value[lo:min(lo + 2, rows - 1)]
+    out[rows - 1:rows - 1] = value[:0]  # an empty write changes nothing
+    expected = value.copy()
+    expected[-1] = 0
+    np.testing.assert_array_equal(target.value, expected)
+    got, want = out.summary("g"), summarise("g", expected)
+    assert got is not None and target.reads == 0
+    assert (got.finite, got.nonfinite, got.max_abs, got.shape, got.dtype) == (
+        want.finite, want.nonfinite, want.max_abs, want.shape, want.dtype)
+    assert got.l2_norm == (None if want.l2_norm is None else pytest.approx(want.l2_norm, rel=1e-12))
+    assert summarise("g", out) == got and target.reads == 0
+
+
+@pytest.mark.parametrize("writes", [
+    [(np.s_[0:4], None), (np.s_[2:3], None)],  # a row written twice
+    [(np.s_[0:4], None), (np.s_[1], None)],  # one row by index: not a slice of rows
+    [(np.s_[0:4], None), (np.s_[4:6, :1], None)],  # part of the rows' columns
+    [(np.s_[0:4], "list")],  # not a numpy array
+], ids=["twice", "index", "columns", "not-ndarray"])
+def test_an_output_written_otherwise_is_summarised_by_reading_it_back(writes):
+    value = np.arange(12.0).reshape(6, 2) - 5
+    target = _Written(value.shape, value.dtype)
+    out = SummarisedOutput(target)
+    for key, kind in writes:
+        part = value[key]
+        out[key] = part.tolist() if kind == "list" else part
+    assert out.summary("g") is None
+    assert summarise("g", out) == summarise("g", target.value) and target.reads > 0
+
+
+def test_an_output_written_whole_is_summarised_without_reading_it():
+    value = np.linspace(-3, 4, 12).reshape(3, 4)
+    target = _Written(value.shape, value.dtype)
+    out = SummarisedOutput(target)
+    out[...] = value  # how the cupy backend fills it, in one copy
+    assert summarise("g", out) == summarise("g", value) and target.reads == 0
+
+
+class _Written:
+    """A stand-in for a zero-filled HDF5 output dataset: writable by key, counting reads."""
+
+    def __init__(self, shape, dtype):
+        self.value, self.shape, self.dtype, self.reads = np.zeros(shape, dtype), shape, np.dtype(dtype), 0
+
+    def __len__(self):
+        return len(self.value)
+
+    def __setitem__(self, key, value):
+        self.value[key] = value
+
+    def __getitem__(self, key):
+        self.reads += 1
+        return self.value[key]
 
 
 class _Lazy:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from lstmgrad_cli.cli import main
 from lstmgrad_cli.jobs import GradOptions, run_grad_file
+from lstmgrad_cli.summary import summarise
 
 
 def long_problem(T=40, B=3, I=5, C=4, seed=0):  # noqa: E741
@@ -43,6 +44,32 @@ def test_streamed_hdf5_equals_the_in_memory_run(tmp_path, chunk_steps):
     assert not got["x_grad"][33:].any() and got["x_grad"][:33].any()
     assert attrs["tool"] == "lstmgrad" and attrs["seq_len_max"] == 33
     assert [t.l2_norm for t in streamed.tensors] == pytest.approx([t.l2_norm for t in in_memory.tensors])
+
+
+@pytest.mark.parametrize("chunk_steps", [None, 3])
+def test_streamed_x_grad_is_summarised_as_written_not_read_back(tmp_path, monkeypatch, chunk_steps):
+    """Reading back an x_grad larger than memory for its summary cost a second pass over it."""
+    tensors = long_problem(T=40, B=4, I=6, C=5, seed=2)
+    tensors["ci"][5, 1, 2] = np.nan  # counted in the summary too
+    h5_in = write_h5(tmp_path / "in.h5", tensors, attrs={"seq_len_max": np.int64(37)})
+    read = []
+    dataset_getitem = h5py.Dataset.__getitem__
+
+    def spy(self, key):
+        read.append(self.name)
+        return dataset_getitem(self, key)
+
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", spy)
+    result = run_grad_file(h5_in, tmp_path / "g.h5", GradOptions("seq", chunk_steps=chunk_steps))
+    monkeypatch.undo()
+    assert "/x_grad" not in read
+    assert result.tensors[0].name == "x_grad"
+    got, _ = read_h5(tmp_path / "g.h5")
+    want = summarise("x_grad", got["x_grad"])
+    summary = result.tensors[0]
+    assert (summary.finite, summary.nonfinite, summary.max_abs) == (want.finite, want.nonfinite, want.max_abs)
+    assert summary.l2_norm == (None if want.l2_norm is None else pytest.approx(want.l2_norm, rel=1e-12))
+    assert summary.nonfinite > 0  # the NaN reached x_grad
 
 
 def test_streaming_needs_memory_for_a_chunk_not_for_the_file(runner, tmp_path, monkeypatch):
