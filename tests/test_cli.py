@@ -327,6 +327,19 @@ def test_real_subprocess_run(tmp_path):
     assert bad.returncode == 1 and bad.stderr.startswith("Error: ") and bad.stderr.count("\n") == 1
 
 
+def test_a_quiet_run_does_not_import_what_it_does_not_show(tmp_path):
+    """Every command pays its imports: rich's progress bar and tables (~15 ms) only when one is shown."""
+    code = ("import sys; from lstmgrad_cli.cli import main; rc = main(sys.argv[1:], standalone_mode=False); "
+            "print(sorted(m for m in ('rich.progress', 'rich.table') if m in sys.modules))")
+    run = [sys.executable, "-c", code, "seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(tmp_path / "g.npz")]
+    quiet = subprocess.run([*run, "-q"], capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout.strip() == "[]"
+    shown = subprocess.run([*run, "--force"], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip().splitlines()[-1] == "['rich.table']"  # the summary table, and no progress bar
+
+
 def test_names_with_markup_and_control_characters_are_shown_literally(runner, tmp_path):
     (tmp_path / "d[").mkdir()  # the path then reads .../d[/b]c[bold]x.npz: a closing tag rich would choke on
     src = write_npz(tmp_path / "d[" / "b]c[bold]x.npz", load_case("seq_v2_peep")[0])

@@ -11,7 +11,6 @@ import sys
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
 from ..errors import InvalidOptionError, LstmGradError
@@ -89,6 +88,13 @@ def say(console: Console, text: object, style: str | None = None) -> None:
     console.print(printable(text), markup=False, highlight=False, soft_wrap=True, style=style)
 
 
+def new_table(**options):
+    """A rich table (rich's table module imported on first use: a quiet batch prints none)."""
+    from rich.table import Table  # noqa: PLC0415
+
+    return Table(**options)
+
+
 def print_table(console: Console, table, heading: object = None, footer: object = None) -> None:
     """A table with its heading above and its footer below as plain lines (rich pads a table's own title
     and caption to the table's width, leaving trailing spaces, and wraps a long file name)."""
@@ -142,34 +148,14 @@ def is_terminal(stream=None) -> bool:
     return bool(getattr(stream, "isatty", lambda: False)())
 
 
-class _RateColumn(ProgressColumn):
-    def __init__(self, unit: str):
-        super().__init__()
-        self.unit = unit
-
-    def render(self, task) -> Text:
-        return Text("" if task.speed is None else f"{task.speed:.2f} {self.unit}/s", style="progress.data.speed")
-
-
 @contextlib.contextmanager
 def progress_bar(enabled: bool, total: int, unit: str = "files"):
-    """A rich progress bar on stderr (files done, rate, time left); a no-op when disabled.
-
-    It is drawn again as each file finishes, not by a refreshing thread: everything it shows changes only
-    then, and a process with no other thread can fork its workers (batch.start_method).
-    """
+    """A rich progress bar on stderr (files done, rate, time left); a no-op when disabled (rich's progress module,
+    ~10 ms to import, is imported only for a bar that is shown: _progress.py)."""
     if not enabled:
         yield lambda: None
         return
-    progress = Progress(TextColumn("lstmgrad"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
-                        _RateColumn(unit), TimeRemainingColumn(), console=stderr_console(), transient=True,
-                        auto_refresh=False)
+    from ._progress import drawn_progress  # noqa: PLC0415
 
-    def advance() -> None:
-        progress.advance(job)
-        progress.refresh()
-
-    with progress:
-        job = progress.add_task(unit, total=total)
-        progress.refresh()
+    with drawn_progress(stderr_console(), total, unit) as advance:
         yield advance

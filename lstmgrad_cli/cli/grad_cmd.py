@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from .. import __version__, io
 from ..backends import get_backend, resolve_name
@@ -23,6 +22,7 @@ from ..perstep import ASCII_SPARK, SPARK, check_plot_path, save_plot, sparkline
 from ._common import (
     handle_errors,
     is_terminal,
+    new_table,
     one_line,
     plain,
     print_json,
@@ -287,7 +287,7 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
                    "lost": counts["lost"], "not run": not_run}
         if not counts["lost"]:  # only a lost Dask scheduler loses files
             del columns["lost"]
-        table = Table()
+        table = new_table()
         for col in columns:
             table.add_column(col, justify="right")
         table.add_row(*map(str, columns.values()))
@@ -333,7 +333,7 @@ def _fmt(value: float | None) -> str:
 
 def render(console, result: GradResult) -> None:
     """The rich summary of one run: a header line of what was computed, a row per output tensor."""
-    table = Table()
+    table = new_table()
     for name, justify in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("L2 norm", "right"),
                           ("max |value|", "right"), ("finite", "center")):
         table.add_column(name, justify=justify)
@@ -374,7 +374,7 @@ def render_per_step(console, report: dict) -> None:
     names = {"x_grad": "|x_grad[t]|", "h_prev_grad": "|dh carried|", "cs_prev_grad": "|dcs carried|",
              "last_step": "|last-step grad at t|"}
     width = max(10, min(80, console.width - 40))
-    table = Table(show_header=True)
+    table = new_table(show_header=True)
     for col, justify in (("norm", "left"), ("chart", "left"), ("min", "right"), ("max", "right")):
         table.add_column(col, justify=justify, no_wrap=True)
     for key, values in report["norms"].items():
