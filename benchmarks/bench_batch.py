@@ -1,7 +1,8 @@
 """A batch of small files as users run it: `lstmgrad seq DIR --out-dir OUT -q`, serial and with --workers 2,
 side by side with the floor (one Python process: np.load + block_lstm_grad_v2 + np.savez per file).
 
-Every contender is a fresh process (interpreter start and imports included, as a user's run pays them),
+Every contender is a fresh process (interpreter start and imports included, as a user's run pays them, from
+compiled bytecode as an installed copy has it: _installed.py),
 timed in alternating rounds, once per BLAS library installed (LSTMGRAD_BLAS). Medians and ratios.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/bench_batch.py --repeats 5
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _installed import compile_lstmgrad
 
 from lstmgrad_cli import block_lstm_v2
 from lstmgrad_cli.backends._blas import mkl_version
@@ -77,6 +79,7 @@ def main() -> int:
     shape = tuple(int(v) for v in args.shape.split(","))
     lstmgrad = str(Path(sys.executable).with_name("lstmgrad"))
     libraries = ["openblas"] + (["mkl"] if mkl_version() else [])
+    compile_lstmgrad(*([args.baseline] if args.baseline else []))
     print(f"{args.files} files of T,B,I,C = {args.shape}, float32; median of {args.repeats} alternating rounds, "
           f"{os.cpu_count()} cores\n")
     print("| BLAS | floor (np.load + grad + np.savez) | lstmgrad seq, serial | x floor | --workers 2 | "

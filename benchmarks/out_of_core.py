@@ -8,6 +8,8 @@ alternating rounds, each a fresh process:
   command: reading, detection, the pass, writing, summaries), with its peak resident memory;
 * in memory: the same tensors loaded whole, then ``block_lstm_grad_v2`` timed alone (the compute floor).
 
+lstmgrad runs from compiled bytecode, as an installed copy does (_installed.py).
+
 HDF5 inputs are read a chunk of time steps at a time (backwards), NaN/Inf counted as they are read, and
 x_grad is written chunk by chunk into the HDF5 output, so the peak does not grow with T.  Usage:
 
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+from _installed import compile_lstmgrad
 
 
 def write_input(path: Path, T: int, B: int, I: int, C: int, block: int = 100) -> None:  # noqa: E741
@@ -109,6 +112,7 @@ def main() -> int:
         print(f"writing {src} ...", file=sys.stderr)
         write_input(src, args.T, args.B, args.I, args.C)
     size_gb = src.stat().st_size / 1e9
+    compile_lstmgrad(*([args.baseline] if args.baseline else []))
     walls, peaks, floors, base_walls, base_peaks = [], [], [], [], []
     for _ in range(args.repeats):
         wall, peak = streamed(src, args.dir / "big.grads.h5", args.chunk_steps)

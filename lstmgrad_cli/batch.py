@@ -1,24 +1,20 @@
 """Running gradient jobs over many files: serially, in local worker processes, or on a Dask cluster.
 
-Parallel runs use one code path, a ``concurrent.futures`` executor: a process pool for
-``workers > 1`` or a ``distributed`` client's executor for a Dask scheduler address; a serial run
-calls the same task function in this process.  Every task is a call of ``run_task`` and returns a ``GradResult``
-(errors in a file are results, not exceptions), so results flow back the same way from anywhere.
+Parallel runs use one code path, a ``concurrent.futures`` executor: a process pool for ``workers > 1`` (how its
+processes start and stop: local_workers.py) or a ``distributed`` client's executor for a Dask scheduler address;
+a serial run calls the same task function in this process.  Every task is a call of ``run_task`` and returns a
+``GradResult`` (errors in a file are results, not exceptions), so results flow back the same way from anywhere.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import os
-import signal
-import sys
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import io
+from . import io, local_workers
 from .allocator import keep_heap_top
 from .backends import _blas
 from .dask_executor import NotStarted, SchedulerLost, dask_executor
@@ -26,8 +22,6 @@ from .errors import LstmGradError, OutputExistsError, OutputFileError
 from .io import tfdbg
 from .jobs import GradOptions, GradResult, existing_output, run_grad_file
 from .provenance import output_difference, request_of
-
-BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 
 @dataclass(frozen=True)
@@ -127,20 +121,14 @@ class Unpublished:
 
 def run_task_unpublished(task: Task, options: GradOptions) -> GradResult | Unpublished:
     """``run_task`` in a local worker process: an output written is returned ``Unpublished``, for the parent to
-    fsync and rename (``_outcome``).  Interrupted (_stop_signal), it raises KeyboardInterrupt and leaves nothing."""
+    fsync and rename (``_outcome``).  Interrupted (local_workers._stop_signal), it raises KeyboardInterrupt and
+    leaves nothing."""
     with io.handed_to_parent() as handoffs:
         try:
-            _worker_task.append(True)  # from here _stop_signal raises KeyboardInterrupt
-            try:
-                if _worker_stop or _worker_ending:  # signalled where the interrupt could not land, or ending
-                    raise KeyboardInterrupt
+            with local_workers.interruptible_task():
                 result = run_task(task, options)
-            finally:
-                _worker_task.clear()
-        except BaseException as err:
+        except BaseException:
             _remove_handed(handoffs)  # an output written, then interrupted: no one will publish it
-            if isinstance(err, KeyboardInterrupt):
-                _worker_stop.clear()  # delivered
             raise
     if handoffs and result.status == "ok":
         return Unpublished(result, handoffs[0])
@@ -211,156 +199,18 @@ def _submit(executor: cf.Executor, task: Task, options: GradOptions, threads: in
         return failed
 
 
-def _start_all_workers(pool: cf.ProcessPoolExecutor) -> None:
-    """Start every worker process now, before the first task.
-
-    With the spawn method the pool starts workers inside ``submit``, one per task handed out, while its
-    manager thread watches them.  If a worker dies meanwhile (killed), the manager tears the pool down
-    while ``submit`` adds a worker to it (CPython 3.11): the manager crashed on the changed worker
-    table, a worker it never stopped was waited for forever, or starting one failed on a pipe it had
-    just closed.  Started up front, the workers are all known before the manager runs.  This uses
-    the pool's own start-up method (``_launch_processes``, which it calls itself for the fork
-    method); where a Python lacks it, workers start on demand as before.
-    """
-    launch = getattr(pool, "_launch_processes", None)
-    if launch is not None:
-        launch()
-
-
 _worker_syncs = []  # a local worker process's deferred directory syncs (its parent does them: run_batch)
-_worker_task: list[bool] = []  # [True] while a local worker process runs a task (run_task_unpublished)
-_worker_stop: list[int] = []  # stop signals a local worker process got and no task has taken yet
-_worker_ending: list[int] = []  # a SIGTERM a local worker process got: it ends within a second (_stop_signal)
-
-
-def _stop_signal(signum, frame) -> None:
-    """SIGINT and SIGTERM in a local worker process.
-
-    During a task: KeyboardInterrupt, so the task unwinds (its temporary file removed) and is reported
-    "interrupted", as Ctrl-C does in the command itself.  Not during an import (cut short, it would leave a
-    module half made for every later file), nor where Python drops the interrupt (a weakref callback): then
-    the task goes on, and the next one is interrupted as it starts.  A Ctrl-C between tasks is kept the same
-    way, so a worker waiting for work never dies of it with a traceback.
-
-    SIGTERM also ends the process, a second later: time for an interrupted task's result to go back, and for
-    a parent that got it too to stop handing out work and shut the pool down, which ends an idle worker
-    cleanly (dying at once, it would break the pool: "worker process failed" for the files still out).  Every
-    task it gets meanwhile is interrupted as it starts.  The pool itself ends its workers with SIGTERM when one
-    has died (it may have died holding the lock of the queue the others wait on) and waits for them to go."""
-    if signum == signal.SIGTERM:
-        signal.signal(signum, signal.SIG_DFL)
-        ending = threading.Timer(1.0, os.kill, (os.getpid(), signum))
-        ending.daemon = True
-        ending.start()
-        _worker_ending.append(signum)  # every task it is still handed is interrupted as it starts
-    _worker_stop.append(signum)  # until a task takes it (run_task_unpublished)
-    if _worker_task and not _importing(frame):
-        raise KeyboardInterrupt
-
-
-def _importing(frame) -> bool:
-    """Whether the code at ``frame`` runs inside an import."""
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _dropped_interrupt_unreported(unraisable) -> None:
-    """``sys.unraisablehook`` in a local worker process: a KeyboardInterrupt Python could not raise (a weakref
-    callback, a ``__del__``) is not printed; _stop_signal kept it for the next task."""
-    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
-        sys.__unraisablehook__(unraisable)
 
 
 def _worker_started() -> None:
-    """In each local worker process: SIGINT and SIGTERM stop it as _stop_signal says (unless ignored); keep the
-    heap's top for the next file (allocator.py); leave fsyncing output directories to the parent, once per
-    directory."""
-    for sig in STOP_SIGNALS:
-        if signal.getsignal(sig) == _fresh_handler(sig):
-            signal.signal(sig, _stop_signal)
-    sys.unraisablehook = _dropped_interrupt_unreported
+    """In each local worker process: SIGINT and SIGTERM stop it as local_workers._stop_signal says (unless
+    ignored); keep the heap's top for the next file (allocator.py); leave fsyncing output directories to the
+    parent, once per directory."""
+    local_workers.catch_stop_signals()
     keep_heap_top()
     deferred = io.directories_synced_at_end()
     deferred.__enter__()  # never left: the parent syncs the directories of the outputs the workers report
     _worker_syncs.append(deferred)
-
-
-def start_method() -> str:
-    """How local workers start: ``"fork"`` (a copy of this process) where that is safe, else ``"spawn"``.
-
-    A spawned worker is a new interpreter that imports numpy and lstmgrad before its first file: ~0.4 s of
-    CPU each, which on 2 cores costs a batch of small files most of what its second worker gains.  A forked
-    one starts in milliseconds with all of that in place.  Forking is safe only from a process with one
-    thread, as a lock another thread holds at that moment stays held in the child for ever: so only on Linux
-    (macOS's system libraries refuse it), only with no other Python thread, and only when, after numpy's
-    OpenBLAS has ended its idle threads (it starts them again on demand), the system counts one thread in
-    this process, so no MKL or OpenMP team, numba thread pool or other library's thread is running.  Not
-    after numba is imported either: it sized its thread pool then, and every forked copy would start a pool
-    of that size (or fail to, where its threading layer cannot load) instead of its share of the cores.
-    """
-    if not sys.platform.startswith("linux") or threading.active_count() != 1 or "numba" in sys.modules:
-        return "spawn"
-    # Ending OpenBLAS's threads assumes no other thread is inside BLAS.  None that Python's threading module
-    # knows of runs; one started outside it could (the risk _xp._run_overlapped takes too), and is then
-    # counted below, so the workers are spawned.
-    _blas.stop_spinning_workers()
-    return "fork" if _system_threads() == 1 else "spawn"
-
-
-def _system_threads() -> int | None:
-    """The threads the system counts in this process (Linux), or None when it cannot be read."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("Threads:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the signals the command line catches (_interruptible)
-
-
-def _fresh_handler(sig: int):
-    """What a new interpreter handles ``sig`` with (one of STOP_SIGNALS, not ignored)."""
-    return signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
-
-
-def _worker_begins(forked: bool, threads: int, ignored: frozenset[int], initializer: Callable[[], None] | None) -> None:
-    """First in every local worker process, which starts with the stop signals blocked (_stop_signals_held).
-
-    A forked worker is first made what a spawned one starts as: its parent's handlers go (Ctrl-C raises
-    KeyboardInterrupt, SIGTERM ends it) but for a signal the parent ignored (``ignored``: a new interpreter
-    keeps an ignored signal ignored), and the BLAS libraries its parent loaded run ``threads`` threads each (a
-    spawned worker reads the count from the environment when it loads them: _thread_env).  Then
-    ``initializer`` runs, and a stop signal that came meanwhile reaches the handlers it left in place."""
-    if forked:
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN if sig in ignored else _fresh_handler(sig))
-        _blas.set_thread_counts(threads)
-    if initializer is not None:
-        initializer()
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-
-
-@contextlib.contextmanager
-def _stop_signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM blocked in this thread meanwhile, and so in the worker processes it starts, until each
-    has its handlers (_worker_begins): one that arrives while a worker starts is neither taken by the handler a
-    fork copied nor a traceback from a half-started interpreter.  Here it waits, and is delivered after."""
-    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _blas_limits(threads: int | None):
@@ -374,21 +224,6 @@ def _blas_limits(threads: int | None):
 
 
 @contextlib.contextmanager
-def _thread_env(threads: int) -> Iterator[None]:
-    """BLAS thread variables for worker processes started inside this block (they inherit the env)."""
-    saved = {var: os.environ.get(var) for var in BLAS_THREAD_VARS}
-    os.environ.update({var: str(threads) for var in BLAS_THREAD_VARS})
-    try:
-        yield
-    finally:
-        for var, value in saved.items():
-            if value is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = value
-
-
-@contextlib.contextmanager
 def make_executor(workers: int = 1, dask_address: str | None = None,
                   initializer: Callable[[], None] | None = None) -> Iterator[tuple[cf.Executor | None, int | None]]:
     """(executor, BLAS threads per task) for the chosen way of running; no executor for a serial run.
@@ -399,19 +234,8 @@ def make_executor(workers: int = 1, dask_address: str | None = None,
             yield executor, 1
         return
     if workers > 1:
-        import multiprocessing  # noqa: PLC0415 - only parallel runs pay for it
-
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        method = start_method()
-        ignored = frozenset(sig for sig in STOP_SIGNALS if signal.getsignal(sig) == signal.SIG_IGN)
-        with _thread_env(threads):
-            pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
-                                          initializer=_worker_begins,
-                                          initargs=(method == "fork", threads, ignored, initializer))
-            with pool:
-                with _stop_signals_held():
-                    _start_all_workers(pool)
-                yield pool, threads
+        with local_workers.pool(workers, initializer) as (pool, threads):
+            yield pool, threads
         return
     yield None, None  # serial: tasks run in this process, one after another
 

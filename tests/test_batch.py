@@ -71,10 +71,12 @@ def serial_outputs(tmp_path_factory):
     return outs
 
 
-# The CLI as a subprocess, its local workers forked (batch.start_method, on Linux) or spawned as on macOS and Windows.
+# The CLI as a subprocess, its local workers forked (local_workers.start_method, on Linux) or spawned as on macOS and
+# Windows.
 CLI_WITH_WORKERS = {
     "fork": [sys.executable, "-m", "lstmgrad_cli"],
-    "spawn": [sys.executable, "-c", "import sys; from lstmgrad_cli import batch; batch.start_method = lambda: 'spawn'; "
+    "spawn": [sys.executable, "-c", "import sys; from lstmgrad_cli import local_workers; "
+                                    "local_workers.start_method = lambda: 'spawn'; "
                                     "from lstmgrad_cli.cli import main; sys.exit(main())"],
 }
 
@@ -94,10 +96,10 @@ def test_worker_processes_give_the_serial_results(tmp_path, serial_outputs, meth
 
 
 def test_spawned_worker_processes_divide_blas_threads(monkeypatch):
-    from lstmgrad_cli import batch
+    from lstmgrad_cli import local_workers
     from lstmgrad_cli.batch import make_executor
 
-    monkeypatch.setattr(batch, "start_method", lambda: "spawn")  # forked: test_a_forked_worker_starts_as_...
+    monkeypatch.setattr(local_workers, "start_method", lambda: "spawn")  # forked: test_a_forked_worker_starts_as_...
     with make_executor(workers=2) as (executor, threads):
         assert threads == max(1, (os.cpu_count() or 1) // 2)
         seen = executor.submit(_blas_threads_in_worker).result(timeout=120)
@@ -113,7 +115,7 @@ def _blas_threads_in_worker() -> list[int]:
 A_FORKED_WORKER = """
 import signal, sys
 from threadpoolctl import threadpool_info
-from lstmgrad_cli import batch
+from lstmgrad_cli import batch, local_workers
 from lstmgrad_cli.backends import _blas
 
 def state():
@@ -127,7 +129,7 @@ def interrupted(signum, frame):
 _blas.find()  # loaded here, MKL too where installed: they have read their thread counts already
 signal.signal(signal.SIGINT, interrupted)
 signal.signal(signal.SIGTERM, signal.SIG_IGN if sys.argv[1] == "ignored" else interrupted)
-print(batch.start_method())
+print(local_workers.start_method())
 with batch.make_executor(workers=2) as (pool, threads):
     print(threads, *pool.submit(state).result(timeout=60))
 """
@@ -152,17 +154,17 @@ def test_a_forked_worker_starts_as_a_spawned_one_does(sigterm):
 
 THREADS_AT_THE_POOL = """
 import sys, threading, time
-from lstmgrad_cli import batch
+from lstmgrad_cli import local_workers
 import numpy as np
 
 np.ones((300, 300)) @ np.ones((300, 300))  # numpy's OpenBLAS starts its threads: they are ended, not counted
-before = batch.start_method()
+before = local_workers.start_method()
 if sys.argv[1] == "thread":
     import _thread
     _thread.start_new_thread(time.sleep, (30,))  # a thread Python's threading module does not know of
 else:
     import numba  # no thread yet, but its pool's size is fixed
-print(before, batch.start_method(), threading.active_count())
+print(before, local_workers.start_method(), threading.active_count())
 """
 
 
@@ -180,13 +182,13 @@ def test_workers_are_forked_only_from_a_process_with_one_thread(then):
 def test_workers_are_spawned_while_another_python_thread_runs():
     import threading
 
-    from lstmgrad_cli import batch
+    from lstmgrad_cli import local_workers
 
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)
     thread.start()
     try:
-        assert batch.start_method() == "spawn"
+        assert local_workers.start_method() == "spawn"
     finally:
         stop.set()
         thread.join()
@@ -283,7 +285,7 @@ def test_progress_bar_on_a_terminal_only_for_humans(tmp_path):
 
 
 def test_the_progress_bar_runs_no_thread():
-    # A refreshing thread would make every batch with a progress bar spawn its workers (batch.start_method).
+    # A refreshing thread would make every batch with a progress bar spawn its workers (local_workers.start_method).
     import threading
 
     from lstmgrad_cli.cli._common import progress_bar
@@ -788,14 +790,14 @@ def test_a_signal_to_the_whole_process_group_stops_workers_cleanly(tmp_path, met
 
 
 def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_path, monkeypatch):
-    from lstmgrad_cli import batch
+    from lstmgrad_cli import batch, local_workers
     from lstmgrad_cli.io.atomic import atomic_file
     from lstmgrad_cli.jobs import GradOptions
 
     tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:2], None, tmp_path / "out")
     (tmp_path / "out").mkdir()
-    monkeypatch.setattr(batch, "_worker_stop", [])
-    batch._stop_signal(signal.SIGINT, None)  # between tasks: remembered, not raised (SIGTERM would end pytest)
+    monkeypatch.setattr(local_workers, "_state", local_workers._WorkerState())
+    local_workers._stop_signal(signal.SIGINT, None)  # between tasks: remembered, not raised (SIGTERM would end pytest)
     with pytest.raises(KeyboardInterrupt):
         batch.run_task_unpublished(tasks[0], GradOptions("seq"))
     assert list((tmp_path / "out").iterdir()) == []
@@ -803,9 +805,9 @@ def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_p
     def written_then_signalled(task, options):  # the signal lands after the output is written and handed over
         with atomic_file(task.output, force=False) as tmp:
             tmp.path.write_bytes(b"complete")
-        batch._stop_signal(signal.SIGINT, None)
+        local_workers._stop_signal(signal.SIGINT, None)
 
-    monkeypatch.setattr(batch, "_worker_stop", [])
+    monkeypatch.setattr(local_workers, "_state", local_workers._WorkerState())
     monkeypatch.setattr(batch, "run_task", written_then_signalled)
     with pytest.raises(KeyboardInterrupt):
         batch.run_task_unpublished(tasks[1], GradOptions("seq"))
@@ -815,7 +817,7 @@ def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_p
 SIGNALLED_AS_IT_STARTS = """
 import os, signal, sys
 from pathlib import Path
-from lstmgrad_cli import batch
+from lstmgrad_cli import batch, local_workers
 from lstmgrad_cli.jobs import GradOptions
 
 def signalled_while_starting():  # a stop signal lands before the worker's handlers are in place
@@ -823,7 +825,7 @@ def signalled_while_starting():  # a stop signal lands before the worker's handl
     batch._worker_started()
 
 if __name__ == "__main__":
-    batch.start_method = lambda: sys.argv[1]
+    local_workers.start_method = lambda: sys.argv[1]
     task = batch.Task(Path(sys.argv[2]), Path(sys.argv[3]))
     with batch.make_executor(workers=2, initializer=signalled_while_starting) as (pool, _threads):
         error = pool.submit(batch.run_task_unpublished, task, GradOptions("seq")).exception(timeout=60)

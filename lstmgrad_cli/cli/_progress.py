@@ -24,7 +24,7 @@ def drawn_progress(console: Console, total: int, unit: str):
     """A progress bar on ``console``, and the function that advances it by one.
 
     It is drawn again as each file finishes, not by a refreshing thread: everything it shows changes only
-    then, and a process with no other thread can fork its workers (batch.start_method).
+    then, and a process with no other thread can fork its workers (local_workers.start_method).
     """
     progress = Progress(TextColumn("lstmgrad"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
                         _RateColumn(unit), TimeRemainingColumn(), console=console, transient=True,
