@@ -2,8 +2,11 @@
 side by side with the floor (one Python process: np.load + block_lstm_grad_v2 + np.savez per file).
 
 Every contender is a fresh process (interpreter start and imports included, as a user's run pays them, from
-compiled bytecode as an installed copy has it: _installed.py),
-timed in alternating rounds, once per BLAS library installed (LSTMGRAD_BLAS). Medians and ratios.
+compiled bytecode as an installed copy has it: _installed.py), timed in alternating rounds, once per BLAS library
+installed (LSTMGRAD_BLAS). Medians and ratios.
+
+"Two serial halves at once" is what two cores give this work with nothing shared between the processes: two
+commands started together, each on every other file.  It is the practical ceiling of --workers 2 on the machine.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/bench_batch.py --repeats 5
 
@@ -60,12 +63,16 @@ def write_inputs(folder: Path, shape, count: int) -> None:
                  h_grad=rng.standard_normal((T, B, C), dtype=np.float32))
 
 
-def timed(command: list[str], env: dict, out: Path) -> float:
+def timed(commands: list[list[str]], env: dict, out: Path) -> float:
+    """Wall seconds of ``commands`` started together (usually one), until the last ends."""
     if out.exists():
         shutil.rmtree(out)
     out.mkdir()
     start = time.perf_counter()
-    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+    running = [subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL) for command in commands]
+    for proc in running:
+        if proc.wait() != 0:
+            raise subprocess.CalledProcessError(proc.returncode, proc.args)
     return time.perf_counter() - start
 
 
@@ -82,24 +89,27 @@ def main() -> int:
     compile_lstmgrad(*([args.baseline] if args.baseline else []))
     print(f"{args.files} files of T,B,I,C = {args.shape}, float32; median of {args.repeats} alternating rounds, "
           f"{os.cpu_count()} cores\n")
-    print("| BLAS | floor (np.load + grad + np.savez) | lstmgrad seq, serial | x floor | --workers 2 | "
-          "x floor | serial / workers 2 |")
-    print("|---|---|---|---|---|---|---|")
+    print("| BLAS | floor (np.load + grad + np.savez) | lstmgrad seq, serial | x floor | --workers 2 | x floor | "
+          "serial / workers 2 | two serial halves at once | serial / halves |")
+    print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         inputs, out = Path(tmp) / "in", Path(tmp) / "out"
         write_inputs(inputs, shape, args.files)
+        files = sorted(str(f) for f in inputs.iterdir())
         for library in libraries:
             env = {**os.environ, "LSTMGRAD_BLAS": library}
             serial = [lstmgrad, "seq", str(inputs), "--out-dir", str(out), "-q"]
             commands = {
-                "floor": ([sys.executable, "-c", FLOOR, str(inputs), str(out)], env),
-                "serial": (serial, env),
-                "workers": ([*serial, "--workers", "2"], env),
+                "floor": ([[sys.executable, "-c", FLOOR, str(inputs), str(out)]], env),
+                "serial": ([serial], env),
+                "workers": ([[*serial, "--workers", "2"]], env),
+                # what two cores give this work with nothing shared: two commands, each on half of the files
+                "halves": ([[lstmgrad, "seq", *files[k::2], "--out-dir", str(out), "-q"] for k in (0, 1)], env),
             }
             if args.baseline:
                 base_env = {**env, "PYTHONPATH": str(args.baseline.resolve())}
-                commands.update({"base serial": (serial, base_env), "base workers": ([*serial, "--workers", "2"],
-                                                                                    base_env)})
+                commands.update({"base serial": ([serial], base_env),
+                                 "base workers": ([[*serial, "--workers", "2"]], base_env)})
             times: dict[str, list[float]] = {name: [] for name in commands}
             for _ in range(args.repeats):
                 for name, (command, command_env) in commands.items():
@@ -107,9 +117,9 @@ def main() -> int:
             m = {name: statistics.median(values) for name, values in times.items()}
             rows = [("", "")] + ([(" (baseline)", "base ")] if args.baseline else [])
             for label, prefix in rows:
-                s_, w_ = m[prefix + "serial"], m[prefix + "workers"]
+                s_, w_, h_ = m[prefix + "serial"], m[prefix + "workers"], m["halves"]
                 print(f"| {library}{label} | {m['floor']:.2f} s | {s_:.2f} s | {s_ / m['floor']:.2f} | {w_:.2f} s | "
-                      f"{w_ / m['floor']:.2f} | {s_ / w_:.2f} |", flush=True)
+                      f"{w_ / m['floor']:.2f} | {s_ / w_:.2f} | {h_:.2f} s | {s_ / h_:.2f} |", flush=True)
     return 0
 
 
