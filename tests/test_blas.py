@@ -210,30 +210,44 @@ print(json.dumps([name, _blas.find().name]))
 
 
 # The CLI in a child whose address space is limited to what it uses already plus a margin (``ulimit -v`` as
-# batch schedulers set it), everything but MKL imported first so the margin is what MKL gets.
+# batch schedulers set it), everything but MKL imported first so the margin is what MKL gets.  "unchecked": MKL is
+# tried whatever the margin, as before address_space_short (its libraries then fail to map, or in a narrow band
+# of margins its OpenMP runtime deadlocks).
 UNDER_A_LIMIT = """
 import resource, sys
 import h5py, numpy
 import lstmgrad_cli.backends._numpy, lstmgrad_cli.cli, lstmgrad_cli.cli.grad_cmd, lstmgrad_cli.jobs
 import importlib.metadata, csv
+from lstmgrad_cli.backends import _blas
+if sys.argv[2] == "unchecked":
+    _blas.MKL_ADDRESS_SPACE = _blas.MKL_THREAD_ADDRESS_SPACE = 0
 for line in open("/proc/self/status"):
     if line.startswith("VmSize:"):
         used = int(line.split()[1]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (used + int(sys.argv[1]) * 2**20, resource.RLIM_INFINITY))
-sys.argv = ["lstmgrad", *sys.argv[2:]]
+sys.argv = ["lstmgrad", *sys.argv[3:]]
 lstmgrad_cli.cli.main()
 """
 
 
+def _mkl_room_mb() -> int:
+    return (_blas.MKL_ADDRESS_SPACE + _blas.MKL_THREAD_ADDRESS_SPACE * (os.cpu_count() or 1)) >> 20
+
+
 @needs_mkl
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmSize from /proc")
-@pytest.mark.parametrize("choice", ["auto", "mkl"])
-def test_mkl_that_cannot_load_under_a_memory_limit_falls_back_to_openblas(tmp_path, choice):
+@pytest.mark.parametrize(("choice", "check", "margins"), [
+    # MB over what the process uses: too little for MKL (192 once hung in MKL's OpenMP start), then enough
+    ("auto", "checked", (64, 128, 192, _mkl_room_mb() + 256)),
+    ("mkl", "checked", (64, 128, 192, _mkl_room_mb() + 256)),
+    ("auto", "unchecked", (64, 96)),  # MKL's libraries do not fit: loading them fails, and lstmgrad goes on
+], ids=["auto", "mkl", "unchecked"])
+def test_mkl_that_cannot_load_under_a_memory_limit_falls_back_to_openblas(tmp_path, choice, check, margins):
     fell_back = []
-    for margin in (64, 96, 128, 192):  # MB over what the process uses: MKL's libraries fit in some, not others
+    for margin in margins:
         out = tmp_path / f"g{margin}.npz"
         env = {**os.environ, _blas.BLAS_ENV: choice}
-        proc = subprocess.run([sys.executable, "-c", UNDER_A_LIMIT, str(margin), "seq",
+        proc = subprocess.run([sys.executable, "-c", UNDER_A_LIMIT, str(margin), check, "seq",
                                str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out), "--json"],
                               capture_output=True, text=True, env=env, timeout=120)
         assert proc.returncode == 0, (margin, proc.stderr)
@@ -244,6 +258,7 @@ def test_mkl_that_cannot_load_under_a_memory_limit_falls_back_to_openblas(tmp_pa
             assert len(warnings_seen) == 1 and warnings_seen[0].startswith("Warning: MKL does not load here ("), \
                 proc.stderr
             assert warnings_seen[0].endswith("; using numpy's OpenBLAS")
+            assert ("the address-space limit (ulimit -v) leaves" in warnings_seen[0]) == (check == "checked")
             assert "MKL" not in doc["results"][0]["backend_version"]  # the output records the library used
             fell_back.append(margin)
         else:
@@ -253,6 +268,26 @@ def test_mkl_that_cannot_load_under_a_memory_limit_falls_back_to_openblas(tmp_pa
                 assert_close_scaled(got[key], value, name=key)
         assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
     assert fell_back, "no margin was too small for MKL: the fallback was not exercised"
+    if check == "checked":
+        assert fell_back == list(margins[:-1]), "MKL was not used with room enough for it"
+
+
+def test_mkl_is_not_tried_with_less_address_space_than_it_may_map(monkeypatch):
+    resource = pytest.importorskip("resource")
+    room = _blas.MKL_ADDRESS_SPACE + _blas.MKL_THREAD_ADDRESS_SPACE * (os.cpu_count() or 1)
+    used = 300 * 2**20
+    monkeypatch.setattr(_blas, "_virtual_size", lambda: used)
+    for limit, short in [(resource.RLIM_INFINITY, False), (used + room, False), (used + room - 1, True),
+                         (used // 2, True)]:
+        monkeypatch.setattr(resource, "getrlimit", lambda which, limit=limit: (limit, resource.RLIM_INFINITY))
+        why = _blas.address_space_short()
+        assert (why is not None) == short, limit
+        if short:
+            left = max(limit - used, 0) >> 20
+            assert why.startswith(f"the address-space limit (ulimit -v) leaves {left} MB to map, and MKL may need "
+                                  f"{room >> 20} MB")
+    monkeypatch.setattr(_blas, "_virtual_size", lambda: None)  # no /proc: nothing to go on, MKL is tried
+    assert _blas.address_space_short() is None
 
 
 def test_an_mkl_failure_during_a_pass_writes_nothing(runner, tmp_path, monkeypatch):

@@ -105,6 +105,10 @@ def mkl() -> Blas | None:
         dist = distribution("mkl")
     except PackageNotFoundError:
         return None
+    short = address_space_short()
+    if short is not None:
+        _mkl_failure.append(short)
+        return None
     names = ("libmkl_rt.so", "libmkl_rt.", "mkl_rt.")  # Linux, macOS, Windows
     paths = sorted(str(f.locate()) for f in dist.files or () if f.name.startswith(names))
     for path in paths:
@@ -122,6 +126,48 @@ def mkl() -> Blas | None:
         if failure is None:
             return blas
         _mkl_failure.append(failure)
+    return None
+
+
+# What loading MKL may map beyond what the process has: its libraries (mkl_rt, the core, a threading layer, an
+# interface and the kernels for this CPU: ~250 MB) with room to spare, and for each of its OpenMP threads a
+# stack (8 MB) and the heap arena glibc reserves for a new thread (64 MB).
+MKL_ADDRESS_SPACE = 640 * 2**20
+MKL_THREAD_ADDRESS_SPACE = 72 * 2**20
+
+
+def address_space_short() -> str | None:
+    """Why MKL must not be loaded under this process's address-space limit (``ulimit -v``, RLIMIT_AS), or None.
+
+    Out of address space part way through starting, MKL's OpenMP runtime can deadlock while it formats its own
+    error message, spinning where no signal but SIGKILL reaches it; loaded with less room than it may map, it is
+    not tried at all.  Nothing is checked where there is no limit or the process's size cannot be read."""
+    try:
+        import resource  # noqa: PLC0415 - Unix only
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    except (ImportError, AttributeError, OSError, ValueError):
+        return None
+    used = _virtual_size()
+    if limit == resource.RLIM_INFINITY or used is None:
+        return None
+    need = MKL_ADDRESS_SPACE + MKL_THREAD_ADDRESS_SPACE * (os.cpu_count() or 1)
+    left = max(limit - used, 0)
+    if left >= need:
+        return None
+    return (f"the address-space limit (ulimit -v) leaves {left >> 20} MB to map, and MKL may need {need >> 20} MB; "
+            "raise the limit to use MKL")
+
+
+def _virtual_size() -> int | None:
+    """The bytes this process has mapped (Linux's VmSize), or None when it cannot be read."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return None
 
 
