@@ -70,9 +70,15 @@ def timed(commands: list[list[str]], env: dict, out: Path) -> float:
     out.mkdir()
     start = time.perf_counter()
     running = [subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL) for command in commands]
-    for proc in running:
-        if proc.wait() != 0:
-            raise subprocess.CalledProcessError(proc.returncode, proc.args)
+    try:
+        for proc in running:
+            if proc.wait() != 0:
+                raise subprocess.CalledProcessError(proc.returncode, proc.args)
+    finally:
+        for proc in running:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return time.perf_counter() - start
 
 
@@ -118,8 +124,9 @@ def main() -> int:
             rows = [("", "")] + ([(" (baseline)", "base ")] if args.baseline else [])
             for label, prefix in rows:
                 s_, w_, h_ = m[prefix + "serial"], m[prefix + "workers"], m["halves"]
+                halves = f"{h_:.2f} s | {s_ / h_:.2f}" if not prefix else "- | -"  # timed with this checkout only
                 print(f"| {library}{label} | {m['floor']:.2f} s | {s_:.2f} s | {s_ / m['floor']:.2f} | {w_:.2f} s | "
-                      f"{w_ / m['floor']:.2f} | {s_ / w_:.2f} | {h_:.2f} s | {s_ / h_:.2f} |", flush=True)
+                      f"{w_ / m['floor']:.2f} | {s_ / w_:.2f} | {halves} |", flush=True)
     return 0
 
 

@@ -127,8 +127,10 @@ def run_task_unpublished(task: Task, options: GradOptions) -> GradResult | Unpub
         try:
             with local_workers.interruptible_task():
                 result = run_task(task, options)
-        except BaseException:
+        except BaseException as err:
             _remove_handed(handoffs)  # an output written, then interrupted: no one will publish it
+            if isinstance(err, KeyboardInterrupt):
+                local_workers.interrupt_taken()
             raise
     if handoffs and result.status == "ok":
         return Unpublished(result, handoffs[0])
@@ -283,16 +285,18 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
 
 def _run_pending(tasks, pending, options, results, finish, workers, dask_address, keep_going, stop):
     """run_batch's tasks ``pending`` (their indexes), serially or through an executor."""
-    # No more worker processes than files: all of them start before the first task (_start_all_workers).
+    # No more worker processes than files: all of them start before the first task
+    # (local_workers._start_all_workers).
     futures: dict[cf.Future, int] = {}
     local = not dask_address
     try:
         with make_executor(min(workers, len(pending)), dask_address, _worker_started) as (executor, threads):
             if executor is None:
                 return _run_serially(tasks, pending, options, results, finish, keep_going, stop)
-            # Local workers were started with their BLAS thread counts set (_thread_env), and leave their
-            # outputs' fsync and rename to this process (run_task_unpublished); Dask workers, which run one task
-            # per thread, limit each task's threads (threadpoolctl: ~0.5 ms a task) and publish their own outputs.
+            # Local workers were started with their BLAS thread counts set (local_workers._thread_env), and leave
+            # their outputs' fsync and rename to this process (run_task_unpublished); Dask workers, which run one
+            # task per thread, limit each task's threads (threadpoolctl: ~0.5 ms a task) and publish their own
+            # outputs.
             futures = {_submit(executor, tasks[index], options, threads, local): index for index in pending}
             pids = frozenset(getattr(executor, "_processes", None) or ()) if local else frozenset()
             try:

@@ -171,18 +171,23 @@ def catch_stop_signals() -> None:
 @contextlib.contextmanager
 def interruptible_task() -> Iterator[None]:
     """A task in a local worker process: a stop signal during it raises KeyboardInterrupt there; one kept from
-    before it (or a worker ending) raises at once."""
+    before it (or a worker ending) raises at once.  The caller calls ``interrupt_taken`` once it has cleaned up
+    after a KeyboardInterrupt."""
     try:
         _state.in_task = True  # from here _stop_signal raises KeyboardInterrupt
-        try:
-            if _state.kept or _state.ending:  # signalled where the interrupt could not land, or ending
-                raise KeyboardInterrupt
-            yield
-        finally:
-            _state.in_task = False
-    except KeyboardInterrupt:
-        _state.kept.clear()  # delivered
-        raise
+        if _state.kept or _state.ending:  # signalled where the interrupt could not land, or ending
+            raise KeyboardInterrupt
+        yield
+    finally:
+        _state.in_task = False
+
+
+def interrupt_taken() -> None:
+    """A KeyboardInterrupt reached the task's caller, which has cleaned up: the signals kept so far are delivered,
+    and no task runs (also where the interrupt came as the task ended, before ``interruptible_task`` could say
+    so)."""
+    _state.in_task = False
+    _state.kept.clear()
 
 
 def _stop_signal(signum, frame) -> None:

@@ -78,10 +78,11 @@ class SummarisedOutput:
     """A zero-filled writable output too large for memory (an h5py dataset) that summarises the rows written into
     it as they go by, so that its summary needs no second read of the whole tensor.
 
-    The summary holds when rows were written only as slices of whole rows of numpy values, none twice (the
-    backward pass writes each chunk of steps once, from one thread or two); rows never written are zeros, which
-    change nothing.  Otherwise ``summary`` is None and ``summarise`` reads the output back.  The blocks are
-    combined in row order, so the summary does not depend on which thread wrote which rows when.
+    The summary holds when rows were written only as slices of whole rows of numpy values of the output's dtype
+    (what is stored is then what was given), none twice (the backward pass writes each chunk of steps once, from
+    one thread or two); rows never written are zeros, which change nothing.  Otherwise ``summary`` is None and
+    ``summarise`` reads the output back.  The blocks are combined in row order, so the summary does not depend on
+    which thread wrote which rows when (it may differ from a summary read back in the last bits of the norm).
     """
 
     def __init__(self, target) -> None:
@@ -100,9 +101,9 @@ class SummarisedOutput:
     def __setitem__(self, key, value) -> None:
         self.target[key] = value
         rows = _whole_rows(key, self.shape[0]) if self.shape else None
-        whole = (rows is not None and isinstance(value, np.ndarray)
+        whole = (rows is not None and isinstance(value, np.ndarray) and value.dtype == self.dtype
                  and value.shape == (rows.stop - rows.start, *self.shape[1:]))
-        part = _block_part(value.astype(self.dtype, copy=False)) if whole else None
+        part = _block_part(value) if whole else None
         if whole and rows.start == rows.stop:
             return  # nothing written
         with self._lock:

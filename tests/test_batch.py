@@ -801,6 +801,7 @@ def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_p
     with pytest.raises(KeyboardInterrupt):
         batch.run_task_unpublished(tasks[0], GradOptions("seq"))
     assert list((tmp_path / "out").iterdir()) == []
+    assert local_workers._state == local_workers._WorkerState()  # delivered: the next task runs
 
     def written_then_signalled(task, options):  # the signal lands after the output is written and handed over
         with atomic_file(task.output, force=False) as tmp:
@@ -812,6 +813,7 @@ def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_p
     with pytest.raises(KeyboardInterrupt):
         batch.run_task_unpublished(tasks[1], GradOptions("seq"))
     assert list((tmp_path / "out").iterdir()) == []  # its temporary file is removed: no one would publish it
+    assert local_workers._state == local_workers._WorkerState()
 
 
 SIGNALLED_AS_IT_STARTS = """

@@ -231,7 +231,7 @@ lstmgrad_cli.cli.main()
 
 
 def _mkl_room_mb() -> int:
-    return (_blas.MKL_ADDRESS_SPACE + _blas.MKL_THREAD_ADDRESS_SPACE * (os.cpu_count() or 1)) >> 20
+    return (_blas.MKL_ADDRESS_SPACE + _blas.MKL_THREAD_ADDRESS_SPACE * _blas._mkl_threads()) >> 20
 
 
 @needs_mkl
@@ -274,7 +274,9 @@ def test_mkl_that_cannot_load_under_a_memory_limit_falls_back_to_openblas(tmp_pa
 
 def test_mkl_is_not_tried_with_less_address_space_than_it_may_map(monkeypatch):
     resource = pytest.importorskip("resource")
-    room = _blas.MKL_ADDRESS_SPACE + _blas.MKL_THREAD_ADDRESS_SPACE * (os.cpu_count() or 1)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")  # the threads it will start: a local worker's share, say
+    room = _blas.MKL_ADDRESS_SPACE + _blas.MKL_THREAD_ADDRESS_SPACE * 3
     used = 300 * 2**20
     monkeypatch.setattr(_blas, "_virtual_size", lambda: used)
     for limit, short in [(resource.RLIM_INFINITY, False), (used + room, False), (used + room - 1, True),
@@ -288,6 +290,9 @@ def test_mkl_is_not_tried_with_less_address_space_than_it_may_map(monkeypatch):
                                   f"{room >> 20} MB")
     monkeypatch.setattr(_blas, "_virtual_size", lambda: None)  # no /proc: nothing to go on, MKL is tried
     assert _blas.address_space_short() is None
+    monkeypatch.delenv("MKL_NUM_THREADS")  # unset (or not a count): one thread per usable core
+    monkeypatch.setenv("OMP_NUM_THREADS", "auto")
+    assert _blas._mkl_threads() == _blas.usable_cores()
 
 
 def test_an_mkl_failure_during_a_pass_writes_nothing(runner, tmp_path, monkeypatch):

@@ -334,14 +334,15 @@ def test_an_output_summarised_as_written_equals_the_summary_read_back(value):
     [(np.s_[0:4], None), (np.s_[1], None)],  # one row by index: not a slice of rows
     [(np.s_[0:4], None), (np.s_[4:6, :1], None)],  # part of the rows' columns
     [(np.s_[0:4], "list")],  # not a numpy array
-], ids=["twice", "index", "columns", "not-ndarray"])
+    [(np.s_[0:4], "float32")],  # another dtype: the output stores it converted
+], ids=["twice", "index", "columns", "not-ndarray", "other-dtype"])
 def test_an_output_written_otherwise_is_summarised_by_reading_it_back(writes):
     value = np.arange(12.0).reshape(6, 2) - 5
     target = _Written(value.shape, value.dtype)
     out = SummarisedOutput(target)
     for key, kind in writes:
         part = value[key]
-        out[key] = part.tolist() if kind == "list" else part
+        out[key] = part.tolist() if kind == "list" else part.astype(kind) if kind else part
     assert out.summary("g") is None
     assert summarise("g", out) == summarise("g", target.value) and target.reads > 0
 

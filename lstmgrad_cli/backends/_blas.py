@@ -151,12 +151,25 @@ def address_space_short() -> str | None:
     used = _virtual_size()
     if limit == resource.RLIM_INFINITY or used is None:
         return None
-    need = MKL_ADDRESS_SPACE + MKL_THREAD_ADDRESS_SPACE * (os.cpu_count() or 1)
+    need = MKL_ADDRESS_SPACE + MKL_THREAD_ADDRESS_SPACE * _mkl_threads()
     left = max(limit - used, 0)
     if left >= need:
         return None
     return (f"the address-space limit (ulimit -v) leaves {left >> 20} MB to map, and MKL may need {need >> 20} MB; "
             "raise the limit to use MKL")
+
+
+def _mkl_threads() -> int:
+    """The threads MKL will start: its thread variables when set (local workers get their share so), else one per
+    core this process may use."""
+    for var in ("MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+        try:
+            count = int(os.environ.get(var, "").split(",")[0])
+        except ValueError:
+            continue
+        if count > 0:
+            return count
+    return usable_cores()
 
 
 def _virtual_size() -> int | None:
