@@ -212,7 +212,7 @@ class _Sample:
     def _gather(self, value, steps: list[int], cols) -> np.ndarray:
         if isinstance(value, np.ndarray):
             picked = value[np.asarray(steps, dtype=np.intp)[:, None], self.rows]  # [steps, rows, ...]
-            picked = picked.reshape(-1, picked.shape[-1])
+            picked = picked.reshape(len(steps) * len(self.rows), picked.shape[-1])  # (not -1: I may be 0)
         else:  # lazy: only these steps are read
             picked = np.concatenate([np.asarray(value[t])[self.rows] for t in steps])
         return (picked if cols is None else picked[:, cols]).astype(np.float64)

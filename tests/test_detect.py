@@ -185,6 +185,17 @@ def test_every_layout_and_peephole_setting_is_found(layout, use_peephole, dtype)
     assert (fit.layout, fit.use_peephole) == (layout, use_peephole)
 
 
+def test_an_input_size_of_zero_is_detected_from_the_recurrence_alone(runner, tmp_path):
+    # I = 0: x is [T, B, 0] and w only the recurrent rows; the sampled x rows are empty, not a reshape error
+    inputs = consistent_inputs(T=5, B=3, I=0, C=4, layout="icfo", use_peephole=False, seed=1)
+    fit = detect.fit_activations(inputs, "seq", 5)
+    assert (fit.layout, fit.use_peephole) == ("icfo", False)
+    result = runner.invoke(main, ["seq", str(write_npz(tmp_path / "in.npz", inputs)), "-o", str(tmp_path / "g.npz"),
+                                  "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["results"][0]["op"] == "BlockLSTMGrad"
+
+
 def test_check_passes_a_genuine_v1_pair_without_flags(runner):
     """BlockLSTM tensors against TF's genuine BlockLSTMGrad: not the tape bug, and no --layout needed."""
     result = runner.invoke(main, ["check", str(FIXTURES / "seq_v1_peep.in.npz"), "-r",
