@@ -38,6 +38,7 @@ def read_npy(fp, size: int, key: str, path: Path, budget: Budget, container: str
     The stream's own read errors (a zip layer's CRC or decompression errors) propagate for the
     caller to word.
     """
+    blob = None
     if size <= WHOLE_READ:  # one read (the zip layer checks the CRC on reaching the end)
         blob = fp.read(size + 1)
         if len(blob) > size:
@@ -56,9 +57,9 @@ def read_npy(fp, size: int, key: str, path: Path, budget: Budget, container: str
         raise InputFileError(f"{path}: {key} is truncated: its header declares shape {list(shape)} of {dtype} "
                              f"= {nbytes} bytes but the {container} holds only "
                              f"{max(available, 0)}")
-    if isinstance(fp, io.BytesIO):
+    if blob is not None:  # copied once, from the bytes read (the BytesIO's own buffer would be a copy more)
         start = fp.tell()
-        data = np.frombuffer(fp.getbuffer(), dtype=np.uint8, count=nbytes, offset=start).copy()
+        data = np.frombuffer(blob, dtype=np.uint8, count=nbytes, offset=start).copy()
         fp.seek(start + nbytes)
         pos = nbytes
     else:
