@@ -62,19 +62,7 @@ def start_method() -> str:
     # knows of runs; one started outside it could (the risk _xp._run_overlapped takes too), and is then
     # counted below, so the workers are spawned.
     _blas.stop_spinning_workers()
-    return "fork" if _system_threads() == 1 else "spawn"
-
-
-def _system_threads() -> int | None:
-    """The threads the system counts in this process (Linux), or None when it cannot be read."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("Threads:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return "fork" if _blas.process_status("Threads") == 1 else "spawn"
 
 
 def _start_all_workers(pool: cf.ProcessPoolExecutor) -> None:

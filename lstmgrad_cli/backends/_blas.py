@@ -174,11 +174,18 @@ def _mkl_threads() -> int:
 
 def _virtual_size() -> int | None:
     """The bytes this process has mapped (Linux's VmSize), or None when it cannot be read."""
+    kib = process_status("VmSize")
+    return None if kib is None else kib * 1024
+
+
+def process_status(field: str) -> int | None:
+    """The number a field of ``/proc/self/status`` gives (``Threads``, ``VmSize`` in KiB), or None when it cannot
+    be read (not Linux)."""
     try:
         with open("/proc/self/status", encoding="ascii", errors="replace") as status:
             for line in status:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) * 1024
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         pass
     return None
