@@ -20,13 +20,13 @@ small products whatever T, B and C (benchmarks/bench_detection.py).
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .backends import _blas
 from .backends._xp import LAYOUTS
-from .forward import logit, sigmoid
+from .forward import logit
 from .gradcheck import CONSISTENCY_TOL, UNSATURATED
 from .validation import PEEPHOLES
 
@@ -107,10 +107,13 @@ class ActivationFit:
                 f"{best.worst * self.tolerance:.3g} (tolerance {self.tolerance:g})")
 
     def to_json(self) -> dict:
-        doc = asdict(self)
-        doc.update(layout=self.layout, use_peephole=self.use_peephole, fits_nothing=self.fits_nothing,
-                   layouts=self.layouts, peepholes=self.peepholes)
-        return doc
+        # by hand: dataclasses.asdict deep-copies field by field, ~0.1 ms of every file a batch runs
+        hypotheses = [{"layout": h.layout, "use_peephole": h.use_peephole, "worst": h.worst, "gate": h.gate,
+                       "forget_bias": h.forget_bias} for h in self.hypotheses]
+        return {"steps": list(self.steps), "rows": self.rows, "tolerance": self.tolerance,
+                "peephole_weights_zero": self.peephole_weights_zero, "hypotheses": hypotheses,
+                "layout": self.layout, "use_peephole": self.use_peephole, "fits_nothing": self.fits_nothing,
+                "layouts": self.layouts, "peepholes": self.peepholes}
 
 
 def sample_steps(seq_len_max: int) -> list[int]:
@@ -144,16 +147,17 @@ def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=("ifco", 
     w = np.asarray(w)[:, columns].astype(np.float64)
     b = np.asarray(arrays["b"])[columns].astype(np.float64)
     peep = {n: np.asarray(arrays[n])[units].astype(np.float64) for n in PEEPHOLES}
-    # the pre-activations of the sampled units of every block, [rows * steps, units] each, in one product: small
-    # whatever the shape, so on one BLAS thread (threads it woke would spin against the work after it)
-    with np.errstate(all="ignore"), _blas.single_threaded():
-        z_all = np.concatenate([x_rows, h_prev], axis=1) @ w + b
     with np.errstate(all="ignore"):
+        # the pre-activations of the sampled units of every block, [rows * steps, units] each, in one product:
+        # small whatever the shape, so on one BLAS thread (threads it woke would spin against the work after it)
+        with _blas.single_threaded():
+            z_all = np.concatenate([x_rows, h_prev], axis=1) @ w + b
         z = {block: z_all[:, block * units.size:(block + 1) * units.size] for block in range(4)}
         peep_terms = {"i": cs_prev * peep["wci"], "f": cs_prev * peep["wcf"], "o": stored["cs"] * peep["wco"]}
         # a peephole term that is exactly zero (the weights of the sampled units are) changes nothing: the
         # deviation without it is reused, which halves the work for the common file without peepholes
-        peeped = {gate: bool(np.any(term)) for gate, term in peep_terms.items()}
+        peeped = {gate: bool(term.any()) for gate, term in peep_terms.items()}
+        forget = _ForgetFit(stored["f"], dtype)
         gate_dev = {}  # (gate, layout or None, use_peephole or None) -> (deviation, forget_bias)
         for use_peephole in (False, True):
             for gate, block in (("i", 0), ("o", 3)):  # the same block in both layouts
@@ -161,7 +165,7 @@ def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=("ifco", 
                     gate_dev[gate, None, True] = gate_dev[gate, None, False]
                     continue
                 zg = z[block] + peep_terms[gate] if use_peephole else z[block]
-                gate_dev[gate, None, use_peephole] = (_worst(stored[gate], sigmoid(zg)), None)
+                gate_dev[gate, None, use_peephole] = (_worst(stored[gate], _sigmoid(zg)), None)
         for layout in layouts:
             k = LAYOUTS[layout]
             gate_dev["ci", layout, None] = (_worst(stored["ci"], np.tanh(z[k["c"]])), None)
@@ -170,7 +174,7 @@ def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=("ifco", 
                     gate_dev["f", layout, True] = gate_dev["f", layout, False]
                     continue
                 zf = z[k["f"]] + peep_terms["f"] if use_peephole else z[k["f"]]
-                gate_dev["f", layout, use_peephole] = _forget_fit(stored["f"], zf, dtype)
+                gate_dev["f", layout, use_peephole] = forget.fit(zf)
     hypotheses = []
     for layout in layouts:
         for use_peephole in (False, True):
@@ -181,7 +185,7 @@ def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=("ifco", 
             worst = tested[gate] / tol if gate else None
             hypotheses.append(Hypothesis(layout, use_peephole, worst, gate, gate_dev["f", layout, use_peephole][1]))
     hypotheses.sort(key=lambda h: (not h.fits, np.inf if h.worst is None else h.worst))
-    zero = all(not np.any(arrays[n]) for n in PEEPHOLES)
+    zero = not any(np.asarray(arrays[n]).any() for n in PEEPHOLES)
     return ActivationFit(steps, len(rows), tol, zero, hypotheses)
 
 
@@ -191,6 +195,7 @@ class _Sample:
 
     def __init__(self, arrays: dict, seq: bool, steps: list[int], rows: np.ndarray):
         self.arrays, self.seq, self.steps, self.rows = arrays, seq, steps, rows
+        self._indexes: dict = {}  # _flat_index's, by tensor shape, steps and whether all columns
 
     def at(self, name: str, cols=None) -> np.ndarray:
         return self._gather(self.arrays[name], self.steps, cols) if self.seq else self._rows(self.arrays[name], cols)
@@ -210,12 +215,28 @@ class _Sample:
         return (picked if cols is None else picked[:, cols]).astype(np.float64)
 
     def _gather(self, value, steps: list[int], cols) -> np.ndarray:
-        if isinstance(value, np.ndarray):
+        if isinstance(value, np.ndarray) and value.flags.c_contiguous:  # one take of precomputed flat indexes
+            picked = value.reshape(-1).take(self._flat_index(value.shape, steps, cols))
+        elif isinstance(value, np.ndarray):
             picked = value[np.asarray(steps, dtype=np.intp)[:, None], self.rows]  # [steps, rows, ...]
             picked = picked.reshape(len(steps) * len(self.rows), picked.shape[-1])  # (not -1: I may be 0)
+            picked = picked if cols is None else picked[:, cols]
         else:  # lazy: only these steps are read
             picked = np.concatenate([np.asarray(value[t])[self.rows] for t in steps])
-        return (picked if cols is None else picked[:, cols]).astype(np.float64)
+            picked = picked if cols is None else picked[:, cols]
+        return picked.astype(np.float64)
+
+    def _flat_index(self, shape: tuple, steps: list[int], cols) -> np.ndarray:
+        """The flat indexes of ``[steps][:, rows][..., cols]`` in a C-ordered [T, B, N] tensor, as
+        [steps * rows, cols]; the five gate tensors share them."""
+        key = (shape, tuple(steps), cols is None)
+        index = self._indexes.get(key)
+        if index is None:
+            _, B, N = shape
+            cols = np.arange(N, dtype=np.intp) if cols is None else cols
+            starts = (np.asarray(steps, dtype=np.intp)[:, None] * B + self.rows).reshape(-1, 1) * N
+            index = self._indexes[key] = starts + cols
+        return index
 
 
 @functools.lru_cache(maxsize=64)
@@ -230,9 +251,20 @@ def _spread(n: int, k: int) -> np.ndarray:
     return _spread_cached(n, k)
 
 
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    """``forward.sigmoid`` (the same operations, so the same bits) in one new array."""
+    s = np.multiply(z, 0.5)
+    np.tanh(s, out=s)
+    s += 1.0
+    s *= 0.5
+    return s
+
+
 def _worst(stored: np.ndarray, recomputed: np.ndarray) -> float | None:
-    """The largest |stored - recomputed| over entries where both are finite; None when there are none."""
-    dev = np.abs(stored - recomputed)
+    """The largest |stored - recomputed| over entries where both are finite; None when there are none.
+    ``recomputed`` (a float64 array of its own) is overwritten."""
+    dev = np.subtract(stored, recomputed, out=recomputed)
+    np.abs(dev, out=dev)
     worst = dev.max(initial=0.0)
     if np.isfinite(worst):  # NaN or Inf anywhere would show here
         return float(worst) if dev.size else None
@@ -240,12 +272,21 @@ def _worst(stored: np.ndarray, recomputed: np.ndarray) -> float | None:
     return float(dev.max()) if dev.size else None
 
 
-def _forget_fit(f: np.ndarray, zf: np.ndarray, dtype: str) -> tuple[float | None, float | None]:
-    """(largest deviation, forget_bias) with the forget_bias that fits f best; (None, None) when f is saturated."""
-    lim = UNSATURATED.get(dtype, 1e-3)
-    usable = (f > lim) & (f < 1 - lim) & np.isfinite(zf)
-    if not usable.any():
-        return None, None
-    offsets = np.sort(logit(f[usable]) - zf[usable])  # np.median would import numpy.ma (~30 ms) on first use
-    forget_bias = float(offsets[(offsets.size - 1) // 2] + offsets[offsets.size // 2]) / 2
-    return _worst(f, sigmoid(zf + forget_bias)), forget_bias
+class _ForgetFit:
+    """The forget gate f against ``σ(z_f + forget_bias)`` with the forget_bias that fits it best, for several
+    z_f (layouts, peephole settings): ``logit(f)`` and where f is unsaturated are found once."""
+
+    def __init__(self, f: np.ndarray, dtype: str):
+        lim = UNSATURATED.get(dtype, 1e-3)
+        self.f, self.unsaturated, self.logit = f, (f > lim) & (f < 1 - lim), logit(f)
+
+    def fit(self, zf: np.ndarray) -> tuple[float | None, float | None]:
+        """(largest deviation, forget_bias); (None, None) when f is saturated wherever zf is finite."""
+        usable = self.unsaturated & np.isfinite(zf)
+        if not usable.any():
+            return None, None
+        offsets = self.logit[usable] - zf[usable]
+        lo, hi = (offsets.size - 1) // 2, offsets.size // 2  # the median (np.median imports numpy.ma, ~30 ms)
+        middle = np.partition(offsets, (lo, hi))
+        forget_bias = float(middle[lo] + middle[hi]) / 2
+        return _worst(self.f, _sigmoid(zf + forget_bias)), forget_bias

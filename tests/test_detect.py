@@ -4,6 +4,7 @@ golden files: nothing here trusts lstmgrad's forward pass to say what TF's ops p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -183,6 +184,29 @@ def test_every_layout_and_peephole_setting_is_found(layout, use_peephole, dtype)
     inputs = consistent_inputs(T=6, B=4, I=3, C=5, dtype=dtype, layout=layout, use_peephole=use_peephole, seed=3)
     fit = detect.fit_activations(inputs, "seq", 6)
     assert (fit.layout, fit.use_peephole) == (layout, use_peephole)
+
+
+def test_a_fit_is_the_same_whatever_the_memory_order_or_laziness_of_the_tensors():
+    # C-ordered tensors are sampled through flat indexes, others by fancy indexing, lazy ones a step at a time
+    inputs = consistent_inputs(T=9, B=11, I=4, C=7, layout="icfo", use_peephole=True, seed=5)
+    inputs["f"][3, 2, 1] = np.nan  # a non-finite stored gate is left out of the fit, in every path alike
+    fits = [detect.fit_activations(arrays, "seq", 8).to_json() for arrays in (
+        inputs,
+        {k: np.asfortranarray(v) for k, v in inputs.items()},
+        {k: np.repeat(v, 2, axis=1)[:, ::2] if v.ndim == 3 else v for k, v in inputs.items()},  # strided views
+        {k: CountingSteps(v, set()) if v.ndim == 3 else v for k, v in inputs.items()},
+    )]
+    assert fits[0]["layout"] == "icfo" and fits[0]["use_peephole"] is True
+    assert all(fit == fits[0] for fit in fits[1:])
+
+
+def test_the_json_of_a_fit_holds_every_field_and_what_was_found():
+    inputs = consistent_inputs(T=6, B=4, I=3, C=5, layout="icfo", use_peephole=True, seed=2)
+    fit = detect.fit_activations(inputs, "seq", 6)
+    doc = fit.to_json()
+    assert doc == {**dataclasses.asdict(fit), "layout": "icfo", "use_peephole": True, "fits_nothing": False,
+                   "layouts": ["icfo"], "peepholes": [True]}
+    assert json.loads(json.dumps(doc)) == doc
 
 
 def test_an_input_size_of_zero_is_detected_from_the_recurrence_alone(runner, tmp_path):
