@@ -30,6 +30,7 @@ class Task:
     output: Path  # resolved before the run, so skipping and reporting know it up front
     group: str | None = None  # one execution of a TensorFlow debug dump (its --group)
     error: str | None = None  # why the input cannot be run, found while planning (a corrupt dump)
+    input_format: str | None = None  # what io.sniff_format said of the input while planning (None: not known)
 
 
 @dataclass(frozen=True)
@@ -59,14 +60,14 @@ def plan_tasks(inputs: Sequence[Path], output: Path | None, out_dir: Path | None
         if key in seen_inputs:
             continue
         seen_inputs.add(key)
-        for group, target, error in _targets(path, output, dumps):
+        for group, target, error, fmt in _targets(path, output, dumps):
             if out_dir is not None and output is None:
                 target = out_dir / target.name
             other = targets.setdefault(target.resolve(), path)
             if other is not path:
                 raise OutputFileError(f"{other} and {path} would both write {target}; give them separate --out-dir "
                                       "runs")
-            tasks.append(Task(path, target, group, error))
+            tasks.append(Task(path, target, group, error, fmt))
     if output is not None and len(tasks) > 1:
         raise OutputFileError(f"-o names one output, but {inputs[0]} holds {len(tasks)} executions to run ("
                               f"{io.describe_keys([t.group for t in tasks], limit=5)}); use --out-dir, or choose one "
@@ -74,20 +75,21 @@ def plan_tasks(inputs: Sequence[Path], output: Path | None, out_dir: Path | None
     return tasks
 
 
-def _targets(path: Path, output: Path | None, dumps: DumpSelection) -> list[tuple[str | None, Path, str | None]]:
-    """(group, output, error) of each task of one input."""
+def _targets(path: Path, output: Path | None,
+             dumps: DumpSelection) -> list[tuple[str | None, Path, str | None, str | None]]:
+    """(group, output, error, input format) of each task of one input."""
     try:
         fmt = io.sniff_format(path)
-    except LstmGradError:
-        return [(dumps.group, output or path.with_name(path.name + ".grads.npz"), None)]  # the run says what is wrong
+    except LstmGradError:  # the run says what is wrong
+        return [(dumps.group, output or path.with_name(path.name + ".grads.npz"), None, None)]
     if fmt != "tfdbg2":
-        return [(dumps.group, output or io.default_output(path, fmt), None)]
+        return [(dumps.group, output or io.default_output(path, fmt), None, fmt)]
     try:
         index = tfdbg.index_dump(path)
         chosen = tfdbg.select_executions(index, dumps.kind, dumps.group, dumps.op, dumps.execution)
     except LstmGradError as err:  # the dump's own failure, reported when its turn comes
-        return [(None, output or path.with_name(path.name + ".grads.npz"), " ".join(str(err).split()))]
-    return [(e.member, output or path.with_name(f"{path.name}.{tfdbg.member_slug(e.member)}.grads.npz"), None)
+        return [(None, output or path.with_name(path.name + ".grads.npz"), " ".join(str(err).split()), fmt)]
+    return [(e.member, output or path.with_name(f"{path.name}.{tfdbg.member_slug(e.member)}.grads.npz"), None, fmt)
             for e in chosen]
 
 
@@ -100,7 +102,7 @@ def run_task(task: Task, options: GradOptions, blas_threads: int | None = None) 
         options = replace(options, group=task.group)
     try:
         with limits:
-            return run_grad_file(task.input, task.output, options)
+            return run_grad_file(task.input, task.output, options, input_format=task.input_format)
     except LstmGradError as err:
         return failed(task, options, " ".join(str(err).split()))
     except MemoryError:

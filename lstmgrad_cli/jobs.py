@@ -85,15 +85,17 @@ class GradResult:
         return asdict(self)
 
 
-def run_grad_file(input_path: str | Path, output_path: str | Path | None, options: GradOptions) -> GradResult:
+def run_grad_file(input_path: str | Path, output_path: str | Path | None, options: GradOptions, *,
+                  input_format: str | None = None) -> GradResult:
     """Compute one file's gradients and write them; raises LstmGradError on any problem, writing nothing.
 
     An HDF5 input of the sequence op is read a chunk of time steps at a time (backwards), and with
-    an HDF5 output x_grad is written chunk by chunk too, so memory does not grow with T.
+    an HDF5 output x_grad is written chunk by chunk too, so memory does not grow with T.  ``input_format``:
+    what ``io.sniff_format`` said of the input, when the caller has asked it already (a batch's plan).
     """
     start = time.perf_counter()
     input_path = Path(input_path)
-    fmt = io.sniff_format(input_path)
+    fmt = input_format or io.sniff_format(input_path)
     result = GradResult(str(input_path), None, options.op, layout=options.layout if options.kind == "seq" else "icfo",
                         member=options.group if fmt == "tfdbg2" else None)
 

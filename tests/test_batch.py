@@ -513,6 +513,32 @@ def test_a_batch_syncs_each_output_directory_once_and_every_file_before_it_appea
     assert events[-1] == ("fsync", str(tmp_path.resolve()))
 
 
+def test_each_input_of_a_batch_is_sniffed_once(tmp_path, monkeypatch):
+    """The plan finds each input's format for its output's name; the run reads the file as that format."""
+    from lstmgrad_cli import batch, io
+    from lstmgrad_cli.jobs import GradOptions
+
+    sniffed = []
+    real_sniff = io.sniff_format
+    monkeypatch.setattr(io, "sniff_format", lambda path: sniffed.append(Path(path).name) or real_sniff(path))
+    inputs = make_inputs(tmp_path / "in")[:3]  # HDF5 and NPZ
+    out = tmp_path / "out"
+    out.mkdir()
+    tasks = batch.plan_tasks(inputs, None, out)
+    assert [t.input_format for t in tasks] == ["hdf5", "npz", "hdf5"]
+    results = batch.run_batch(tasks, GradOptions("seq"))
+    assert [r.status for r in results] == ["ok"] * 3
+    assert sorted(sniffed) == sorted(p.name for p in inputs)
+    assert outputs_of(out).keys() == {t.output.name for t in tasks}
+
+    broken = tmp_path / "broken.npz"  # not readable while planning: the run sniffs it and says why
+    broken.write_bytes(b"not a zip")
+    (task,) = batch.plan_tasks([broken], None, out)
+    assert task.input_format is None
+    (result,) = batch.run_batch([task], GradOptions("seq"))
+    assert result.status == "failed" and "broken.npz" in result.error
+
+
 # -- outputs published behind the next file (io.published_behind) -------------------------------------------------
 
 def test_a_serial_batch_publishes_each_output_while_the_next_file_computes(tmp_path, monkeypatch):
