@@ -6,6 +6,7 @@ batch runners and notebooks all call ``run_grad_file``.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,6 +21,9 @@ from .ops import block_lstm_grad_checked, lstm_block_cell_grad_full
 from .perstep import StepRecorder, impulse_norms, per_step_report
 from .problem import OPS, open_problem
 from .summary import SummarisedOutput, TensorSummary, summarise
+
+# A streamed x_grad this large is flushed to disk as the pass writes it (io.open_hdf5_output), not all at the end.
+LARGE_OUTPUT_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -137,10 +141,11 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
         }
         try:
             if lazy and io.output_format(out) == "hdf5" and problem.framework is None:
-                with io.open_hdf5_output(out, options.force) as sink:
+                x_shape = problem.arrays["x"].shape
+                large = math.prod(x_shape) * np.dtype(problem.dtype).itemsize >= LARGE_OUTPUT_BYTES
+                with io.open_hdf5_output(out, options.force, large=large) as sink:
                     # summarised as the pass writes it: a tensor larger than memory is not read back for that
-                    x_grad = SummarisedOutput(sink.create_dataset("x_grad", shape=problem.arrays["x"].shape,
-                                                                  dtype=problem.dtype))
+                    x_grad = SummarisedOutput(sink.create_dataset("x_grad", shape=x_shape, dtype=problem.dtype))
                     tensors = _compute(problem, backend, cdt, options, result, x_grad_out=x_grad)
                     for name, value in tensors.items():
                         if name != "x_grad":

@@ -346,3 +346,83 @@ def test_a_streamed_pass_reads_in_line_when_no_thread_can_start(runner, tmp_path
     want, _ = read_h5(tmp_path / "ref.h5")
     for key in got:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+# -- a large streamed output is flushed to disk as it is written (io.atomic.synced_behind) --------------------------
+
+@pytest.mark.parametrize("large", [True, False])
+def test_a_large_streamed_output_is_flushed_as_the_pass_writes_it(tmp_path, monkeypatch, large):
+    """So that the fsync publishing it finds little left to write; a small one is left to that fsync alone."""
+    import threading
+
+    from lstmgrad_cli import jobs
+    from lstmgrad_cli.io import atomic, output
+
+    events = []
+    real_fsync, real_publish = os.fsync, atomic._publish
+
+    def datasync(fd):
+        events.append(("datasync", os.path.realpath(f"/proc/self/fd/{fd}"), threading.current_thread().name))
+        real_fsync(fd)
+
+    monkeypatch.setattr(atomic, "_fdatasync", datasync)
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: events.append(
+        ("fsync", os.path.realpath(f"/proc/self/fd/{fd}"), "")) or real_fsync(fd))
+    monkeypatch.setattr(atomic, "_publish", lambda tmp, path, force: events.append(("publish", str(tmp), "")) or
+                        real_publish(tmp, path, force))
+    monkeypatch.setattr(output, "SYNC_EVERY_SECONDS", 0.0005)
+    if large:  # (this T, B, I is ~10 kB: large when the threshold is 0)
+        monkeypatch.setattr(jobs, "LARGE_OUTPUT_BYTES", 0)
+    tensors = long_problem(T=300, B=4, I=6, C=5, seed=4)
+    h5_in = write_h5(tmp_path / "in.h5", tensors)
+    run_grad_file(h5_in, tmp_path / "g.h5", GradOptions("seq", chunk_steps=1))
+    (published,) = [name for kind, name, _ in events if kind == "publish"]
+    datasyncs = [(name, thread) for kind, name, thread in events if kind == "datasync"]
+    if large:
+        assert datasyncs and all(d == (published, "lstmgrad-sync-behind") for d in datasyncs)
+        assert events.index(("publish", published, "")) > max(
+            i for i, e in enumerate(events) if e[0] == "datasync")  # all before the output is in place
+    else:
+        assert datasyncs == []
+    assert ("fsync", published, "") in events[:events.index(("publish", published, ""))]  # still fsynced whole
+    assert not any(t.name == "lstmgrad-sync-behind" for t in threading.enumerate())
+    got, _ = read_h5(tmp_path / "g.h5")
+    in_memory = run_grad_file(write_npz(tmp_path / "in.npz", tensors), tmp_path / "m.npz",
+                              GradOptions("seq", chunk_steps=1))
+    assert in_memory.status == "ok"
+    with np.load(tmp_path / "m.npz") as want:
+        for key in got:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_flushing_behind_stops_quietly_on_an_error_and_needs_no_thread(tmp_path, monkeypatch):
+    """The fsync before the rename is what makes an output durable: a failed flush behind it, or no thread to
+    flush on (a tight ulimit -v), changes nothing else."""
+    import threading
+    import time
+
+    from lstmgrad_cli.io import atomic
+
+    calls = []
+
+    def failing(fd):
+        calls.append(fd)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(atomic, "_fdatasync", failing)
+    with open(tmp_path / "f", "wb") as fh:
+        with atomic.synced_behind(fh.fileno(), 0.001):
+            deadline = time.monotonic() + 5
+            while not calls and time.monotonic() < deadline:
+                time.sleep(0.001)
+            time.sleep(0.02)
+        assert calls == [fh.fileno()]  # tried once, then stopped
+
+        def no_thread(self):
+            raise RuntimeError("can't start new thread")
+
+        monkeypatch.setattr(threading.Thread, "start", no_thread)
+        ran = []
+        with atomic.synced_behind(fh.fileno(), 0.001):
+            ran.append(True)
+        assert ran == [True]

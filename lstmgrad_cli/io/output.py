@@ -18,10 +18,11 @@ import numpy as np
 
 from ..errors import OutputExistsError, OutputFileError
 from ._common import METADATA_KEY
-from .atomic import atomic_file, errno_in, os_reason
+from .atomic import atomic_file, errno_in, os_reason, synced_behind
 
 OUTPUT_FORMATS = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5", ".safetensors": "safetensors"}
 EXTENSIONS = {"npz": ".npz", "hdf5": ".h5", "safetensors": ".safetensors"}  # the default extension of each
+SYNC_EVERY_SECONDS = 0.25  # how often a large streamed output is flushed to disk as it is written
 
 
 def output_format(path: Path) -> str:
@@ -93,13 +94,16 @@ def write_outputs(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], me
 
 
 @contextlib.contextmanager
-def open_hdf5_output(path: str | os.PathLike, force: bool = False) -> Iterator[object]:
+def open_hdf5_output(path: str | os.PathLike, force: bool = False, large: bool = False) -> Iterator[object]:
     """An open HDF5 output for the block to fill (datasets written chunk by chunk), published
-    atomically when the block ends, exactly as ``write_outputs`` does; on any failure nothing stays."""
+    atomically when the block ends, exactly as ``write_outputs`` does; on any failure nothing stays.
+    A ``large`` output (one the block takes seconds to write) is flushed to disk as it is written."""
     path = Path(path)
     if output_format(path) != "hdf5":
         raise OutputFileError(f"{path}: streaming output needs an .h5 or .hdf5 file")
-    with atomic_file(path, force) as tmp, _hdf5_writer(tmp.path) as out:
+    with atomic_file(path, force) as tmp, \
+            (synced_behind(tmp.fd, SYNC_EVERY_SECONDS) if large else contextlib.nullcontext()), \
+            _hdf5_writer(tmp.path) as out:
         yield out
 
 
