@@ -17,8 +17,8 @@ it runs from DIR through PYTHONPATH, with this environment's packages), for befo
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -45,6 +45,9 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("*.npz")):
 """
 
 
+_RUNS = itertools.count()  # the runs timed so far, for the names of their spent output folders
+
+
 def write_inputs(folder: Path, shape, count: int) -> None:
     """``count`` NPZ files of consistent BlockLSTMV2 activations (the forward op run on random weights)."""
     T, B, I, C = shape  # noqa: E741
@@ -64,10 +67,18 @@ def write_inputs(folder: Path, shape, count: int) -> None:
 
 
 def timed(commands: list[list[str]], env: dict, out: Path) -> float:
-    """Wall seconds of ``commands`` started together (usually one), until the last ends."""
+    """Wall seconds of ``commands`` started together (usually one), until the last ends.
+
+    Each run writes into an empty ``out``: the last run's outputs are moved aside, not deleted (on a file
+    system that discards freed blocks, as this VM's ext4 does, creating files in the seconds after hundreds
+    were deleted costs up to 1 ms each, far more than they take to write), and everything is written to disk
+    before the clock starts (the floor leaves its outputs for the kernel to write back, which would otherwise
+    happen during the next contender's run).  They are all deleted when the benchmark ends.
+    """
     if out.exists():
-        shutil.rmtree(out)
+        out.rename(out.with_name(f"{out.name}.{next(_RUNS)}"))
     out.mkdir()
+    os.sync()
     start = time.perf_counter()
     running = [subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL) for command in commands]
     try:

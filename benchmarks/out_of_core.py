@@ -76,6 +76,7 @@ def streamed(src: Path, out: Path, chunk_steps: int | None, baseline: Path | Non
            "-q"]
     if chunk_steps:
         cmd += ["--chunk-steps", str(chunk_steps)]
+    os.sync()  # the last run's output written back before the clock starts, not during this run
     start = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(baseline.resolve())} if baseline else None
     # run from the data folder: `python -m` puts the working directory first on sys.path, before PYTHONPATH
@@ -114,16 +115,23 @@ def main() -> int:
     size_gb = src.stat().st_size / 1e9
     compile_lstmgrad(*([args.baseline] if args.baseline else []))
     walls, peaks, floors, base_walls, base_peaks = [], [], [], [], []
-    for _ in range(args.repeats):
-        wall, peak = streamed(src, args.dir / "big.grads.h5", args.chunk_steps)
-        walls.append(wall)
-        peaks.append(peak)
-        if args.baseline:
-            wall, peak = streamed(src, args.dir / "big.grads.h5", args.chunk_steps, args.baseline)
-            base_walls.append(wall)
-            base_peaks.append(peak)
-        if not args.no_in_memory:
-            floors.append(in_memory(src))
+    # every run writes an output of its own, all deleted at the end: replacing the last one would free its
+    # blocks during the run, which a file system that discards them (this VM's ext4) makes slow
+    outputs = [args.dir / f"big.grads.{run}.h5" for run in range(2 * args.repeats)]
+    try:
+        for k in range(args.repeats):
+            wall, peak = streamed(src, outputs[2 * k], args.chunk_steps)
+            walls.append(wall)
+            peaks.append(peak)
+            if args.baseline:
+                wall, peak = streamed(src, outputs[2 * k + 1], args.chunk_steps, args.baseline)
+                base_walls.append(wall)
+                base_peaks.append(peak)
+            if not args.no_in_memory:
+                floors.append(in_memory(src))
+    finally:
+        for out in outputs:
+            out.unlink(missing_ok=True)
     wall = statistics.median(walls)
     print(f"input {size_gb:.2f} GB (T={args.T}, B={args.B}, I={args.I}, C={args.C}, float32), median of "
           f"{args.repeats} alternating rounds")
