@@ -2,8 +2,8 @@
 side by side with the floor (one Python process: np.load + block_lstm_grad_v2 + np.savez per file).
 
 Every contender is a fresh process (interpreter start and imports included, as a user's run pays them, from
-compiled bytecode as an installed copy has it: _installed.py), timed in alternating rounds, once per BLAS library
-installed (LSTMGRAD_BLAS). Medians and ratios.
+compiled bytecode as an installed copy has it: _installed.py), timed in alternating rounds (every other one in
+the opposite order), once per BLAS library installed (LSTMGRAD_BLAS). Medians and ratios.
 
 "Two serial halves at once" is what two cores give this work with nothing shared between the processes: two
 commands started together, each on every other file.  It is the practical ceiling of --workers 2 on the machine.
@@ -128,8 +128,10 @@ def main() -> int:
                 commands.update({"base serial": ([serial], base_env),
                                  "base workers": ([[*serial, "--workers", "2"]], base_env)})
             times: dict[str, list[float]] = {name: [] for name in commands}
-            for _ in range(args.repeats):
-                for name, (command, command_env) in commands.items():
+            for round_ in range(args.repeats):
+                # every other round in the opposite order: no contender always runs right after the same one
+                for name in list(commands)[::-1 if round_ % 2 else 1]:
+                    command, command_env = commands[name]
                     times[name].append(timed(command, command_env, out))
             m = {name: statistics.median(values) for name, values in times.items()}
             rows = [("", "")] + ([(" (baseline)", "base ")] if args.baseline else [])
