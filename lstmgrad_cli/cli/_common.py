@@ -8,38 +8,50 @@ import functools
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
-from rich.text import Text
 
 from ..errors import InvalidOptionError, LstmGradError
 from ..summary import json_safe
+
+if TYPE_CHECKING:  # rich is imported when something is shown (~25 ms a quiet or --json command does not pay)
+    from rich.console import Console
+    from rich.text import Text
 
 # Width of tables written to a pipe or file (a terminal gives its own): wide enough that no tensor name
 # or number is cut, as rich would at its default of 80 columns.
 PIPE_WIDTH = 200
 
 
-class _Console(Console):
-    """A rich console whose closed stdout (``| head``) is a BrokenPipeError for lstmgrad to handle (rich's own
-    handling exits the process at once, mid-batch, without a word)."""
+@functools.cache
+def _stdout_console_class() -> type[Console]:
+    from rich.console import Console  # noqa: PLC0415
 
-    def on_broken_pipe(self) -> None:
-        silence_closed_stdout()
-        self.quiet = True  # nothing more can be shown
-        raise BrokenPipeError(errno.EPIPE, "stdout was closed")
+    class StdoutConsole(Console):
+        """A rich console whose closed stdout (``| head``) is a BrokenPipeError for lstmgrad to handle (rich's own
+        handling exits the process at once, mid-batch, without a word)."""
+
+        def on_broken_pipe(self) -> None:
+            silence_closed_stdout()
+            self.quiet = True  # nothing more can be shown
+            raise BrokenPipeError(errno.EPIPE, "stdout was closed")
+
+    return StdoutConsole
 
 
 def stdout_console() -> Console:
     # Made per invocation (not at import) so NO_COLOR and redirection are honoured each run.
-    console = _Console(soft_wrap=False)
+    console_class = _stdout_console_class()
+    console = console_class(soft_wrap=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = _Console(soft_wrap=False, width=PIPE_WIDTH)
+        console = console_class(soft_wrap=False, width=PIPE_WIDTH)
     return console
 
 
 def stderr_console() -> Console:
+    from rich.console import Console  # noqa: PLC0415
+
     return Console(stderr=True)
 
 
@@ -61,6 +73,8 @@ def printable(text: object) -> str:
 
 def plain(text: object) -> Text:
     """Untrusted text (file names, key names) for rich tables: never parsed as markup."""
+    from rich.text import Text  # noqa: PLC0415
+
     return Text(printable(text))
 
 

@@ -216,7 +216,7 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
             raise click.ClickException(one_line(f"{out_dir}: cannot create the output directory: "
                                                 f"{err.strerror or err}")) from None
 
-    console = stdout_console()
+    console = None if (quiet or as_json) else stdout_console()  # (nothing is shown on it otherwise)
     dumps = DumpSelection(command, options.group, dump_op, dump_execution)
     try:
         tasks = plan_tasks(paths, output, out_dir, dumps)

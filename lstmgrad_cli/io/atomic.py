@@ -23,7 +23,6 @@ import contextlib
 import errno
 import os
 import re
-import secrets
 import threading
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
@@ -273,7 +272,7 @@ def _create_temporary(path: Path, parent: Path) -> tuple[int, Path]:
     """
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     for _attempt in range(100):
-        tmp = parent / f".{path.name[:64]}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        tmp = parent / f".{path.name[:64]}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
         try:
             return os.open(tmp, flags, 0o666), tmp
         except FileExistsError:
