@@ -229,7 +229,7 @@ class _Sample:
     def _flat_index(self, shape: tuple, steps: list[int], cols) -> np.ndarray:
         """The flat indexes of ``[steps][:, rows][..., cols]`` in a C-ordered [T, B, N] tensor, as
         [steps * rows, cols]; the five gate tensors share them."""
-        key = (shape, tuple(steps), cols is None)
+        key = (shape, tuple(steps), None if cols is None else cols.tobytes())  # (the columns too, not only whether)
         index = self._indexes.get(key)
         if index is None:
             _, B, N = shape
