@@ -2,8 +2,9 @@
 
 Parallel runs use one code path, a ``concurrent.futures`` executor: a process pool for ``workers > 1`` (how its
 processes start and stop: local_workers.py) or a ``distributed`` client's executor for a Dask scheduler address;
-a serial run calls the same task function in this process.  Every task is a call of ``run_task`` and returns a
-``GradResult`` (errors in a file are results, not exceptions), so results flow back the same way from anywhere.
+a serial run calls the same task function in this process.  Every file is a call of ``run_task`` and gives a
+``GradResult`` (errors in a file are results, not exceptions), so results flow back the same way from anywhere;
+a local worker is handed small files several at a time (``group_small``), a Dask worker one file a task.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ class Unpublished:
 
 def run_task_unpublished(task: Task, options: GradOptions) -> GradResult | Unpublished:
     """``run_task`` in a local worker process: an output written is returned ``Unpublished``, for the parent to
-    fsync and rename (``_outcome``).  Interrupted (local_workers._stop_signal), it raises KeyboardInterrupt and
+    fsync and rename (``_outcomes``).  Interrupted (local_workers._stop_signal), it raises KeyboardInterrupt and
     leaves nothing."""
     with io.handed_to_parent() as handoffs:
         try:
@@ -140,6 +141,25 @@ def run_task_unpublished(task: Task, options: GradOptions) -> GradResult | Unpub
     return result
 
 
+def run_tasks_unpublished(chunk: Sequence[Task], options: GradOptions,
+                          keep_going: bool) -> list[GradResult | Unpublished | None]:
+    """Several small files in a local worker process, one after another (one pool task: ``group_small``): each
+    one's ``run_task_unpublished``.  An interrupted file is reported "interrupted" and ends the task; so does a
+    failed one unless ``keep_going``.  The files after it are not run (None)."""
+    values: list[GradResult | Unpublished | None] = [None] * len(chunk)
+    for position, task in enumerate(chunk):
+        try:
+            value = run_task_unpublished(task, options)
+        except KeyboardInterrupt:  # its output is gone already; the ones before it are kept, for the parent
+            values[position] = failed(task, options, f"{task.input}: interrupted")
+            break
+        values[position] = value
+        result = value.result if isinstance(value, Unpublished) else value
+        if result.status == "failed" and not keep_going:
+            break
+    return values
+
+
 def _remove_handed(handoffs: list[io.Handoff]) -> None:
     for handoff in handoffs:
         with contextlib.suppress(OSError):
@@ -151,21 +171,40 @@ def failed(task: Task, options: GradOptions, error: str) -> GradResult:
     return GradResult(str(task.input), None, options.op, member=task.group, status="failed", error=error)
 
 
-def _outcome(future: cf.Future, task: Task, options: GradOptions,
-             worker_pids: frozenset[int] = frozenset()) -> GradResult | None:
-    """A finished task's result (None for one never started); a worker that died (killed, out of memory) is that
-    file's failure, a lost Dask scheduler its "lost", neither a crash.  A local task that failed so (died, or
-    interrupted) has whatever temporary file one of the ``worker_pids`` left for its output removed."""
+def _outcomes(future: cf.Future, chunk: Sequence[int], tasks: Sequence[Task], options: GradOptions,
+              results: Sequence[GradResult | None], worker_pids: frozenset[int] = frozenset()
+              ) -> Iterator[tuple[int, GradResult]]:
+    """(index, result) of each task of a finished future (``chunk``: their indexes) that was started and has no
+    result in ``results`` yet.  A local worker's output is fsynced and renamed as its result is taken.
+
+    A worker that died (killed, out of memory) is the failure of each file it was handed, a lost Dask scheduler
+    their "lost", neither a crash.  A local task that failed so (died, or interrupted) has whatever temporary file
+    one of the ``worker_pids`` left for each output removed."""
     if future.cancelled():
-        return None
+        return
     err = future.exception()  # the future is done: this does not wait
     if err is None:
         value = future.result()
-        if isinstance(value, Unpublished):  # a local worker's output, fsynced and renamed here
-            return _as_published(io.publish_handed(value.output), task, options, value.result)
-        return value
+        for index, item in zip(chunk, value if isinstance(value, list) else [value]):  # a list: run_tasks_unpublished
+            if item is not None and results[index] is None:
+                yield index, _taken(item, tasks[index], options)
+        return
     if isinstance(err, NotStarted):
-        return None
+        return
+    for index in chunk:
+        if results[index] is None:
+            yield index, _failure(err, tasks[index], options, worker_pids)
+
+
+def _taken(value: GradResult | Unpublished, task: Task, options: GradOptions) -> GradResult:
+    """The result a task returned; a local worker's output is published first (fsynced and renamed here)."""
+    if isinstance(value, Unpublished):
+        return _as_published(io.publish_handed(value.output), task, options, value.result)
+    return value
+
+
+def _failure(err: BaseException, task: Task, options: GradOptions, worker_pids: frozenset[int]) -> GradResult:
+    """The result of a task whose future ended with ``err`` (see ``_outcomes``)."""
     if isinstance(err, SchedulerLost):
         return _lost(task, options, str(err))
     io.remove_left_behind(task.output, worker_pids)
@@ -185,17 +224,56 @@ def _lost(task: Task, options: GradOptions, error: str) -> GradResult:
                       error=f"{task.input}: {error}")
 
 
-def _submit(executor: cf.Executor, task: Task, options: GradOptions, threads: int | None, local: bool) -> cf.Future:
-    """``executor.submit(run_task, ...)`` (``run_task_unpublished`` to a ``local`` pool), or a future holding the
-    error when handing out fails.
+# Small files go to local workers several at a time, as one pool task: each task costs this process ~1 ms of CPU,
+# taken from the cores the workers compute on (benchmarks/RESULTS.md).
+GROUP_INPUT_BYTES = 4 * 2**20  # at most this much input in one task; a larger file goes alone
+GROUP_MOST_FILES = 8
+GROUPS_PER_WORKER = 8  # at least this many tasks a worker, so that the end of a batch is shared out evenly
+
+
+def group_small(tasks: Sequence[Task], pending: Sequence[int], options: GradOptions, workers: int) -> list[list[int]]:
+    """The pending tasks (their indexes, in order) as local workers are handed them: consecutive small files
+    together, up to ``GROUP_INPUT_BYTES`` of input and ``GROUP_MOST_FILES`` files, fewer where the batch is short
+    (at least ``GROUPS_PER_WORKER`` groups a worker).  A larger file, an execution of a TensorFlow dump, an input
+    the plan could not read, and every file of a ``--per-step`` run (many backward passes each) go alone."""
+    most = min(GROUP_MOST_FILES, len(pending) // (workers * GROUPS_PER_WORKER))
+    groups: list[list[int]] = []
+    room = -1  # input bytes the last group can still take (-1: it takes no more)
+    for index in pending:
+        size = _small_input_bytes(tasks[index], options) if most > 1 else None
+        if size is not None and size <= room and len(groups[-1]) < most:  # room >= 0: a group is open
+            groups[-1].append(index)
+            room -= size
+        else:
+            groups.append([index])
+            room = -1 if size is None else GROUP_INPUT_BYTES - size
+    return groups
+
+
+def _small_input_bytes(task: Task, options: GradOptions) -> int | None:
+    """The size of a task's input where it may share a pool task with others (``group_small``), else None."""
+    if options.per_step or task.error is not None or task.input_format in (None, "tfdbg2"):
+        return None
+    try:
+        size = task.input.stat().st_size
+    except OSError:  # the run says what is wrong
+        return None
+    return size if size < GROUP_INPUT_BYTES else None
+
+
+def _submit(executor: cf.Executor, chunk: list[Task], options: GradOptions, threads: int | None, local: bool,
+            keep_going: bool) -> cf.Future:
+    """``executor.submit(run_task, ...)`` (``run_tasks_unpublished`` to a ``local`` pool, which runs every task of
+    ``chunk``; a Dask task is one file), or a future holding the error when handing out fails.
 
     A worker killed while tasks are still being handed out breaks the pool: later submits raise
     BrokenProcessPool, and one that is starting a worker at that moment can raise whatever starting it
-    does (ValueError from a pipe the pool just closed).  Either is that file's failure (``_outcome``).
+    does (ValueError from a pipe the pool just closed).  Either is the failure of the files handed (``_outcomes``).
     """
     try:
         if local:
-            return executor.submit(run_task_unpublished, task, options)
+            return executor.submit(run_tasks_unpublished, chunk, options, keep_going)
+        (task,) = chunk
         return executor.submit(run_task, task, options, threads)
     except Exception as err:  # noqa: BLE001 - BrokenProcessPool, RuntimeError after shutdown, a failed spawn
         failed: cf.Future = cf.Future()
@@ -287,28 +365,28 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
 
 def _run_pending(tasks, pending, options, results, finish, workers, dask_address, keep_going, stop):
     """run_batch's tasks ``pending`` (their indexes), serially or through an executor."""
-    # No more worker processes than files: all of them start before the first task
-    # (local_workers._start_all_workers).
-    futures: dict[cf.Future, int] = {}
+    futures: dict[cf.Future, list[int]] = {}  # each task handed out, and the indexes of its files
     local = not dask_address
+    groups = group_small(tasks, pending, options, workers) if local and workers > 1 else [[i] for i in pending]
+    # No more worker processes than tasks: all of them start before the first (local_workers._start_all_workers).
     try:
-        with make_executor(min(workers, len(pending)), dask_address, _worker_started) as (executor, threads):
+        with make_executor(min(workers, len(groups)), dask_address, _worker_started) as (executor, threads):
             if executor is None:
                 return _run_serially(tasks, pending, options, results, finish, keep_going, stop)
             # Local workers were started with their BLAS thread counts set (local_workers._thread_env), and leave
             # their outputs' fsync and rename to this process (run_task_unpublished); Dask workers, which run one
             # task per thread, limit each task's threads (threadpoolctl: ~0.5 ms a task) and publish their own
             # outputs.
-            futures = {_submit(executor, tasks[index], options, threads, local): index for index in pending}
+            futures = {_submit(executor, [tasks[i] for i in group], options, threads, local, keep_going): group
+                       for group in groups}
             pids = frozenset(getattr(executor, "_processes", None) or ()) if local else frozenset()
             try:
                 for future in cf.as_completed(futures):
-                    index = futures[future]
-                    result = _outcome(future, tasks[index], options, pids)
-                    if result is None:
-                        continue
-                    finish(index, result)
-                    if stop() or (result.status == "failed" and not keep_going):
+                    failed_now = False
+                    for index, result in _outcomes(future, futures[future], tasks, options, results, pids):
+                        finish(index, result)
+                        failed_now = failed_now or result.status == "failed"
+                    if stop() or (failed_now and not keep_going):
                         break
             finally:
                 _finish_started(futures, tasks, options, results, finish, local, pids)
@@ -323,9 +401,10 @@ def _discard_unpublished(futures) -> None:
     for future in futures:
         if future.done() and not future.cancelled() and future.exception() is None:
             value = future.result()
-            if isinstance(value, Unpublished):
-                with contextlib.suppress(OSError):
-                    value.output.tmp.unlink()
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, Unpublished):
+                    with contextlib.suppress(OSError):
+                        item.output.tmp.unlink()
 
 
 SETTLE_AT_ONCE_SECONDS = 0.25  # a file that took longer is reported before the next starts (_run_serially)
@@ -405,19 +484,30 @@ def _finish_started(futures: dict, tasks: Sequence[Task], options: GradOptions, 
     Interrupted again while waiting, the tasks still running are reported "lost": a Dask worker's output may yet
     appear; a ``local`` worker's never will (its parent publishes it, and now will not: _discard_unpublished).
     """
-    started = [future for future in futures if not future.cancel() and results[futures[future]] is None]
+    started = [future for future in futures
+               if not future.cancel() and any(results[index] is None for index in futures[future])]
     try:
         for future in cf.as_completed(started):
-            result = _outcome(future, tasks[futures[future]], options, worker_pids)
-            if result is not None:
-                finish(futures[future], result)
+            for index, result in _outcomes(future, futures[future], tasks, options, results, worker_pids):
+                finish(index, result)
     except KeyboardInterrupt:
+        fate = "nothing of it is kept" if local else "its output may still be written"
         for future in started:
-            index = futures[future]
-            if results[index] is None and not future.cancelled():
-                fate = "nothing of it is kept" if local else "its output may still be written"
-                finish(index, _lost(tasks[index], options, f"still running when the batch was interrupted; {fate}"))
+            for index in _run_or_running(future, futures[future]):
+                if results[index] is None:
+                    finish(index, _lost(tasks[index], options,
+                                        f"still running when the batch was interrupted; {fate}"))
         raise
+
+
+def _run_or_running(future: cf.Future, group: list[int]) -> list[int]:
+    """The files of a task handed out (their indexes ``group``) that ran or may be running: none of a cancelled
+    task, and of a finished local one only those its worker ran (run_tasks_unpublished)."""
+    if future.cancelled():
+        return []
+    if future.done() and future.exception() is None and isinstance(future.result(), list):
+        return [index for index, item in zip(group, future.result()) if item is not None]
+    return group
 
 
 def run_each(function: Callable, items: Sequence, *, workers: int = 1,

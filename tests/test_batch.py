@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -675,6 +676,139 @@ def test_local_workers_leave_fsync_and_rename_to_the_parent_which_reports_each_o
     assert_same_outputs(outputs_of(out), serial_outputs)
 
 
+# -- local workers are handed small files several at a time (batch.group_small) ------------------------------------
+
+def test_small_files_are_grouped_in_order_and_large_or_special_ones_go_alone(tmp_path, monkeypatch):
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.jobs import GradOptions
+
+    monkeypatch.setattr(batch, "GROUP_INPUT_BYTES", 100)
+    monkeypatch.setattr(batch, "GROUP_MOST_FILES", 3)
+    monkeypatch.setattr(batch, "GROUPS_PER_WORKER", 1)
+    sizes = {"a": 30, "b": 30, "c": 30, "d": 30, "big": 100, "e": 50, "f": 60, "g": 0, "h": 40}
+    tasks = []
+    for name, size in sizes.items():
+        (tmp_path / name).write_bytes(b"x" * size)
+        tasks.append(batch.Task(tmp_path / name, tmp_path / f"{name}.out", input_format="npz"))
+    tasks[7:7] = [batch.Task(tmp_path / "dump", tmp_path / "d.out", group="op/1", input_format="tfdbg2"),
+                  batch.Task(tmp_path / "bad", tmp_path / "bad.out", error="a corrupt dump"),
+                  batch.Task(tmp_path / "unsniffed", tmp_path / "u.out"),
+                  batch.Task(tmp_path / "gone", tmp_path / "gone.out", input_format="npz")]
+    names = [t.input.name for t in tasks]
+    pending = list(range(len(tasks)))
+
+    def grouped(options=GradOptions("seq"), workers=2, indexes=pending):
+        return [[names[i] for i in group] for group in batch.group_small(tasks, indexes, options, workers)]
+
+    assert grouped() == [["a", "b", "c"], ["d"], ["big"], ["e"], ["f"], ["dump"], ["bad"], ["unsniffed"], ["gone"],
+                         ["g", "h"]]
+    assert grouped(indexes=[0, 1, 4, 5, 2]) == [["a", "b"], ["big"], ["e", "c"]]  # only the pending, in their order
+    assert grouped(indexes=[0, 1, 2, 3]) == [["a", "b"], ["c", "d"]]  # 4 files, 2 workers: at least 2 groups each
+    assert all(len(group) == 1 for group in grouped(GradOptions("seq", per_step=True)))
+    assert all(len(group) == 1 for group in grouped(workers=len(tasks)))  # too short a batch to share out evenly
+
+
+def test_a_group_runs_its_files_in_turn_and_stops_at_a_failure_or_an_interrupt(tmp_path, monkeypatch):
+    from lstmgrad_cli import batch, local_workers
+    from lstmgrad_cli.jobs import GradOptions
+
+    inputs = make_inputs(tmp_path / "in")[:3]
+    inputs[1].write_bytes(b"not an input")
+    out = tmp_path / "out"
+    out.mkdir()
+    tasks = batch.plan_tasks(inputs, None, out)
+
+    def kinds(values):
+        return [None if v is None else "unpublished" if isinstance(v, batch.Unpublished) else v.status for v in values]
+
+    stopped = batch.run_tasks_unpublished(tasks, GradOptions("seq"), keep_going=False)
+    assert kinds(stopped) == ["unpublished", "failed", None]
+    kept_going = batch.run_tasks_unpublished(tasks, GradOptions("seq", force=True), keep_going=True)
+    assert kinds(kept_going) == ["unpublished", "failed", "unpublished"]
+    handed = [v.output for v in stopped + kept_going if isinstance(v, batch.Unpublished)]
+    assert sorted(p.name for p in out.iterdir()) == sorted(h.tmp.name for h in handed)  # written, not in place
+    for handoff in handed:
+        handoff.tmp.unlink()
+
+    # Interrupted during its second file (the file is gone; the first is kept for the parent) and not run after.
+    make_inputs(tmp_path / "in")
+    real_run_task = batch.run_task
+
+    def signalled_in_the_second(task, options):
+        if task is tasks[1]:
+            local_workers._stop_signal(signal.SIGINT, None)  # in a task: raises KeyboardInterrupt here
+        return real_run_task(task, options)
+
+    monkeypatch.setattr(local_workers, "_state", local_workers._WorkerState())
+    monkeypatch.setattr(batch, "run_task", signalled_in_the_second)
+    values = batch.run_tasks_unpublished(tasks, GradOptions("seq"), keep_going=True)
+    assert kinds(values) == ["unpublished", "failed", None] and values[1].error.endswith(": interrupted")
+    assert [p.name for p in out.iterdir()] == [values[0].output.tmp.name]
+    assert local_workers._state == local_workers._WorkerState()  # taken: the worker's next task runs
+
+
+def test_a_groups_results_are_taken_once_and_a_dead_worker_fails_each_of_its_files(tmp_path):
+    import concurrent.futures as cf
+    from concurrent.futures.process import BrokenProcessPool
+
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.jobs import GradOptions, GradResult
+
+    options = GradOptions("seq")
+    tasks = [batch.Task(tmp_path / f"{k}.h5", tmp_path / f"{k}.grads.h5") for k in range(4)]
+    done = [GradResult(str(t.input), str(t.output), options.op) for t in tasks]
+    finished: cf.Future = cf.Future()
+    finished.set_result([done[0], done[1], None])  # the worker stopped before its third file
+    results = [None, done[1], None, None]  # the second was reported already (an interrupt came meanwhile)
+    assert list(batch._outcomes(finished, [0, 1, 2], tasks, options, results)) == [(0, done[0])]
+    assert batch._run_or_running(finished, [0, 1, 2]) == [0, 1]
+
+    left = [tmp_path / f".{k}.grads.h5.4242-0123abcd.tmp" for k in range(4)]
+    for path in left:
+        path.write_bytes(b"half")
+    died: cf.Future = cf.Future()
+    died.set_exception(BrokenProcessPool("A process in the process pool was terminated abruptly"))
+    outcomes = list(batch._outcomes(died, [2, 3], tasks, options, [None] * 4, frozenset({4242})))
+    assert [index for index, _ in outcomes] == [2, 3]
+    assert all(r.status == "failed" and "the worker process failed (BrokenProcessPool" in r.error for _, r in outcomes)
+    assert [p.exists() for p in left] == [True, True, False, False]  # each of its files' temporary files removed
+    assert batch._run_or_running(died, [2, 3]) == [2, 3]
+
+
+@pytest.mark.parametrize("keep_going", [False, True])
+def test_local_workers_handed_groups_give_every_file_its_result(tmp_path, monkeypatch, keep_going):
+    """Real worker processes, several files a task: each file is reported once, its output in place; without
+    --keep-going a failure stops its group and the batch, and no output appears that the results do not list."""
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.jobs import GradOptions
+
+    monkeypatch.setattr(batch, "GROUPS_PER_WORKER", 1)  # 12 small files, 2 workers: two tasks of 6
+    inputs = make_inputs(tmp_path / "in")
+    inputs += [Path(shutil.copy(path, path.with_name("again_" + path.name))) for path in inputs]
+    np.savez(inputs[7], x=np.zeros((2, 1, 1), np.float32))  # an NPZ file (so grouped) that the run refuses
+    out = tmp_path / "out"
+    out.mkdir()
+    tasks = batch.plan_tasks(sorted(inputs), None, out)
+    handed = []
+    real_submit = batch._submit
+    monkeypatch.setattr(batch, "_submit", lambda executor, chunk, *a: handed.append(len(chunk)) or
+                        real_submit(executor, chunk, *a))
+    reported = []
+    results = batch.run_batch(tasks, GradOptions("seq"), workers=2, keep_going=keep_going,
+                              on_result=lambda task, result: reported.append(task))
+    assert handed == [6, 6]
+    assert len(reported) == len(set(map(id, reported))) == sum(r is not None for r in results)  # each once
+    statuses = [r.status if r else None for r in results]
+    failing = next(k for k, t in enumerate(tasks) if t.input == inputs[7])
+    assert 0 < failing < 5 and statuses[failing] == "failed"
+    if keep_going:
+        assert statuses == ["ok"] * failing + ["failed"] + ["ok"] * (len(tasks) - failing - 1)
+    else:  # the rest of its group is not run
+        assert statuses[:failing + 1] == ["ok"] * failing + ["failed"] and statuses[failing + 1:6] == [None] * (5 - failing)
+    ok = {t.output.name for t, r in zip(tasks, results) if r is not None and r.status == "ok"}
+    assert {p.name for p in out.iterdir()} == ok  # no temporary file, nothing unreported
+
+
 def test_an_output_handed_to_the_parent_is_written_closed_and_not_yet_in_place(tmp_path):
     from lstmgrad_cli.io import atomic, output
 
@@ -815,6 +949,50 @@ def test_a_signal_to_the_whole_process_group_stops_workers_cleanly(tmp_path, met
     assert len(list(out.glob("*.grads.h5"))) == len(inputs)
 
 
+# A batch whose local workers are handed several small files a task (batch.group_small) even when it is short.
+CLI_GROUPING = [sys.executable, "-c", "import sys; from lstmgrad_cli import batch; batch.GROUPS_PER_WORKER = 1; "
+                                      "from lstmgrad_cli.cli import main; sys.exit(main())"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_whole_process_group_stops_workers_mid_group_cleanly(tmp_path, monkeypatch, sig):
+    # Sixteen ~0.9 MB files that take a while each: four a task. Each worker's file in hand is interrupted, the
+    # rest of its group is not run, and every output the group finished before it is published and reported.
+    (tmp_path / "in").mkdir()
+    base = consistent_inputs(T=3000, B=2, I=2, C=4)
+    inputs = [write_h5(tmp_path / "in" / f"run{k:03d}.h5", base) for k in range(16)]
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = CLI_GROUPING + ["seq", str(tmp_path / "in"), "--out-dir", str(out), "--workers", "2"]
+    proc = subprocess.Popen(cmd + ["--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not list(out.glob("*.grads.h5")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, stderr
+    assert "Traceback" not in stderr and "worker process failed" not in stderr, stderr
+    assert [p.name for p in out.iterdir() if p.name.endswith(".tmp")] == []
+    from lstmgrad_cli.provenance import is_complete_output
+
+    finished = sorted(p.name for p in out.glob("*.grads.h5"))
+    assert 0 < len(finished) < len(inputs) and all(is_complete_output(out / name) for name in finished)
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.jobs import GradOptions
+
+    monkeypatch.setattr(batch, "GROUPS_PER_WORKER", 1)
+    tasks = batch.plan_tasks(inputs, None, out)
+    groups = batch.group_small(tasks, range(len(tasks)), GradOptions("seq"), 2)
+    assert len(groups) == 4  # as the command grouped them
+    for group in groups:  # each group's finished files come first: none after the one interrupted
+        done = [tasks[k].output.name in finished for k in group]
+        assert done == sorted(done, reverse=True), (group, finished)
+    resumed = subprocess.run(cmd + ["--skip-existing", "-q"], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(list(out.glob("*.grads.h5"))) == len(inputs)
+
+
 def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_path, monkeypatch):
     from lstmgrad_cli import batch, local_workers
     from lstmgrad_cli.io.atomic import atomic_file
@@ -895,7 +1073,7 @@ def test_a_local_task_that_failed_has_the_temporary_file_its_worker_left_removed
     for err in (KeyboardInterrupt(), RuntimeError("A process in the process pool was terminated abruptly")):
         future: cf.Future = cf.Future()
         future.set_exception(err)
-        result = batch._outcome(future, task, GradOptions("seq"), frozenset({4242, 17}))
-        assert result.status == "failed" and not ours.exists()
+        [(index, result)] = batch._outcomes(future, [0], [task], GradOptions("seq"), [None], frozenset({4242, 17}))
+        assert index == 0 and result.status == "failed" and not ours.exists()
         assert all(path.exists() for path in others)
         ours.write_bytes(b"half")
