@@ -4,7 +4,7 @@ Parallel runs use one code path, a ``concurrent.futures`` executor: a process po
 processes start and stop: local_workers.py) or a ``distributed`` client's executor for a Dask scheduler address;
 a serial run calls the same task function in this process.  Every file is a call of ``run_task`` and gives a
 ``GradResult`` (errors in a file are results, not exceptions), so results flow back the same way from anywhere;
-a local worker is handed small files several at a time (``group_small``), a Dask worker one file a task.
+a local worker is handed small files several at a time (``bundle_small``), a Dask worker one file a task.
 """
 
 from __future__ import annotations
@@ -141,13 +141,13 @@ def run_task_unpublished(task: Task, options: GradOptions) -> GradResult | Unpub
     return result
 
 
-def run_tasks_unpublished(chunk: Sequence[Task], options: GradOptions,
+def run_tasks_unpublished(bundle: Sequence[Task], options: GradOptions,
                           keep_going: bool) -> list[GradResult | Unpublished | None]:
-    """Several small files in a local worker process, one after another (one pool task: ``group_small``): each
+    """Several small files in a local worker process, one after another (one pool task: ``bundle_small``): each
     one's ``run_task_unpublished``.  An interrupted file is reported "interrupted" and ends the task; so does a
     failed one unless ``keep_going``.  The files after it are not run (None)."""
-    values: list[GradResult | Unpublished | None] = [None] * len(chunk)
-    for position, task in enumerate(chunk):
+    values: list[GradResult | Unpublished | None] = [None] * len(bundle)
+    for position, task in enumerate(bundle):
         try:
             value = run_task_unpublished(task, options)
         except KeyboardInterrupt:  # its output is gone already; the ones before it are kept, for the parent
@@ -171,10 +171,10 @@ def failed(task: Task, options: GradOptions, error: str) -> GradResult:
     return GradResult(str(task.input), None, options.op, member=task.group, status="failed", error=error)
 
 
-def _outcomes(future: cf.Future, chunk: Sequence[int], tasks: Sequence[Task], options: GradOptions,
+def _outcomes(future: cf.Future, bundle: Sequence[int], tasks: Sequence[Task], options: GradOptions,
               results: Sequence[GradResult | None], worker_pids: frozenset[int] = frozenset()
               ) -> Iterator[tuple[int, GradResult]]:
-    """(index, result) of each task of a finished future (``chunk``: their indexes) that was started and has no
+    """(index, result) of each task of a finished future (``bundle``: their indexes) that was started and has no
     result in ``results`` yet.  A local worker's output is fsynced and renamed as its result is taken.
 
     A worker that died (killed, out of memory) is the failure of each file it was handed, a lost Dask scheduler
@@ -185,13 +185,20 @@ def _outcomes(future: cf.Future, chunk: Sequence[int], tasks: Sequence[Task], op
     err = future.exception()  # the future is done: this does not wait
     if err is None:
         value = future.result()
-        for index, item in zip(chunk, value if isinstance(value, list) else [value]):  # a list: run_tasks_unpublished
-            if item is not None and results[index] is None:
-                yield index, _taken(item, tasks[index], options)
+        items = value if isinstance(value, list) else [value]  # a list: run_tasks_unpublished
+        for position, (index, item) in enumerate(zip(bundle, items, strict=True)):
+            if item is None or results[index] is not None:
+                continue
+            try:
+                result = _taken(item, tasks[index], options)
+            except KeyboardInterrupt:  # while publishing, which discarded the output: taken again, it says so
+                items[position] = failed(tasks[index], options, f"{tasks[index].input}: interrupted")
+                raise
+            yield index, result
         return
     if isinstance(err, NotStarted):
         return
-    for index in chunk:
+    for index in bundle:
         if results[index] is None:
             yield index, _failure(err, tasks[index], options, worker_pids)
 
@@ -226,45 +233,45 @@ def _lost(task: Task, options: GradOptions, error: str) -> GradResult:
 
 # Small files go to local workers several at a time, as one pool task: each task costs this process ~1 ms of CPU,
 # taken from the cores the workers compute on (benchmarks/RESULTS.md).
-GROUP_INPUT_BYTES = 4 * 2**20  # at most this much input in one task; a larger file goes alone
-GROUP_MOST_FILES = 8
-GROUPS_PER_WORKER = 8  # at least this many tasks a worker, so that the end of a batch is shared out evenly
+BUNDLE_INPUT_BYTES = 4 * 2**20  # at most this much input in one task; a larger file goes alone
+BUNDLE_MOST_FILES = 8
+BUNDLES_PER_WORKER = 8  # at least this many tasks a worker, so that the end of a batch is shared out evenly
 
 
-def group_small(tasks: Sequence[Task], pending: Sequence[int], options: GradOptions, workers: int) -> list[list[int]]:
+def bundle_small(tasks: Sequence[Task], pending: Sequence[int], options: GradOptions, workers: int) -> list[list[int]]:
     """The pending tasks (their indexes, in order) as local workers are handed them: consecutive small files
-    together, up to ``GROUP_INPUT_BYTES`` of input and ``GROUP_MOST_FILES`` files, fewer where the batch is short
-    (at least ``GROUPS_PER_WORKER`` groups a worker).  A larger file, an execution of a TensorFlow dump, an input
+    together, up to ``BUNDLE_INPUT_BYTES`` of input and ``BUNDLE_MOST_FILES`` files, fewer where the batch is short
+    (at least ``BUNDLES_PER_WORKER`` bundles a worker).  A larger file, an execution of a TensorFlow dump, an input
     the plan could not read, and every file of a ``--per-step`` run (many backward passes each) go alone."""
-    most = min(GROUP_MOST_FILES, len(pending) // (workers * GROUPS_PER_WORKER))
-    groups: list[list[int]] = []
-    room = -1  # input bytes the last group can still take (-1: it takes no more)
+    most = min(BUNDLE_MOST_FILES, len(pending) // (workers * BUNDLES_PER_WORKER))
+    bundles: list[list[int]] = []
+    room = -1  # input bytes the last bundle can still take (-1: it takes no more)
     for index in pending:
         size = _small_input_bytes(tasks[index], options) if most > 1 else None
-        if size is not None and size <= room and len(groups[-1]) < most:  # room >= 0: a group is open
-            groups[-1].append(index)
+        if size is not None and size <= room and len(bundles[-1]) < most:  # room >= 0: a bundle is open
+            bundles[-1].append(index)
             room -= size
         else:
-            groups.append([index])
-            room = -1 if size is None else GROUP_INPUT_BYTES - size
-    return groups
+            bundles.append([index])
+            room = -1 if size is None else BUNDLE_INPUT_BYTES - size
+    return bundles
 
 
 def _small_input_bytes(task: Task, options: GradOptions) -> int | None:
-    """The size of a task's input where it may share a pool task with others (``group_small``), else None."""
+    """The size of a task's input where it may share a pool task with others (``bundle_small``), else None."""
     if options.per_step or task.error is not None or task.input_format in (None, "tfdbg2"):
         return None
     try:
         size = task.input.stat().st_size
     except OSError:  # the run says what is wrong
         return None
-    return size if size < GROUP_INPUT_BYTES else None
+    return size if size < BUNDLE_INPUT_BYTES else None
 
 
-def _submit(executor: cf.Executor, chunk: list[Task], options: GradOptions, threads: int | None, local: bool,
+def _submit(executor: cf.Executor, bundle: list[Task], options: GradOptions, threads: int | None, local: bool,
             keep_going: bool) -> cf.Future:
     """``executor.submit(run_task, ...)`` (``run_tasks_unpublished`` to a ``local`` pool, which runs every task of
-    ``chunk``; a Dask task is one file), or a future holding the error when handing out fails.
+    ``bundle``; a Dask task is one file), or a future holding the error when handing out fails.
 
     A worker killed while tasks are still being handed out breaks the pool: later submits raise
     BrokenProcessPool, and one that is starting a worker at that moment can raise whatever starting it
@@ -272,8 +279,8 @@ def _submit(executor: cf.Executor, chunk: list[Task], options: GradOptions, thre
     """
     try:
         if local:
-            return executor.submit(run_tasks_unpublished, chunk, options, keep_going)
-        (task,) = chunk
+            return executor.submit(run_tasks_unpublished, bundle, options, keep_going)
+        (task,) = bundle
         return executor.submit(run_task, task, options, threads)
     except Exception as err:  # noqa: BLE001 - BrokenProcessPool, RuntimeError after shutdown, a failed spawn
         failed: cf.Future = cf.Future()
@@ -367,18 +374,18 @@ def _run_pending(tasks, pending, options, results, finish, workers, dask_address
     """run_batch's tasks ``pending`` (their indexes), serially or through an executor."""
     futures: dict[cf.Future, list[int]] = {}  # each task handed out, and the indexes of its files
     local = not dask_address
-    groups = group_small(tasks, pending, options, workers) if local and workers > 1 else [[i] for i in pending]
+    bundles = bundle_small(tasks, pending, options, workers) if local and workers > 1 else [[i] for i in pending]
     # No more worker processes than tasks: all of them start before the first (local_workers._start_all_workers).
     try:
-        with make_executor(min(workers, len(groups)), dask_address, _worker_started) as (executor, threads):
+        with make_executor(min(workers, len(bundles)), dask_address, _worker_started) as (executor, threads):
             if executor is None:
                 return _run_serially(tasks, pending, options, results, finish, keep_going, stop)
             # Local workers were started with their BLAS thread counts set (local_workers._thread_env), and leave
             # their outputs' fsync and rename to this process (run_task_unpublished); Dask workers, which run one
             # task per thread, limit each task's threads (threadpoolctl: ~0.5 ms a task) and publish their own
             # outputs.
-            futures = {_submit(executor, [tasks[i] for i in group], options, threads, local, keep_going): group
-                       for group in groups}
+            futures = {_submit(executor, [tasks[i] for i in bundle], options, threads, local, keep_going): bundle
+                       for bundle in bundles}
             pids = frozenset(getattr(executor, "_processes", None) or ()) if local else frozenset()
             try:
                 for future in cf.as_completed(futures):
@@ -500,14 +507,14 @@ def _finish_started(futures: dict, tasks: Sequence[Task], options: GradOptions, 
         raise
 
 
-def _run_or_running(future: cf.Future, group: list[int]) -> list[int]:
-    """The files of a task handed out (their indexes ``group``) that ran or may be running: none of a cancelled
+def _run_or_running(future: cf.Future, bundle: list[int]) -> list[int]:
+    """The files of a task handed out (their indexes ``bundle``) that ran or may be running: none of a cancelled
     task, and of a finished local one only those its worker ran (run_tasks_unpublished)."""
     if future.cancelled():
         return []
     if future.done() and future.exception() is None and isinstance(future.result(), list):
-        return [index for index, item in zip(group, future.result()) if item is not None]
-    return group
+        return [index for index, item in zip(bundle, future.result(), strict=True) if item is not None]
+    return bundle
 
 
 def run_each(function: Callable, items: Sequence, *, workers: int = 1,

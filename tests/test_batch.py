@@ -676,15 +676,15 @@ def test_local_workers_leave_fsync_and_rename_to_the_parent_which_reports_each_o
     assert_same_outputs(outputs_of(out), serial_outputs)
 
 
-# -- local workers are handed small files several at a time (batch.group_small) ------------------------------------
+# -- local workers are handed small files several at a time (batch.bundle_small) ------------------------------------
 
-def test_small_files_are_grouped_in_order_and_large_or_special_ones_go_alone(tmp_path, monkeypatch):
+def test_small_files_are_bundled_in_order_and_large_or_special_ones_go_alone(tmp_path, monkeypatch):
     from lstmgrad_cli import batch
     from lstmgrad_cli.jobs import GradOptions
 
-    monkeypatch.setattr(batch, "GROUP_INPUT_BYTES", 100)
-    monkeypatch.setattr(batch, "GROUP_MOST_FILES", 3)
-    monkeypatch.setattr(batch, "GROUPS_PER_WORKER", 1)
+    monkeypatch.setattr(batch, "BUNDLE_INPUT_BYTES", 100)
+    monkeypatch.setattr(batch, "BUNDLE_MOST_FILES", 3)
+    monkeypatch.setattr(batch, "BUNDLES_PER_WORKER", 1)
     sizes = {"a": 30, "b": 30, "c": 30, "d": 30, "big": 100, "e": 50, "f": 60, "g": 0, "h": 40}
     tasks = []
     for name, size in sizes.items():
@@ -697,18 +697,19 @@ def test_small_files_are_grouped_in_order_and_large_or_special_ones_go_alone(tmp
     names = [t.input.name for t in tasks]
     pending = list(range(len(tasks)))
 
-    def grouped(options=GradOptions("seq"), workers=2, indexes=pending):
-        return [[names[i] for i in group] for group in batch.group_small(tasks, indexes, options, workers)]
+    def bundled(options=None, workers=2, indexes=pending):
+        bundles = batch.bundle_small(tasks, indexes, options or GradOptions("seq"), workers)
+        return [[names[i] for i in bundle] for bundle in bundles]
 
-    assert grouped() == [["a", "b", "c"], ["d"], ["big"], ["e"], ["f"], ["dump"], ["bad"], ["unsniffed"], ["gone"],
+    assert bundled() == [["a", "b", "c"], ["d"], ["big"], ["e"], ["f"], ["dump"], ["bad"], ["unsniffed"], ["gone"],
                          ["g", "h"]]
-    assert grouped(indexes=[0, 1, 4, 5, 2]) == [["a", "b"], ["big"], ["e", "c"]]  # only the pending, in their order
-    assert grouped(indexes=[0, 1, 2, 3]) == [["a", "b"], ["c", "d"]]  # 4 files, 2 workers: at least 2 groups each
-    assert all(len(group) == 1 for group in grouped(GradOptions("seq", per_step=True)))
-    assert all(len(group) == 1 for group in grouped(workers=len(tasks)))  # too short a batch to share out evenly
+    assert bundled(indexes=[0, 1, 4, 5, 2]) == [["a", "b"], ["big"], ["e", "c"]]  # only the pending, in their order
+    assert bundled(indexes=[0, 1, 2, 3]) == [["a", "b"], ["c", "d"]]  # 4 files, 2 workers: at least 2 bundles each
+    assert all(len(bundle) == 1 for bundle in bundled(GradOptions("seq", per_step=True)))
+    assert all(len(bundle) == 1 for bundle in bundled(workers=len(tasks)))  # too short a batch to share out evenly
 
 
-def test_a_group_runs_its_files_in_turn_and_stops_at_a_failure_or_an_interrupt(tmp_path, monkeypatch):
+def test_a_bundle_runs_its_files_in_turn_and_stops_at_a_failure_or_an_interrupt(tmp_path, monkeypatch):
     from lstmgrad_cli import batch, local_workers
     from lstmgrad_cli.jobs import GradOptions
 
@@ -747,7 +748,7 @@ def test_a_group_runs_its_files_in_turn_and_stops_at_a_failure_or_an_interrupt(t
     assert local_workers._state == local_workers._WorkerState()  # taken: the worker's next task runs
 
 
-def test_a_groups_results_are_taken_once_and_a_dead_worker_fails_each_of_its_files(tmp_path):
+def test_a_bundles_results_are_taken_once_and_a_dead_worker_fails_each_of_its_files(tmp_path):
     import concurrent.futures as cf
     from concurrent.futures.process import BrokenProcessPool
 
@@ -775,17 +776,45 @@ def test_a_groups_results_are_taken_once_and_a_dead_worker_fails_each_of_its_fil
     assert batch._run_or_running(died, [2, 3]) == [2, 3]
 
 
+def test_a_result_whose_publishing_was_interrupted_is_reported_interrupted(tmp_path, monkeypatch):
+    import concurrent.futures as cf
+
+    from lstmgrad_cli import batch, io
+    from lstmgrad_cli.io import output
+    from lstmgrad_cli.jobs import GradOptions, GradResult
+
+    options = GradOptions("seq")
+    task = batch.Task(tmp_path / "a.h5", tmp_path / "a.grads.npz")
+    with io.handed_to_parent() as handoffs:
+        output.write_outputs(task.output, {"x": np.arange(3.0)}, {})
+    finished: cf.Future = cf.Future()
+    finished.set_result([batch.Unpublished(GradResult(str(task.input), str(task.output), options.op), handoffs[0])])
+    real_publish = io.publish_handed
+
+    def interrupted(handoff):
+        monkeypatch.setattr(io, "publish_handed", real_publish)
+        handoff.tmp.unlink()  # as publish_handed does when interrupted
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(io, "publish_handed", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        list(batch._outcomes(finished, [0], [task], options, [None]))
+    [(index, result)] = batch._outcomes(finished, [0], [task], options, [None])  # taken again after the stop
+    assert result.status == "failed" and result.error == f"{task.input}: interrupted"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("keep_going", [False, True])
-def test_local_workers_handed_groups_give_every_file_its_result(tmp_path, monkeypatch, keep_going):
+def test_local_workers_handed_bundles_give_every_file_its_result(tmp_path, monkeypatch, keep_going):
     """Real worker processes, several files a task: each file is reported once, its output in place; without
-    --keep-going a failure stops its group and the batch, and no output appears that the results do not list."""
+    --keep-going a failure stops its bundle and the batch, and no output appears that the results do not list."""
     from lstmgrad_cli import batch
     from lstmgrad_cli.jobs import GradOptions
 
-    monkeypatch.setattr(batch, "GROUPS_PER_WORKER", 1)  # 12 small files, 2 workers: two tasks of 6
+    monkeypatch.setattr(batch, "BUNDLES_PER_WORKER", 1)  # 12 small files, 2 workers: two tasks of 6
     inputs = make_inputs(tmp_path / "in")
     inputs += [Path(shutil.copy(path, path.with_name("again_" + path.name))) for path in inputs]
-    np.savez(inputs[7], x=np.zeros((2, 1, 1), np.float32))  # an NPZ file (so grouped) that the run refuses
+    np.savez(inputs[7], x=np.zeros((2, 1, 1), np.float32))  # an NPZ file (so bundled) that the run refuses
     out = tmp_path / "out"
     out.mkdir()
     tasks = batch.plan_tasks(sorted(inputs), None, out)
@@ -803,9 +832,10 @@ def test_local_workers_handed_groups_give_every_file_its_result(tmp_path, monkey
     assert 0 < failing < 5 and statuses[failing] == "failed"
     if keep_going:
         assert statuses == ["ok"] * failing + ["failed"] + ["ok"] * (len(tasks) - failing - 1)
-    else:  # the rest of its group is not run
-        assert statuses[:failing + 1] == ["ok"] * failing + ["failed"] and statuses[failing + 1:6] == [None] * (5 - failing)
-    ok = {t.output.name for t, r in zip(tasks, results) if r is not None and r.status == "ok"}
+    else:  # the rest of its bundle is not run
+        assert statuses[:failing + 1] == ["ok"] * failing + ["failed"]
+        assert statuses[failing + 1:6] == [None] * (5 - failing)
+    ok = {t.output.name for t, r in zip(tasks, results, strict=True) if r is not None and r.status == "ok"}
     assert {p.name for p in out.iterdir()} == ok  # no temporary file, nothing unreported
 
 
@@ -949,23 +979,25 @@ def test_a_signal_to_the_whole_process_group_stops_workers_cleanly(tmp_path, met
     assert len(list(out.glob("*.grads.h5"))) == len(inputs)
 
 
-# A batch whose local workers are handed several small files a task (batch.group_small) even when it is short.
-CLI_GROUPING = [sys.executable, "-c", "import sys; from lstmgrad_cli import batch; batch.GROUPS_PER_WORKER = 1; "
+# A batch whose local workers are handed several small files a task (batch.bundle_small) even when it is short.
+CLI_BUNDLING = [sys.executable, "-c", "import sys; from lstmgrad_cli import batch; batch.BUNDLES_PER_WORKER = 1; "
                                       "from lstmgrad_cli.cli import main; sys.exit(main())"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_to_the_whole_process_group_stops_workers_mid_group_cleanly(tmp_path, monkeypatch, sig):
-    # Sixteen ~0.9 MB files that take a while each: four a task. Each worker's file in hand is interrupted, the
-    # rest of its group is not run, and every output the group finished before it is published and reported.
-    (tmp_path / "in").mkdir()
+def _small_long_inputs(folder: Path, count: int) -> list[Path]:
+    """~0.9 MB files that take a while each (many small time steps): four to a bundle."""
+    folder.mkdir()
     base = consistent_inputs(T=3000, B=2, I=2, C=4)
-    inputs = [write_h5(tmp_path / "in" / f"run{k:03d}.h5", base) for k in range(16)]
+    return [write_h5(folder / f"run{k:03d}.h5", base) for k in range(count)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_whole_process_group_stops_workers_mid_bundle_cleanly(tmp_path, sig):
+    inputs = _small_long_inputs(tmp_path / "in", 16)
     out = tmp_path / "out"
     out.mkdir()
-    cmd = CLI_GROUPING + ["seq", str(tmp_path / "in"), "--out-dir", str(out), "--workers", "2"]
-    proc = subprocess.Popen(cmd + ["--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    cmd = CLI_BUNDLING + ["seq", str(tmp_path / "in"), "--out-dir", str(out), "--workers", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 60
     while not list(out.glob("*.grads.h5")) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -973,25 +1005,51 @@ def test_a_signal_to_the_whole_process_group_stops_workers_mid_group_cleanly(tmp
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + sig, stderr
     assert "Traceback" not in stderr and "worker process failed" not in stderr, stderr
+    assert "cannot write" not in stderr, stderr  # a publishing the command's own interrupt stopped says so
     assert [p.name for p in out.iterdir() if p.name.endswith(".tmp")] == []
     from lstmgrad_cli.provenance import is_complete_output
 
-    finished = sorted(p.name for p in out.glob("*.grads.h5"))
-    assert 0 < len(finished) < len(inputs) and all(is_complete_output(out / name) for name in finished)
-    from lstmgrad_cli import batch
-    from lstmgrad_cli.jobs import GradOptions
-
-    monkeypatch.setattr(batch, "GROUPS_PER_WORKER", 1)
-    tasks = batch.plan_tasks(inputs, None, out)
-    groups = batch.group_small(tasks, range(len(tasks)), GradOptions("seq"), 2)
-    assert len(groups) == 4  # as the command grouped them
-    for group in groups:  # each group's finished files come first: none after the one interrupted
-        done = [tasks[k].output.name in finished for k in group]
-        assert done == sorted(done, reverse=True), (group, finished)
+    finished = list(out.glob("*.grads.h5"))
+    assert 0 < len(finished) < len(inputs) and all(is_complete_output(p) for p in finished)
     resumed = subprocess.run(cmd + ["--skip-existing", "-q"], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert len(list(out.glob("*.grads.h5"))) == len(inputs)
 
+
+def test_a_worker_interrupted_mid_bundle_keeps_the_files_before_and_runs_none_after(tmp_path, monkeypatch):
+    # Ctrl-C to the workers alone (the command goes on, --keep-going): each interrupts the file in hand, and the
+    # rest of that bundle is not run; the files it finished before are published and reported.
+    inputs = _small_long_inputs(tmp_path / "in", 16)
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = CLI_BUNDLING + ["seq", str(tmp_path / "in"), "--out-dir", str(out), "--workers", "2", "--keep-going",
+                          "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(out.glob("*.grads.h5")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for pid in _worker_pids(proc.pid):
+        os.kill(pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert "Traceback" not in stderr, stderr
+    status = {Path(r["input"]).name: r["status"] for r in json.loads(stdout)["results"]}
+    interrupted = {name for name, r in status.items() if r == "failed"}
+    assert interrupted and all(f"{name}: interrupted" in stderr for name in interrupted)
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.jobs import GradOptions
+
+    monkeypatch.setattr(batch, "BUNDLES_PER_WORKER", 1)
+    tasks = batch.plan_tasks(inputs, None, out)
+    bundles = batch.bundle_small(tasks, range(len(tasks)), GradOptions("seq"), 2)
+    assert len(bundles) == 4  # as the command bundled them
+    for bundle in bundles:  # done, then at most one interrupted, then not run
+        states = [status.get(tasks[k].input.name, "not run") for k in bundle]
+        assert states == sorted(states, key=["ok", "failed", "not run"].index), states
+        assert states.count("failed") <= 1
+        assert [tasks[k].output.exists() for k in bundle] == [state == "ok" for state in states]
+    assert sorted(p.name for p in out.iterdir()) == sorted(tasks[k].output.name for k in range(len(tasks))
+                                                           if status.get(tasks[k].input.name) == "ok")
 
 def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_path, monkeypatch):
     from lstmgrad_cli import batch, local_workers
