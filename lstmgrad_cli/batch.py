@@ -56,15 +56,16 @@ def plan_tasks(inputs: Sequence[Path], output: Path | None, out_dir: Path | None
     tasks: list[Task] = []
     seen_inputs: set[Path] = set()
     targets: dict[Path, Path] = {}
+    resolve = _resolver()
     for path in inputs:
-        key = path.resolve()
+        key = resolve(path)
         if key in seen_inputs:
             continue
         seen_inputs.add(key)
         for group, target, error, fmt in _targets(path, output, dumps):
             if out_dir is not None and output is None:
                 target = out_dir / target.name
-            other = targets.setdefault(target.resolve(), path)
+            other = targets.setdefault(resolve(target), path)
             if other is not path:
                 raise OutputFileError(f"{other} and {path} would both write {target}; give them separate --out-dir "
                                       "runs")
@@ -74,6 +75,23 @@ def plan_tasks(inputs: Sequence[Path], output: Path | None, out_dir: Path | None
                               f"{io.describe_keys([t.group for t in tasks], limit=5)}); use --out-dir, or choose one "
                               "with --group, --op or --execution")
     return tasks
+
+
+def _resolver() -> Callable[[Path], Path]:
+    """``Path.resolve`` for many files in a few directories: each directory is resolved once, and a file itself
+    only where it is a symbolic link (a batch's plan resolved every component of every input and output: ~0.1 ms
+    a file)."""
+    directories: dict[Path, Path] = {}
+
+    def resolve(path: Path) -> Path:
+        if path.name in ("", ".", "..") or path.is_symlink():
+            return path.resolve()
+        parent = directories.get(path.parent)
+        if parent is None:
+            parent = directories[path.parent] = path.parent.resolve()
+        return parent / path.name
+
+    return resolve
 
 
 def _targets(path: Path, output: Path | None,

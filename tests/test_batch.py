@@ -459,6 +459,25 @@ def test_two_inputs_writing_one_output_are_refused_before_anything_runs(runner, 
     assert twice.exit_code == 0 and len(json.loads(twice.stdout)["results"]) == 1  # the same input runs once
 
 
+
+def test_the_plan_resolves_paths_as_path_resolve_does(tmp_path, monkeypatch):
+    from lstmgrad_cli import batch
+
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "real" / "run.npz").write_bytes(b"x")
+    (tmp_path / "dirlink").symlink_to(tmp_path / "real")
+    (tmp_path / "real" / "filelink.npz").symlink_to(tmp_path / "real" / "sub" / "elsewhere.npz")
+    (tmp_path / "real" / "dangling.npz").symlink_to(tmp_path / "nowhere" / "x.npz")
+    monkeypatch.chdir(tmp_path / "real" / "sub")
+    real, link = tmp_path / "real", tmp_path / "dirlink"
+    paths = [Path(p) for p in [
+        real / "run.npz", link / "run.npz", link / "sub" / ".." / "run.npz", real / "filelink.npz",
+        link / "filelink.npz", real / "dangling.npz", real / "missing.npz", tmp_path / "missing" / "dir" / "a.npz",
+        link / "sub" / "..", "../run.npz", "../../dirlink/run.npz", "new.grads.npz", ".", "..", link]]
+    resolve = batch._resolver()
+    for _ in range(2):  # directories come from its cache the second time
+        assert [resolve(p) for p in paths] == [p.resolve() for p in paths]
+
 def test_skip_existing_does_not_take_another_inputs_output_for_its_own(runner, tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
