@@ -84,7 +84,11 @@ def _resolver() -> Callable[[Path], Path]:
     directories: dict[Path, Path] = {}
 
     def resolve(path: Path) -> Path:
-        if path.name in ("", ".", "..") or path.is_symlink():
+        try:
+            link = path.name in ("", ".", "..") or path.is_symlink()
+        except OSError:  # a directory that cannot be searched: as Path.resolve would have it
+            link = True
+        if link:
             return path.resolve()
         parent = directories.get(path.parent)
         if parent is None:
@@ -163,9 +167,12 @@ def run_tasks_unpublished(bundle: Sequence[Task], options: GradOptions,
                           keep_going: bool) -> list[GradResult | Unpublished | None]:
     """Several small files in a local worker process, one after another (one pool task: ``bundle_small``): each
     one's ``run_task_unpublished``.  An interrupted file is reported "interrupted" and ends the task; so does a
-    failed one unless ``keep_going``.  The files after it are not run (None)."""
+    failed one unless ``keep_going``, and the batch stopping (``local_workers.queued_stopped``: another file
+    failed, an interrupt).  The files after it are not run (None)."""
     values: list[GradResult | Unpublished | None] = [None] * len(bundle)
     for position, task in enumerate(bundle):
+        if local_workers.queued_stopped():
+            break
         try:
             value = run_task_unpublished(task, options)
         except KeyboardInterrupt:  # its output is gone already; the ones before it are kept, for the parent
@@ -208,8 +215,11 @@ def _outcomes(future: cf.Future, bundle: Sequence[int], tasks: Sequence[Task], o
             if item is None or results[index] is not None:
                 continue
             try:
-                result = _taken(item, tasks[index], options)
-            except KeyboardInterrupt:  # while publishing, which discarded the output: taken again, it says so
+                items[position] = result = _taken(item, tasks[index], options)  # taken again: as it was taken
+            except KeyboardInterrupt:  # while publishing: its output is discarded, and taken again, it says so
+                if isinstance(item, Unpublished):
+                    with contextlib.suppress(OSError):
+                        item.output.tmp.unlink()
                 items[position] = failed(tasks[index], options, f"{tasks[index].input}: interrupted")
                 raise
             yield index, result
@@ -402,10 +412,10 @@ def _run_pending(tasks, pending, options, results, finish, workers, dask_address
             # their outputs' fsync and rename to this process (run_task_unpublished); Dask workers, which run one
             # task per thread, limit each task's threads (threadpoolctl: ~0.5 ms a task) and publish their own
             # outputs.
-            futures = {_submit(executor, [tasks[i] for i in bundle], options, threads, local, keep_going): bundle
-                       for bundle in bundles}
             pids = frozenset(getattr(executor, "_processes", None) or ()) if local else frozenset()
             try:
+                for bundle in bundles:  # one at a time: interrupted meanwhile, those handed out are waited for
+                    futures[_submit(executor, [tasks[i] for i in bundle], options, threads, local, keep_going)] = bundle
                 for future in cf.as_completed(futures):
                     failed_now = False
                     for index, result in _outcomes(future, futures[future], tasks, options, results, pids):
@@ -414,6 +424,8 @@ def _run_pending(tasks, pending, options, results, finish, workers, dask_address
                     if stop() or (failed_now and not keep_going):
                         break
             finally:
+                if hasattr(executor, "stop_queued"):  # local workers: the bundles they hold go no further
+                    executor.stop_queued()
                 _finish_started(futures, tasks, options, results, finish, local, pids)
     finally:
         _discard_unpublished(futures)

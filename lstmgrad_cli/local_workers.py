@@ -23,20 +23,33 @@ BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the signals the command line catches (_interruptible)
 
 
+class WorkerPool(cf.ProcessPoolExecutor):
+    """A process pool whose workers can be told that the batch has stopped (``stop_queued``)."""
+
+    def __init__(self, *args, stopped, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._stopped = stopped  # a multiprocessing Event every worker holds (_worker_begins)
+
+    def stop_queued(self) -> None:
+        """The batch has stopped: a worker runs no more of the files it was handed than the one in hand
+        (``queued_stopped``).  The pool's queue holds tasks it cannot take back once a worker may run them."""
+        self._stopped.set()
+
+
 @contextlib.contextmanager
-def pool(workers: int, initializer: Callable[[], None] | None = None
-               ) -> Iterator[tuple[cf.ProcessPoolExecutor, int]]:
+def pool(workers: int, initializer: Callable[[], None] | None = None) -> Iterator[tuple[WorkerPool, int]]:
     """A pool of ``workers`` processes, all started, and the BLAS threads each runs (its share of the cores).
     ``initializer`` runs in each after ``_worker_begins``."""
     import multiprocessing  # noqa: PLC0415 - only parallel runs pay for it
 
     threads = max(1, (os.cpu_count() or 1) // workers)
     method = start_method()
+    context = multiprocessing.get_context(method)
+    stopped = context.Event()
     ignored = frozenset(sig for sig in STOP_SIGNALS if signal.getsignal(sig) == signal.SIG_IGN)
     with _thread_env(threads):
-        pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
-                                      initializer=_worker_begins,
-                                      initargs=(method == "fork", threads, ignored, initializer))
+        pool = WorkerPool(max_workers=workers, mp_context=context, initializer=_worker_begins,
+                          initargs=(method == "fork", threads, ignored, initializer, stopped), stopped=stopped)
         with pool:
             with _stop_signals_held():
                 _start_all_workers(pool)
@@ -116,14 +129,17 @@ def _fresh_handler(sig: int):
     return signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
 
 
-def _worker_begins(forked: bool, threads: int, ignored: frozenset[int], initializer: Callable[[], None] | None) -> None:
+def _worker_begins(forked: bool, threads: int, ignored: frozenset[int], initializer: Callable[[], None] | None,
+                   stopped=None) -> None:
     """First in every local worker process, which starts with the stop signals blocked (_stop_signals_held).
 
     A forked worker is first made what a spawned one starts as: its parent's handlers go (Ctrl-C raises
     KeyboardInterrupt, SIGTERM ends it) but for a signal the parent ignored (``ignored``: a new interpreter
     keeps an ignored signal ignored), and the BLAS libraries its parent loaded run ``threads`` threads each (a
     spawned worker reads the count from the environment when it loads them: _thread_env).  Then
-    ``initializer`` runs, and a stop signal that came meanwhile reaches the handlers it left in place."""
+    ``initializer`` runs, and a stop signal that came meanwhile reaches the handlers it left in place.
+    ``stopped``: the pool's Event that says the batch has stopped (``queued_stopped``)."""
+    _state.batch_stopped = stopped
     if forked:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN if sig in ignored else _fresh_handler(sig))
@@ -143,9 +159,16 @@ class _WorkerState:
     in_task: bool = False  # a task runs (interruptible_task): _stop_signal raises KeyboardInterrupt
     kept: list[int] = field(default_factory=list)  # stop signals got that no task has taken yet
     ending: bool = False  # a SIGTERM came: the process ends within a second (_stop_signal)
+    batch_stopped: object = None  # the pool's Event: the batch has stopped (WorkerPool.stop_queued)
 
 
 _state = _WorkerState()
+
+
+def queued_stopped() -> bool:
+    """In a local worker process: whether the batch has stopped (``WorkerPool.stop_queued``), so that files it
+    was handed beyond the one in hand are not run."""
+    return _state.batch_stopped is not None and _state.batch_stopped.is_set()
 
 
 def catch_stop_signals() -> None:

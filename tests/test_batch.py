@@ -478,6 +478,12 @@ def test_the_plan_resolves_paths_as_path_resolve_does(tmp_path, monkeypatch):
     for _ in range(2):  # directories come from its cache the second time
         assert [resolve(p) for p in paths] == [p.resolve() for p in paths]
 
+    def unsearchable(path):  # a directory it may not look into (mode r--, another user's)
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(Path, "is_symlink", unsearchable)
+    assert batch._resolver()(real / "run.npz") == (real / "run.npz").resolve()
+
 def test_skip_existing_does_not_take_another_inputs_output_for_its_own(runner, tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -821,6 +827,50 @@ def test_a_result_whose_publishing_was_interrupted_is_reported_interrupted(tmp_p
     [(index, result)] = batch._outcomes(finished, [0], [task], options, [None])  # taken again after the stop
     assert result.status == "failed" and result.error == f"{task.input}: interrupted"
     assert list(tmp_path.iterdir()) == []
+
+    # Interrupted before publishing touched it: its temporary file goes all the same.
+    with io.handed_to_parent() as handoffs:
+        output.write_outputs(task.output, {"x": np.arange(3.0)}, {})
+    finished = cf.Future()
+    finished.set_result([batch.Unpublished(GradResult(str(task.input), str(task.output), options.op), handoffs[0])])
+    monkeypatch.setattr(io, "publish_handed", lambda handoff: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        list(batch._outcomes(finished, [0], [task], options, [None]))
+    assert list(tmp_path.iterdir()) == []
+
+    # Published, then interrupted before it was reported: taken again, it is the published result.
+    with io.handed_to_parent() as handoffs:
+        output.write_outputs(task.output, {"x": np.arange(3.0)}, {})
+    published = GradResult(str(task.input), str(task.output), options.op)
+    finished = cf.Future()
+    finished.set_result([batch.Unpublished(published, handoffs[0])])
+    monkeypatch.setattr(io, "publish_handed", real_publish)
+    assert next(batch._outcomes(finished, [0], [task], options, [None])) == (0, published)  # never reported
+    assert list(batch._outcomes(finished, [0], [task], options, [None])) == [(0, published)]
+    assert [p.name for p in tmp_path.iterdir()] == ["a.grads.npz"]
+
+
+def test_a_failure_stops_the_files_workers_were_handed_beyond_the_one_in_hand(tmp_path, monkeypatch):
+    """Without --keep-going: the pool's queue holds bundles no one can take back, and each worker runs at most
+    the file in hand once the batch has stopped (local_workers.WorkerPool.stop_queued)."""
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.jobs import GradOptions
+
+    monkeypatch.setattr(batch, "BUNDLES_PER_WORKER", 1)
+    inputs = _small_long_inputs(tmp_path / "in", 16)  # ~0.13 s a file, four or five a bundle
+    inputs[0].unlink()
+    np.savez(tmp_path / "in" / "run000.npz", x=np.zeros((2, 1, 1), np.float32))  # bundled, and refused at once
+    out = tmp_path / "out"
+    out.mkdir()
+    tasks = batch.plan_tasks(sorted((tmp_path / "in").iterdir()), None, out)
+    assert [len(b) for b in batch.bundle_small(tasks, range(len(tasks)), GradOptions("seq"), 2)] == [5, 4, 4, 3]
+    results = batch.run_batch(tasks, GradOptions("seq"), workers=2)
+    statuses = [r.status if r else None for r in results]
+    assert statuses[0] == "failed"
+    ran = [s for s in statuses if s is not None]
+    assert len(ran) <= 4, statuses  # the failure, and a file in hand per worker (13 when queued bundles ran on)
+    assert sorted(p.name for p in out.iterdir()) == sorted(t.output.name for t, s in zip(tasks, statuses, strict=True)
+                                                           if s == "ok")
 
 
 @pytest.mark.parametrize("keep_going", [False, True])
