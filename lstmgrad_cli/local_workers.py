@@ -23,23 +23,15 @@ BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the signals the command line catches (_interruptible)
 
 
-class WorkerPool(cf.ProcessPoolExecutor):
-    """A process pool whose workers can be told that the batch has stopped (``stop_queued``)."""
-
-    def __init__(self, *args, stopped, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._stopped = stopped  # a multiprocessing Event every worker holds (_worker_begins)
-
-    def stop_queued(self) -> None:
-        """The batch has stopped: a worker runs no more of the files it was handed than the one in hand
-        (``queued_stopped``).  The pool's queue holds tasks it cannot take back once a worker may run them."""
-        self._stopped.set()
-
-
 @contextlib.contextmanager
-def pool(workers: int, initializer: Callable[[], None] | None = None) -> Iterator[tuple[WorkerPool, int]]:
+def pool(workers: int, initializer: Callable[[], None] | None = None
+               ) -> Iterator[tuple[cf.ProcessPoolExecutor, int]]:
     """A pool of ``workers`` processes, all started, and the BLAS threads each runs (its share of the cores).
-    ``initializer`` runs in each after ``_worker_begins``."""
+    ``initializer`` runs in each after ``_worker_begins``.
+
+    The pool's ``stop_queued()`` says that the batch has stopped: a worker then runs no more of the files it
+    was handed than the one in hand (``queued_stopped``), as the pool's queue holds tasks it cannot take back.
+    """
     import multiprocessing  # noqa: PLC0415 - only parallel runs pay for it
 
     threads = max(1, (os.cpu_count() or 1) // workers)
@@ -48,8 +40,9 @@ def pool(workers: int, initializer: Callable[[], None] | None = None) -> Iterato
     stopped = context.Event()
     ignored = frozenset(sig for sig in STOP_SIGNALS if signal.getsignal(sig) == signal.SIG_IGN)
     with _thread_env(threads):
-        pool = WorkerPool(max_workers=workers, mp_context=context, initializer=_worker_begins,
-                          initargs=(method == "fork", threads, ignored, initializer, stopped), stopped=stopped)
+        pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_begins,
+                                      initargs=(method == "fork", threads, ignored, initializer, stopped))
+        pool.stop_queued = stopped.set  # (every worker holds ``stopped``: _worker_begins)
         with pool:
             with _stop_signals_held():
                 _start_all_workers(pool)
@@ -159,15 +152,15 @@ class _WorkerState:
     in_task: bool = False  # a task runs (interruptible_task): _stop_signal raises KeyboardInterrupt
     kept: list[int] = field(default_factory=list)  # stop signals got that no task has taken yet
     ending: bool = False  # a SIGTERM came: the process ends within a second (_stop_signal)
-    batch_stopped: object = None  # the pool's Event: the batch has stopped (WorkerPool.stop_queued)
+    batch_stopped: object = None  # the pool's Event: the batch has stopped (its stop_queued(): pool)
 
 
 _state = _WorkerState()
 
 
 def queued_stopped() -> bool:
-    """In a local worker process: whether the batch has stopped (``WorkerPool.stop_queued``), so that files it
-    was handed beyond the one in hand are not run."""
+    """In a local worker process: whether the batch has stopped (the pool's ``stop_queued``: ``pool``), so that
+    files it was handed beyond the one in hand are not run."""
     return _state.batch_stopped is not None and _state.batch_stopped.is_set()
 
 

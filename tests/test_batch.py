@@ -852,7 +852,7 @@ def test_a_result_whose_publishing_was_interrupted_is_reported_interrupted(tmp_p
 
 def test_a_failure_stops_the_files_workers_were_handed_beyond_the_one_in_hand(tmp_path, monkeypatch):
     """Without --keep-going: the pool's queue holds bundles no one can take back, and each worker runs at most
-    the file in hand once the batch has stopped (local_workers.WorkerPool.stop_queued)."""
+    the file in hand once the batch has stopped (the pool's stop_queued: local_workers.pool)."""
     from lstmgrad_cli import batch
     from lstmgrad_cli.jobs import GradOptions
 
