@@ -164,19 +164,20 @@ def run_task_unpublished(task: Task, options: GradOptions) -> GradResult | Unpub
 
 
 def run_tasks_unpublished(bundle: Sequence[Task], options: GradOptions,
-                          keep_going: bool) -> list[GradResult | Unpublished | None]:
+                          keep_going: bool) -> list[GradResult | Unpublished | KeyboardInterrupt | None]:
     """Several small files in a local worker process, one after another (one pool task: ``bundle_small``): each
-    one's ``run_task_unpublished``.  An interrupted file is reported "interrupted" and ends the task; so does a
-    failed one unless ``keep_going``, and the batch stopping (``local_workers.queued_stopped``: another file
-    failed, an interrupt).  The files after it are not run (None)."""
-    values: list[GradResult | Unpublished | None] = [None] * len(bundle)
+    one's ``run_task_unpublished``.  An interrupted file (KeyboardInterrupt, which the parent reports as a task
+    that raised it: ``_failure``) ends the task; so does a failed one unless ``keep_going``, and the batch
+    stopping (``local_workers.queued_stopped``: another file failed, an interrupt).  The files after it are not
+    run (None)."""
+    values: list[GradResult | Unpublished | KeyboardInterrupt | None] = [None] * len(bundle)
     for position, task in enumerate(bundle):
         if local_workers.queued_stopped():
             break
         try:
             value = run_task_unpublished(task, options)
-        except KeyboardInterrupt:  # its output is gone already; the ones before it are kept, for the parent
-            values[position] = failed(task, options, f"{task.input}: interrupted")
+        except KeyboardInterrupt:  # the ones before it are kept, for the parent
+            values[position] = KeyboardInterrupt()
             break
         values[position] = value
         result = value.result if isinstance(value, Unpublished) else value
@@ -213,6 +214,10 @@ def _outcomes(future: cf.Future, bundle: Sequence[int], tasks: Sequence[Task], o
         items = value if isinstance(value, list) else [value]  # a list: run_tasks_unpublished
         for position, (index, item) in enumerate(zip(bundle, items, strict=True)):
             if item is None or results[index] is not None:
+                continue
+            if isinstance(item, KeyboardInterrupt):  # run_tasks_unpublished: as if the task had raised it
+                items[position] = result = _failure(item, tasks[index], options, worker_pids)
+                yield index, result
                 continue
             try:
                 items[position] = result = _taken(item, tasks[index], options)  # taken again: as it was taken

@@ -745,7 +745,8 @@ def test_a_bundle_runs_its_files_in_turn_and_stops_at_a_failure_or_an_interrupt(
     tasks = batch.plan_tasks(inputs, None, out)
 
     def kinds(values):
-        return [None if v is None else "unpublished" if isinstance(v, batch.Unpublished) else v.status for v in values]
+        return [None if v is None else "unpublished" if isinstance(v, batch.Unpublished) else
+                "interrupted" if isinstance(v, KeyboardInterrupt) else v.status for v in values]
 
     stopped = batch.run_tasks_unpublished(tasks, GradOptions("seq"), keep_going=False)
     assert kinds(stopped) == ["unpublished", "failed", None]
@@ -768,7 +769,7 @@ def test_a_bundle_runs_its_files_in_turn_and_stops_at_a_failure_or_an_interrupt(
     monkeypatch.setattr(local_workers, "_state", local_workers._WorkerState())
     monkeypatch.setattr(batch, "run_task", signalled_in_the_second)
     values = batch.run_tasks_unpublished(tasks, GradOptions("seq"), keep_going=True)
-    assert kinds(values) == ["unpublished", "failed", None] and values[1].error.endswith(": interrupted")
+    assert kinds(values) == ["unpublished", "interrupted", None]  # the parent reports it (batch._failure)
     assert [p.name for p in out.iterdir()] == [values[0].output.tmp.name]
     assert local_workers._state == local_workers._WorkerState()  # taken: the worker's next task runs
 
@@ -788,6 +789,16 @@ def test_a_bundles_results_are_taken_once_and_a_dead_worker_fails_each_of_its_fi
     results = [None, done[1], None, None]  # the second was reported already (an interrupt came meanwhile)
     assert list(batch._outcomes(finished, [0, 1, 2], tasks, options, results)) == [(0, done[0])]
     assert batch._run_or_running(finished, [0, 1, 2]) == [0, 1]
+
+    # Interrupted in its second file, where the worker may not have cleaned up (a signal as the temporary file
+    # was made): reported "interrupted", and what it left for that output is removed.
+    left = tmp_path / ".1.grads.h5.4242-0123abcd.tmp"
+    left.write_bytes(b"half")
+    interrupted: cf.Future = cf.Future()
+    interrupted.set_result([done[0], KeyboardInterrupt(), None])
+    outcomes = list(batch._outcomes(interrupted, [0, 1, 2], tasks, options, [None] * 4, frozenset({4242})))
+    assert [index for index, _ in outcomes] == [0, 1] and outcomes[1][1].error == f"{tasks[1].input}: interrupted"
+    assert not left.exists() and batch._run_or_running(interrupted, [0, 1, 2]) == [0, 1]
 
     left = [tmp_path / f".{k}.grads.h5.4242-0123abcd.tmp" for k in range(4)]
     for path in left:
@@ -1075,7 +1086,7 @@ def test_a_signal_to_the_whole_process_group_stops_workers_mid_bundle_cleanly(tm
     assert proc.returncode == 128 + sig, stderr
     assert "Traceback" not in stderr and "worker process failed" not in stderr, stderr
     assert "cannot write" not in stderr, stderr  # a publishing the command's own interrupt stopped says so
-    assert [p.name for p in out.iterdir() if p.name.endswith(".tmp")] == []
+    assert [p.name for p in out.iterdir() if p.name.endswith(".tmp")] == [], stderr
     from lstmgrad_cli.provenance import is_complete_output
 
     finished = list(out.glob("*.grads.h5"))
