@@ -1030,35 +1030,6 @@ def test_local_workers_interrupted_twice_leave_no_temporary_file(tmp_path):
     assert all("nothing of it is kept" in r.error for r in lost)
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_to_the_whole_process_group_stops_workers_cleanly(tmp_path, method, sig):
-    # What `timeout`, a job scheduler or a terminal's Ctrl-C do: every process gets the signal. A worker used
-    # to die of SIGTERM mid-write (a temporary file left, its files "worker process failed", a traceback from
-    # the pool's manager thread); each now interrupts its file as Ctrl-C does in the command.
-    inputs = _long_inputs(tmp_path / "in", 12)
-    out = tmp_path / "out"
-    out.mkdir()
-    cmd = CLI_WITH_WORKERS[method] + ["seq", str(tmp_path / "in"), "--out-dir", str(out), "--workers", "2"]
-    proc = subprocess.Popen(cmd + ["--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    deadline = time.monotonic() + 60
-    while not list(out.glob("*.grads.h5")) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    os.killpg(proc.pid, sig)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + sig, stderr
-    assert "Traceback" not in stderr and "worker process failed" not in stderr, stderr
-    assert [p.name for p in out.iterdir() if p.name.endswith(".tmp")] == []
-    from lstmgrad_cli.provenance import is_complete_output
-
-    finished = list(out.glob("*.grads.h5"))
-    assert 0 < len(finished) < len(inputs) and all(is_complete_output(p) for p in finished)
-    resumed = subprocess.run(cmd + ["--skip-existing", "-q"], capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr
-    assert len(list(out.glob("*.grads.h5"))) == len(inputs)
-
-
 # A batch whose local workers are handed several small files a task (batch.bundle_small) even when it is short.
 CLI_BUNDLING = [sys.executable, "-c", "import sys; from lstmgrad_cli import batch; batch.BUNDLES_PER_WORKER = 1; "
                                       "from lstmgrad_cli.cli import main; sys.exit(main())"]
@@ -1071,13 +1042,22 @@ def _small_long_inputs(folder: Path, count: int) -> list[Path]:
     return [write_h5(folder / f"run{k:03d}.h5", base) for k in range(count)]
 
 
+@pytest.mark.parametrize("method", ["fork", "spawn", "bundled"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_to_the_whole_process_group_stops_workers_mid_bundle_cleanly(tmp_path, sig):
-    inputs = _small_long_inputs(tmp_path / "in", 16)
+def test_a_signal_to_the_whole_process_group_stops_workers_cleanly(tmp_path, method, sig):
+    # What `timeout`, a job scheduler or a terminal's Ctrl-C do: every process gets the signal. A worker used
+    # to die of SIGTERM mid-write (a temporary file left, its files "worker process failed", a traceback from
+    # the pool's manager thread); each now interrupts its file as Ctrl-C does in the command. "bundled": forked
+    # workers handed four files a task, stopped mid-bundle.
+    if method == "bundled":
+        inputs, cli = _small_long_inputs(tmp_path / "in", 16), CLI_BUNDLING
+    else:
+        inputs, cli = _long_inputs(tmp_path / "in", 12), CLI_WITH_WORKERS[method]
     out = tmp_path / "out"
     out.mkdir()
-    cmd = CLI_BUNDLING + ["seq", str(tmp_path / "in"), "--out-dir", str(out), "--workers", "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    cmd = cli + ["seq", str(tmp_path / "in"), "--out-dir", str(out), "--workers", "2"]
+    proc = subprocess.Popen(cmd + ["--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     deadline = time.monotonic() + 60
     while not list(out.glob("*.grads.h5")) and time.monotonic() < deadline:
         time.sleep(0.01)
