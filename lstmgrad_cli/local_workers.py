@@ -137,6 +137,9 @@ def _worker_begins(forked: bool, threads: int, ignored: frozenset[int], initiali
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN if sig in ignored else _fresh_handler(sig))
         _blas.set_thread_counts(threads)
+        # Setting the count started numpy's OpenBLAS's threads again (the fork had ended them); with a count of
+        # one nothing wakes them, but first they spin, on the core another worker uses.  No thread runs BLAS yet.
+        _blas.stop_spinning_workers()
     if initializer is not None:
         initializer()
     if hasattr(signal, "pthread_sigmask"):

@@ -153,6 +153,38 @@ def test_a_forked_worker_starts_as_a_spawned_one_does(sigterm):
     assert line.split() == [threads, "default_int_handler", str(int(sigterm_handler)), threads]
 
 
+A_WORKER_ON_ONE_CORE = """
+import os, sys
+os.cpu_count = lambda: 2  # two workers: one core, so one BLAS thread, each
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from conftest import consistent_inputs
+from lstmgrad_cli import batch, block_lstm_grad_v2, local_workers
+from lstmgrad_cli.backends import _blas
+
+def threads_after_small_passes():
+    for seed in range(3):  # each pass is below SMALL_PASS_FLOPS: single_threaded()
+        block_lstm_grad_v2(4, **consistent_inputs(seed=seed), use_peephole=True)
+    return _blas.process_status("Threads")
+
+np.ones((300, 300)) @ np.ones((300, 300))  # the parent's OpenBLAS has run its threads
+print(local_workers.start_method())
+with batch.make_executor(workers=2) as (pool, threads):
+    print(threads, pool.submit(threads_after_small_passes).result(timeout=60))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork only on Linux")
+def test_a_forked_worker_on_one_core_runs_no_idle_blas_thread():
+    # Setting numpy's OpenBLAS's thread count, even to the count it has, starts its worker threads again, and
+    # they spin for a while against the other worker's core: a forked worker ends them once its count is set,
+    # and single_threaded() leaves a library at one thread alone (0-3% of --workers 2 on 300 small files).
+    done = subprocess.run([sys.executable, "-c", A_WORKER_ON_ONE_CORE, str(Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["fork", "1", "1"]
+
+
 THREADS_AT_THE_POOL = """
 import sys, threading, time
 from lstmgrad_cli import local_workers

@@ -81,6 +81,16 @@ def test_counts_held_changes_the_count_only_when_a_pass_needs_another(monkeypatc
     assert library.count == 2 and library.changes[4:] == [1, 2]
 
 
+def test_single_threaded_leaves_a_library_already_at_one_thread_alone(monkeypatch):
+    # Setting numpy's OpenBLAS's count, even to the one it has, starts its threads again (a worker on one core).
+    library = _CountingLibrary(1)
+    monkeypatch.setattr(_blas, "_libraries", lambda: [library.blas()])
+    for _ in range(2):
+        with _blas.single_threaded():
+            assert library.count == 1
+    assert library.changes == []
+
+
 def test_a_serial_batch_of_small_files_sets_blas_threads_once(monkeypatch, tmp_path):
     """Putting numpy's OpenBLAS back to its count after each file restarts its threads, which spin against the
     next file: in a batch the count is set at the first small file and put back at the end only."""

@@ -382,15 +382,12 @@ def single_threaded():
         _set_counts((blas, 1) for blas, _ in _held)
         yield
         return
-    libraries = _libraries()
-    previous = [blas.get_threads() for blas in libraries]
-    for blas in libraries:
-        blas.set_threads(1)
+    previous = [(blas, blas.get_threads()) for blas in _libraries()]
+    _set_counts((blas, 1) for blas, _ in previous)
     try:
         yield
     finally:
-        for blas, count in zip(libraries, previous, strict=True):
-            blas.set_threads(count)
+        _set_counts(previous)
 
 
 @contextlib.contextmanager
@@ -421,6 +418,9 @@ def set_thread_counts(count: int) -> None:
 
 
 def _set_counts(counts) -> None:
+    """Each library's count where it differs: setting numpy's OpenBLAS, even to the count it has, starts its
+    worker threads again, which spin for a while against other work (a forked worker's one core: _worker_begins).
+    """
     for blas, count in counts:
         if blas.get_threads() != count:
             blas.set_threads(count)
