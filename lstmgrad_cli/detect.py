@@ -26,7 +26,7 @@ import numpy as np
 
 from .backends import _blas
 from .backends._xp import LAYOUTS
-from .forward import logit
+from .forward import logit, sigmoid
 from .gradcheck import CONSISTENCY_TOL, UNSATURATED
 from .validation import PEEPHOLES
 
@@ -165,7 +165,7 @@ def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=("ifco", 
                     gate_dev[gate, None, True] = gate_dev[gate, None, False]
                     continue
                 zg = z[block] + peep_terms[gate] if use_peephole else z[block]
-                gate_dev[gate, None, use_peephole] = (_worst(stored[gate], _sigmoid(zg)), None)
+                gate_dev[gate, None, use_peephole] = (_worst(stored[gate], sigmoid(zg)), None)
         for layout in layouts:
             k = LAYOUTS[layout]
             gate_dev["ci", layout, None] = (_worst(stored["ci"], np.tanh(z[k["c"]])), None)
@@ -251,15 +251,6 @@ def _spread(n: int, k: int) -> np.ndarray:
     return _spread_cached(n, k)
 
 
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    """``forward.sigmoid`` (the same operations, so the same bits) in one new array."""
-    s = np.multiply(z, 0.5)
-    np.tanh(s, out=s)
-    s += 1.0
-    s *= 0.5
-    return s
-
-
 def _worst(stored: np.ndarray, recomputed: np.ndarray) -> float | None:
     """The largest |stored - recomputed| over entries where both are finite; None when there are none.
     ``recomputed`` (a float64 array of its own) is overwritten."""
@@ -289,4 +280,4 @@ class _ForgetFit:
         lo, hi = (offsets.size - 1) // 2, offsets.size // 2  # the median (np.median imports numpy.ma, ~30 ms)
         middle = np.partition(offsets, (lo, hi))
         forget_bias = float(middle[lo] + middle[hi]) / 2
-        return _worst(self.f, _sigmoid(zf + forget_bias)), forget_bias
+        return _worst(self.f, sigmoid(zf + forget_bias)), forget_bias

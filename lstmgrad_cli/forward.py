@@ -13,8 +13,15 @@ from .backends._xp import LAYOUTS
 
 
 def sigmoid(z):
-    # 0.5 (1 + tanh(z/2)) is the logistic function without exp overflow for large |z|.
-    return 0.5 * (1.0 + np.tanh(0.5 * z))
+    # 0.5 (1 + tanh(z/2)) is the logistic function without exp overflow for large |z|; worked in place in one
+    # new array (activation fitting calls it on every file of a batch).
+    s = np.multiply(z, 0.5)
+    if not isinstance(s, np.ndarray):  # a scalar
+        return 0.5 * (1.0 + np.tanh(s))
+    np.tanh(s, out=s)
+    s += 1.0
+    s *= 0.5
+    return s
 
 
 def logit(p):
