@@ -221,6 +221,9 @@ def _outcomes(future: cf.Future, bundle: Sequence[int], tasks: Sequence[Task], o
                 continue
             try:
                 items[position] = result = _taken(item, tasks[index], options)  # taken again: as it was taken
+            except io.InterruptedInPlace:  # once its output was in place: it stays, and taken again, is the result
+                items[position] = item.result
+                raise
             except KeyboardInterrupt:  # while publishing: its output is discarded, and taken again, it says so
                 if isinstance(item, Unpublished):
                     with contextlib.suppress(OSError):

@@ -893,6 +893,102 @@ def test_a_result_whose_publishing_was_interrupted_is_reported_interrupted(tmp_p
     assert [p.name for p in tmp_path.iterdir()] == ["a.grads.npz"]
 
 
+def test_a_result_interrupted_once_its_output_was_in_place_is_the_published_result(tmp_path, monkeypatch):
+    """An interrupt between the rename and the report: the output stays, complete, and the file is reported done
+    (no output appears that the results do not list); the batch stops all the same."""
+    import concurrent.futures as cf
+
+    from lstmgrad_cli import batch, io
+    from lstmgrad_cli.io import atomic, output
+    from lstmgrad_cli.jobs import GradOptions, GradResult
+
+    options = GradOptions("seq")
+    task = batch.Task(tmp_path / "a.h5", tmp_path / "a.grads.npz")
+    with io.handed_to_parent() as handoffs:
+        output.write_outputs(task.output, {"x": np.arange(3.0)}, {})
+    published = GradResult(str(task.input), str(task.output), options.op)
+    finished: cf.Future = cf.Future()
+    finished.set_result([batch.Unpublished(published, handoffs[0])])
+    real_publish = atomic._publish
+
+    def interrupted_after(tmp, path, force):
+        monkeypatch.setattr(atomic, "_publish", real_publish)
+        real_publish(tmp, path, force)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic, "_publish", interrupted_after)
+    with pytest.raises(KeyboardInterrupt):
+        list(batch._outcomes(finished, [0], [task], options, [None]))
+    assert list(batch._outcomes(finished, [0], [task], options, [None])) == [(0, published)]  # taken again
+    assert [p.name for p in tmp_path.iterdir()] == ["a.grads.npz"]
+    with np.load(task.output) as got:
+        np.testing.assert_array_equal(got["x"], np.arange(3.0))
+
+
+@pytest.mark.parametrize("force", [False, True])
+@pytest.mark.parametrize("stop", ["interrupt", "error"])
+@pytest.mark.parametrize("where", ["after the link", "after the rename"])
+def test_publishing_stopped_once_the_output_is_in_place_keeps_it(tmp_path, monkeypatch, where, stop, force):
+    """The output's name is there (linked, the temporary name not yet removed; or renamed) when an interrupt or an
+    error comes: the output is kept and nothing else stays.  An error there is no failure (it was written); an
+    interrupt still stops the run, as ``InterruptedInPlace`` from a handed output (the parent reports it done)."""
+    import os
+
+    from lstmgrad_cli.io import atomic, output
+
+    def stopped(tmp, path, force):
+        if where == "after the link":
+            os.link(tmp, path)
+        else:
+            real_publish(tmp, path, force)
+        raise KeyboardInterrupt if stop == "interrupt" else PermissionError(13, "Permission denied")
+
+    real_publish = atomic._publish
+    target = tmp_path / "a.npz"
+    replaced = force and where == "after the rename"  # (a link needs the name free)
+    if replaced:
+        target.write_bytes(b"an older output")
+
+    # handed to the parent process (a local worker's output)
+    with atomic.handed_to_parent() as handoffs:
+        output.write_outputs(target, {"x": np.arange(3.0)}, {}, force=force)
+    monkeypatch.setattr(atomic, "_publish", stopped)
+    handoff = handoffs[0]
+    if stop == "interrupt":
+        with pytest.raises(atomic.InterruptedInPlace):
+            atomic.publish_handed(handoff)
+    else:
+        assert atomic.publish_handed(handoff) is None
+    assert [p.name for p in tmp_path.iterdir()] == ["a.npz"]
+    with np.load(target) as got:
+        np.testing.assert_array_equal(got["x"], np.arange(3.0))
+
+    # written in this process
+    target.unlink()
+    if replaced:
+        target.write_bytes(b"an older output")
+    if stop == "interrupt":
+        with pytest.raises(KeyboardInterrupt):
+            output.write_outputs(target, {"x": np.arange(4.0)}, {}, force=force)
+    else:
+        output.write_outputs(target, {"x": np.arange(4.0)}, {}, force=force)
+    assert [p.name for p in tmp_path.iterdir()] == ["a.npz"]
+    with np.load(target) as got:
+        np.testing.assert_array_equal(got["x"], np.arange(4.0))
+
+
+def test_publishing_interrupted_before_the_rename_leaves_nothing_and_is_a_plain_interrupt(tmp_path, monkeypatch):
+    from lstmgrad_cli.io import atomic, output
+
+    with atomic.handed_to_parent() as handoffs:
+        output.write_outputs(tmp_path / "a.npz", {"x": np.arange(3.0)}, {})
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt) as raised:
+        atomic.publish_handed(handoffs[0])
+    assert type(raised.value) is KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_failure_stops_the_files_workers_were_handed_beyond_the_one_in_hand(tmp_path, monkeypatch):
     """Without --keep-going: the pool's queue holds bundles no one can take back, and each worker runs at most
     the file in hand once the batch has stopped (the pool's stop_queued: local_workers.pool)."""

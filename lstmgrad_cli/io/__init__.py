@@ -40,6 +40,7 @@ from ._common import (
 )
 from .atomic import (
     Handoff,
+    InterruptedInPlace,
     directories_synced_at_end,
     handed_to_parent,
     os_reason,
@@ -61,7 +62,7 @@ from .output import (
 
 __all__ = [
     "FORMATS", "HDF5_MAGIC", "HDF5_OFFSETS", "MAX_BYTES_ENV", "METADATA_KEY", "OUTPUT_FORMATS", "Format", "Handoff",
-    "LazyDataset", "LoadedFile", "camel", "check_output", "default_output", "describe_keys",
+    "InterruptedInPlace", "LazyDataset", "LoadedFile", "camel", "check_output", "default_output", "describe_keys",
     "directories_synced_at_end", "handed_to_parent", "input_directory_format", "max_tensor_bytes", "open_hdf5_output",
     "open_inputs", "output_format", "publish_handed", "published_behind", "read_inputs", "read_metadata",
     "remove_left_behind", "sniff_format", "write_metadata", "write_outputs",

@@ -2,7 +2,9 @@
 
 ``atomic_file`` is how every output is written.  Without ``force`` the rename is a hard link, which
 fails when the target appeared meanwhile, so nothing is ever clobbered.  On any failure the temporary
-file is removed, the target is untouched and the caller gets an ``OutputFileError`` saying what happened.
+file is removed, the target is untouched and the caller gets an ``OutputFileError`` saying what happened;
+but one that comes once the output's name is in place (an interrupt just after the rename) leaves the
+complete output there, as its temporary file's descriptor shows (``_in_place``).
 
 Two blocks change when the durable steps happen, never their order for a file (its data is fsynced
 before its name appears):
@@ -45,6 +47,11 @@ class Handoff(NamedTuple):
     tmp: Path
     path: Path
     force: bool
+
+
+class InterruptedInPlace(KeyboardInterrupt):
+    """An interrupt that came once a handed output was in place (``publish_handed``): its data fsynced, its name
+    linked or renamed.  The output stays, complete, and is its file's result; the run stops all the same."""
 
 
 class _Blocks(threading.local):
@@ -136,7 +143,8 @@ def handed_to_parent() -> Iterator[list[Handoff]]:
 def publish_handed(handoff: Handoff) -> Exception | None:
     """Fsync an output a worker process wrote (``handed_to_parent``) and rename it into place; the error that
     stopped it (then its temporary file is removed and nothing was written; an ``OutputExistsError`` when
-    another run published it first), or None."""
+    another run published it first), or None.  An interrupt raises: ``InterruptedInPlace`` when the output was
+    already in place (it stays), KeyboardInterrupt when it was not (nothing was written)."""
     parent = handoff.path.parent if str(handoff.path.parent) else Path(".")
     fd = None
     try:
@@ -145,6 +153,13 @@ def publish_handed(handoff: Handoff) -> Exception | None:
         os.fsync(fd)  # the worker's data, through a descriptor of the same file
         _publish(handoff.tmp, handoff.path, handoff.force)
     except BaseException as err:
+        if fd is not None and _in_place(fd, handoff.path):  # stopped after the rename, or between link and unlink
+            _finish_in_place(fd, handoff.tmp, parent, _deferred_syncs())
+            if isinstance(err, KeyboardInterrupt):
+                raise InterruptedInPlace from None
+            if isinstance(err, Exception):  # (removing the temporary name failed): the output is there all the same
+                return None
+            raise
         if fd is not None:
             _discard(fd, handoff.tmp)
         else:
@@ -156,10 +171,7 @@ def publish_handed(handoff: Handoff) -> Exception | None:
         return failure
     with contextlib.suppress(OSError):
         os.close(fd)
-    if _open.deferred_syncs:
-        _open.deferred_syncs[-1].add(parent)
-    else:
-        _fsync_dir(parent)
+    _sync_directory(parent, _deferred_syncs())
     return None
 
 
@@ -183,13 +195,18 @@ def atomic_file(path: Path, force: bool) -> Iterator[Temporary]:
         if failure is err:
             raise
         raise failure from None
-    directories = _open.deferred_syncs[-1] if _open.deferred_syncs else None
+    directories = _deferred_syncs()  # (finish may run on the publishing thread)
 
     def finish() -> None:
         try:
             os.fsync(fd)  # the file's data, however it was written (by name too: the same file)
             _publish(tmp, path, force)
         except BaseException as err:
+            if _in_place(fd, path):  # stopped after the rename: the output is there, complete (see publish_handed)
+                _finish_in_place(fd, tmp, parent, directories)
+                if isinstance(err, Exception):
+                    return
+                raise
             _discard(fd, tmp)
             failure = _failure(path, err)
             if failure is err:
@@ -197,10 +214,7 @@ def atomic_file(path: Path, force: bool) -> Iterator[Temporary]:
             raise failure from None
         with contextlib.suppress(OSError):
             os.close(fd)
-        if directories is not None:
-            directories.add(parent)
-        else:
-            _fsync_dir(parent)
+        _sync_directory(parent, directories)
 
     if _open.handoffs:  # the parent process fsyncs and renames it
         try:
@@ -244,6 +258,40 @@ def synced_behind(fd: int, every: float) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
+
+
+def _in_place(fd: int, path: Path) -> bool:
+    """Whether ``path`` names the temporary file open as ``fd``: publishing it got as far as its rename (or link)."""
+    try:
+        mine, there = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _finish_in_place(fd: int, tmp: Path, parent: Path, directories: set[Path] | None) -> None:
+    """What is left of publishing an output already in place (``_in_place``) when it stopped: closing its descriptor,
+    removing the temporary name where the link left it, making the new name durable."""
+    with contextlib.suppress(OSError):
+        if _in_place(fd, tmp):
+            tmp.unlink()
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    _sync_directory(parent, directories)
+
+
+def _deferred_syncs() -> set[Path] | None:
+    """The directories the innermost ``directories_synced_at_end`` block open in this thread will sync, if any."""
+    return _open.deferred_syncs[-1] if _open.deferred_syncs else None
+
+
+def _sync_directory(parent: Path, directories: set[Path] | None) -> None:
+    """Make a new name in ``parent`` durable: now, or when the ``directories_synced_at_end`` block whose
+    ``directories`` these are ends."""
+    if directories is not None:
+        directories.add(parent)
+    else:
+        _fsync_dir(parent)
 
 
 def _discard(fd: int, tmp: Path) -> None:
