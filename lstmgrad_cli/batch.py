@@ -550,8 +550,9 @@ def _run_or_running(future: cf.Future, bundle: list[int]) -> list[int]:
     task, and of a finished local one only those its worker ran (run_tasks_unpublished)."""
     if future.cancelled():
         return []
-    if future.done() and future.exception() is None and isinstance(future.result(), list):
-        return [index for index, item in zip(bundle, future.result(), strict=True) if item is not None]
+    value = future.result() if future.done() and future.exception() is None else None
+    if isinstance(value, list):
+        return [index for index, item in zip(bundle, value, strict=True) if item is not None]
     return bundle
 
 

@@ -50,7 +50,7 @@ class Handoff(NamedTuple):
 
 
 class InterruptedInPlace(KeyboardInterrupt):
-    """An interrupt that came once a handed output was in place (``publish_handed``): its data fsynced, its name
+    """An interrupt that came once an output was in place (``_fsync_and_rename``): its data fsynced, its name
     linked or renamed.  The output stays, complete, and is its file's result; the run stops all the same."""
 
 
@@ -145,33 +145,20 @@ def publish_handed(handoff: Handoff) -> Exception | None:
     stopped it (then its temporary file is removed and nothing was written; an ``OutputExistsError`` when
     another run published it first), or None.  An interrupt raises: ``InterruptedInPlace`` when the output was
     already in place (it stays), KeyboardInterrupt when it was not (nothing was written)."""
-    parent = handoff.path.parent if str(handoff.path.parent) else Path(".")
-    fd = None
     try:
         # writable: Windows flushes only through a descriptor open for writing
         fd = os.open(handoff.tmp, os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
-        os.fsync(fd)  # the worker's data, through a descriptor of the same file
-        _publish(handoff.tmp, handoff.path, handoff.force)
     except BaseException as err:
-        if fd is not None and _in_place(fd, handoff.path):  # stopped after the rename, or between link and unlink
-            _finish_in_place(fd, handoff.tmp, parent, _deferred_syncs())
-            if isinstance(err, KeyboardInterrupt):
-                raise InterruptedInPlace from None
-            if isinstance(err, Exception):  # (removing the temporary name failed): the output is there all the same
-                return None
-            raise
-        if fd is not None:
-            _discard(fd, handoff.tmp)
-        else:
-            with contextlib.suppress(OSError):
-                handoff.tmp.unlink()
+        with contextlib.suppress(OSError):
+            handoff.tmp.unlink()
         failure = _failure(handoff.path, err)
         if not isinstance(failure, Exception):
             raise
         return failure
-    with contextlib.suppress(OSError):
-        os.close(fd)
-    _sync_directory(parent, _deferred_syncs())
+    try:
+        _fsync_and_rename(fd, handoff.tmp, handoff.path, handoff.force, _deferred_syncs())
+    except Exception as failure:  # noqa: BLE001 - _failure's: this output's, returned as the caller takes them
+        return failure
     return None
 
 
@@ -198,23 +185,7 @@ def atomic_file(path: Path, force: bool) -> Iterator[Temporary]:
     directories = _deferred_syncs()  # (finish may run on the publishing thread)
 
     def finish() -> None:
-        try:
-            os.fsync(fd)  # the file's data, however it was written (by name too: the same file)
-            _publish(tmp, path, force)
-        except BaseException as err:
-            if _in_place(fd, path):  # stopped after the rename: the output is there, complete (see publish_handed)
-                _finish_in_place(fd, tmp, parent, directories)
-                if isinstance(err, Exception):
-                    return
-                raise
-            _discard(fd, tmp)
-            failure = _failure(path, err)
-            if failure is err:
-                raise
-            raise failure from None
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        _sync_directory(parent, directories)
+        _fsync_and_rename(fd, tmp, path, force, directories)
 
     if _open.handoffs:  # the parent process fsyncs and renames it
         try:
@@ -258,6 +229,37 @@ def synced_behind(fd: int, every: float) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
+
+
+def _fsync_and_rename(fd: int, tmp: Path, path: Path, force: bool, directories: set[Path] | None) -> None:
+    """Fsync the temporary file ``tmp``, open as ``fd`` (its data however it was written: by name too, or by
+    another process), and rename it into place as ``path``; the descriptor is closed after.  ``directories``:
+    those of the ``directories_synced_at_end`` block it was written in, if any.
+
+    Stopped before the rename, the temporary file is removed and ``_failure`` of what stopped it is raised.
+    Stopped once ``path`` names the file (an interrupt just after the rename or between link and unlink:
+    ``_in_place``), the output stays: an error then is no failure, an interrupt is ``InterruptedInPlace``.
+    """
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        os.fsync(fd)
+        _publish(tmp, path, force)
+    except BaseException as err:
+        if _in_place(fd, path):
+            _finish_in_place(fd, tmp, parent, directories)
+            if isinstance(err, KeyboardInterrupt):
+                raise InterruptedInPlace from None
+            if isinstance(err, Exception):  # (removing the temporary name failed): the output is there all the same
+                return
+            raise
+        _discard(fd, tmp)
+        failure = _failure(path, err)
+        if failure is err:
+            raise
+        raise failure from None
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    _sync_directory(parent, directories)
 
 
 def _in_place(fd: int, path: Path) -> bool:
