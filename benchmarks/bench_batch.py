@@ -8,6 +8,10 @@ the opposite order), once per BLAS library installed (LSTMGRAD_BLAS). Medians an
 "Two serial halves at once" is what two cores give this work with nothing shared between the processes: two
 commands started together, each on every other file.  It is the practical ceiling of --workers 2 on the machine.
 
+A second table gives each contender's CPU seconds (user and system, of the process and everything it started:
+getrusage of the children) and the cores it kept busy on average (CPU / wall): how much of the machine the
+workers use, and how much CPU running in parallel adds to the serial run's.
+
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/bench_batch.py --repeats 5
 
 ``--baseline DIR`` times another checkout of lstmgrad in the same rounds (``git worktree add DIR COMMIT``;
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -66,8 +71,9 @@ def write_inputs(folder: Path, shape, count: int) -> None:
                  h_grad=rng.standard_normal((T, B, C), dtype=np.float32))
 
 
-def timed(commands: list[list[str]], env: dict, out: Path) -> float:
-    """Wall seconds of ``commands`` started together (usually one), until the last ends.
+def timed(commands: list[list[str]], env: dict, out: Path) -> tuple[float, float]:
+    """Wall seconds of ``commands`` started together (usually one), until the last ends, and the CPU seconds
+    they and the processes they started used (those waited for: a command's workers are).
 
     Each run writes into an empty ``out``: the last run's outputs are moved aside, not deleted (on a file
     system that discards freed blocks, as this VM's ext4 does, creating files in the seconds after hundreds
@@ -79,6 +85,7 @@ def timed(commands: list[list[str]], env: dict, out: Path) -> float:
         out.rename(out.with_name(f"{out.name}.{next(_RUNS)}"))
     out.mkdir()
     os.sync()
+    cpu_before = _children_cpu()
     start = time.perf_counter()
     running = [subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL) for command in commands]
     try:
@@ -90,7 +97,12 @@ def timed(commands: list[list[str]], env: dict, out: Path) -> float:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, _children_cpu() - cpu_before
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> int:
@@ -109,6 +121,7 @@ def main() -> int:
     print("| BLAS | floor (np.load + grad + np.savez) | lstmgrad seq, serial | x floor | --workers 2 | x floor | "
           "serial / workers 2 | two serial halves at once | serial / halves |")
     print("|---|---|---|---|---|---|---|---|---|")
+    cpu_rows = []
     with tempfile.TemporaryDirectory() as tmp:
         inputs, out = Path(tmp) / "in", Path(tmp) / "out"
         write_inputs(inputs, shape, args.files)
@@ -128,18 +141,27 @@ def main() -> int:
                 commands.update({"base serial": ([serial], base_env),
                                  "base workers": ([[*serial, "--workers", "2"]], base_env)})
             times: dict[str, list[float]] = {name: [] for name in commands}
+            cpu: dict[str, list[float]] = {name: [] for name in commands}
             for round_ in range(args.repeats):
                 # every other round in the opposite order: no contender always runs right after the same one
                 for name in list(commands)[::-1 if round_ % 2 else 1]:
                     command, command_env = commands[name]
-                    times[name].append(timed(command, command_env, out))
+                    wall, seconds = timed(command, command_env, out)
+                    times[name].append(wall)
+                    cpu[name].append(seconds)
             m = {name: statistics.median(values) for name, values in times.items()}
+            for name in commands:
+                cores = statistics.median(c / t for c, t in zip(cpu[name], times[name], strict=True))
+                cpu_rows.append(f"| {library} | {name} | {m[name]:.2f} s | {statistics.median(cpu[name]):.2f} s | "
+                                f"{cores:.2f} |")
             rows = [("", "")] + ([(" (baseline)", "base ")] if args.baseline else [])
             for label, prefix in rows:
                 s_, w_, h_ = m[prefix + "serial"], m[prefix + "workers"], m["halves"]
                 halves = f"{h_:.2f} s | {s_ / h_:.2f}" if not prefix else "- | -"  # timed with this checkout only
                 print(f"| {library}{label} | {m['floor']:.2f} s | {s_:.2f} s | {s_ / m['floor']:.2f} | {w_:.2f} s | "
                       f"{w_ / m['floor']:.2f} | {s_ / w_:.2f} | {halves} |", flush=True)
+    print("\n| BLAS | contender | wall | CPU (user + system) | cores busy (CPU / wall) |\n|---|---|---|---|---|")
+    print("\n".join(cpu_rows))
     return 0
 
 
