@@ -230,9 +230,14 @@ def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole,
         if kind == "seq":
             problem.dims = validation.check_block_lstm_grad(arrays)
             T = problem.dims.T
+            found = None
+            if seq_len_max is None and "seq_len_max" not in loaded.scalars and not recompute:
+                found = _seq_len_max_from_activations(arrays, T, problem)
             problem.seq_len_max = validation.check_seq_len_max(
-                resolve_param("seq_len_max", seq_len_max, loaded, T, f"using T = {T}", problem.sources,
-                              problem.defaults), T)
+                resolve_param("seq_len_max", seq_len_max if found is None else found, loaded, T, f"using T = {T}",
+                              problem.sources, problem.defaults), T)
+            if found is not None:
+                problem.sources["seq_len_max"] = "activations"
         else:
             problem.dims = validation.check_lstm_block_cell_grad(arrays)
     except InvalidArgumentError as err:
@@ -249,6 +254,28 @@ def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole,
             f"({problem.fit.misfit()}): corrupted, saved at another step or from another checkpoint, or another "
             "kind of cell? `lstmgrad check --gradcheck` says which tensor and step")
     return problem
+
+
+def _seq_len_max_from_activations(arrays: dict, T: int, problem: Problem) -> int | None:
+    """A seq_len_max the file does not give, where the stored activations say it is less than T: TF zeroes cs and h
+    from step seq_len_max on, and leaves i, f, o, ci, co there as whatever memory held (tf-semantics.md), which a
+    backward pass over all T steps would read.  Zero cs and h at the last steps are taken for that only where
+    the activations do not fit over all T steps but do fit before them.  None: nothing says it is not T."""
+    cs, h = arrays["cs"], arrays["h"]  # (lazy datasets: only the steps looked at are read)
+    steps = T
+    while steps > 0 and not np.any(cs[steps - 1]) and not np.any(h[steps - 1]):
+        steps -= 1
+    if steps == T:
+        return None
+    over_all = detect.fit_activations(arrays, "seq", T)
+    if over_all is not None and not over_all.fits_nothing:  # they fit at the zero steps too: really computed
+        return None
+    before = detect.fit_activations(arrays, "seq", steps)
+    if before is not None and before.fits_nothing:
+        return None  # they fit nowhere: the warnings about them say more than a guess would
+    problem.notes.append(f"seq_len_max {steps}: not in the file; cs and h are zero from step {steps} on, where TF "
+                         "stops computing (--seq-len-max says otherwise)")
+    return steps
 
 
 def _recompute_activations(problem: Problem, loaded: io.LoadedFile, layout, use_peephole: bool, seq_len_max,
