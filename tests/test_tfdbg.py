@@ -265,3 +265,25 @@ def test_many_runs_stream_through_bounded_memory(tmp_path):
     assert index_peak < 2 * 1024**2 + 3 * one_run, index_peak  # records are read one at a time
     assert load_peak < 2 * one_run, load_peak  # the execution's inputs and one record at a time
     np.testing.assert_array_equal(problem.tensors["x"], run["x"])
+
+
+def test_two_processes_dumping_into_one_directory_keep_every_execution(runner, tmp_path):
+    """Two file sets (a rerun, or two processes, writing to one dump directory) record executions of ops of the
+    same name: each gets its own name and is computed, none is taken for another."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    for name, prefix in (("v2_tape_function", "tfdbg_events.0.fixture."), ("loop3", "tfdbg_events.1.fixture.")):
+        for file in (DUMPS / name).iterdir():
+            (dump / file.name.replace("tfdbg_events.0.fixture.", prefix)).write_bytes(file.read_bytes())
+    out = tmp_path / "out"
+    result = runner.invoke(main, ["seq", str(dump), "--out-dir", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    results = json.loads(result.stdout)["results"]
+    assert [r["member"] for r in results] == [f"train_step/gradient_tape/BlockLSTMGrad#{k}" for k in range(4)]
+    assert [r["status"] for r in results] == ["ok"] * 4
+    sources = [("v2_tape_function", 0), ("loop3", 0), ("loop3", 1), ("loop3", 2)]
+    for item, (name, run) in zip(results, sources, strict=True):
+        got = npz(item["output"])
+        for key, want in npz(DUMPS / f"{name}.expected.npz").items():
+            if key.startswith(f"{run}/"):
+                assert_close(got[key.split("/")[1]], want, "float32", key)

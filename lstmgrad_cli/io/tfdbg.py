@@ -217,9 +217,10 @@ def _stamp(path: Path) -> tuple:
 def _index(path: Path) -> DumpIndex:
     limit = max_tensor_bytes()
     version, executions, modes, count = None, [], {}, 0
+    runs: dict[str, int] = {}  # op key -> runs so far, over every file set: each execution has its own name
     for files in file_sets(path):
         graphs, creations = {}, {}
-        state = _Runs(executions)
+        state = _Runs(executions, runs)
         for suffix in ("metadata", "graphs", "execution", "graph_execution_traces"):
             for record in _records(files, suffix, limit, path):
                 count += 1
@@ -268,9 +269,9 @@ def _op_creation(message) -> dict:
 class _Runs:
     """What the index pass keeps while it walks the records of one file set."""
 
-    def __init__(self, executions: list):
+    def __init__(self, executions: list, counts: dict[str, int]):
         self.executions = executions
-        self.counts: dict[str, int] = {}  # op key -> runs so far
+        self.counts = counts  # op key -> runs so far (of every file set read yet)
         self.latest: dict[tuple, TensorRef] = {}  # (graph id, op name, slot) -> latest traced value
         self.open: dict[tuple, OpExecution] = {}  # (graph id, op name) -> its latest execution
         self.produced: dict[int, tuple] = {}  # eager tensor id -> (TensorRef, execution member or None, op type)
