@@ -5,6 +5,7 @@ gradients, inspect, and the dumps lstmgrad cannot use (an unrecorded function ar
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tracemalloc
@@ -287,3 +288,19 @@ def test_two_processes_dumping_into_one_directory_keep_every_execution(runner, t
         for key, want in npz(DUMPS / f"{name}.expected.npz").items():
             if key.startswith(f"{run}/"):
                 assert_close(got[key.split("/")[1]], want, "float32", key)
+
+
+def test_a_dump_cut_short_says_what_it_could_not_compare(runner, tmp_path):
+    """A dump cut at a record boundary (a crash, or read while TF still writes it) lacks the gradient op's last
+    outputs: the check compares the rest and warns of those."""
+    dump = tmp_path / "dump"
+    shutil.copytree(DUMPS / "v1_peep_clip", dump)
+    traces = next(dump.glob("*.graph_execution_traces"))
+    last = list(tfrecord.read_records(traces, 1 << 30))[-1]  # the gradient op's last output, b_grad
+    traces.write_bytes(traces.read_bytes()[:last.offset])
+    result = runner.invoke(main, ["check", str(dump), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)["results"][0]
+    assert report["not_in_reference"] == ["b_grad"]
+    assert ("the dump recorded 7 of the gradient op's 8 outputs (cut short, or still being written?): b_grad could "
+            "not be compared") in report["warnings"]
