@@ -320,8 +320,10 @@ def _eager(state: _Runs, file: Path, record, message, modes: dict) -> None:
         for name, tensor_id in zip(in_names, inputs, strict=False):
             found = state.produced.get(tensor_id)
             execution.inputs[name] = found[0] if found else Missing(
-                f"eager tensor {tensor_id}", "no recorded execution produced it (made by tf.constant or from numpy, "
-                "before dumping started, or dropped by a circular buffer)")
+                f"eager tensor {tensor_id}", "no recorded execution produced it: made by tf.constant, from numpy "
+                "or a Python number, read from a tf.Variable (eager reads under a GradientTape are not recorded: "
+                "run the step in a tf.function), made before dumping started, left out by enable_dump_debug_info's "
+                "op_regex or tensor_dtypes, or dropped by a circular buffer")
         execution.outputs = {name: ref for name, ref in zip(out_names, refs, strict=False)}
         _link_forward(execution, lambda name: state.produced.get(inputs[in_names.index(name)])
                       if name in in_names and in_names.index(name) < len(inputs) else None)
@@ -417,8 +419,9 @@ def _resolve(state: _Runs, creations: dict, graph_id: str, source: str, graph: s
     elif op_type is None:
         why = "made by an op the dump does not describe"
     else:
-        why = (f"the {op_type} op {name!r} that makes it has no recorded output before this execution (a "
-               "circular-buffer dump keeps only the last records: dump with circular_buffer_size=-1)")
+        why = (f"the {op_type} op {name!r} that makes it has no recorded output before this execution (left out "
+               "by enable_dump_debug_info's op_regex or tensor_dtypes, or dropped by a circular buffer: dump with "
+               "circular_buffer_size=-1 and no filter)")
     return Missing(f"{name}:{slot}", why)
 
 
