@@ -14,11 +14,13 @@ Both are reported, each labelled for what it is.
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
-from .errors import LstmGradError
+from .errors import InvalidOptionError, LstmGradError, OutputExistsError, OutputFileError
 
 SPARK = "▁▂▃▄▅▆▇█"
 ASCII_SPARK = "_.-:=+*#"  # the same eight levels where the terminal cannot show blocks
@@ -186,21 +188,36 @@ def _pyplot():
     return plt
 
 
-def check_plot_path(path) -> None:
-    """Refuse, before any work, a figure path matplotlib could not write (format, directory)."""
+def check_plot_path(path, force: bool = False, protected: Iterable = ()) -> None:
+    """Refuse, before any work, a figure path matplotlib could not write (format: ``InvalidOptionError``, a usage
+    error; directory), one that is a ``protected`` file (an input, the output), and one that exists unless
+    ``force`` (``OutputExistsError``)."""
     path = Path(path)
     if path.is_dir():
-        raise LstmGradError(f"{path}: is a directory; name a figure file (.png, .pdf, .svg)")
+        raise OutputFileError(f"{path}: is a directory; name a figure file (.png, .pdf, .svg)")
     plt = _pyplot()
     formats = plt.figure().canvas.get_supported_filetypes()
     plt.close("all")
     suffix = path.suffix.lower().lstrip(".")
     if suffix not in formats:
-        raise LstmGradError(f"{path}: unknown figure format {path.suffix or '(none)'!r}; "
-                            f"use one of {', '.join('.' + f for f in sorted(formats))}")
+        raise InvalidOptionError(f"{path}: unknown figure format {path.suffix or '(none)'!r}; "
+                                 f"use one of {', '.join('.' + f for f in sorted(formats))}")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise LstmGradError(f"{path}: directory {parent} does not exist")
+        raise OutputFileError(f"{path}: directory {parent} does not exist")
+    for other in protected:
+        if _same_file(path, Path(other)):
+            also = "" if str(other) == str(path) else f" ({other})"
+            raise OutputFileError(f"{path}: is a file this run reads or writes{also}; name another figure file")
+    if path.exists() and not force:
+        raise OutputExistsError(f"{path}: already exists; use --force to replace it with the figure")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def save_plot(report: dict, path, title: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import os
 import platform
@@ -16,7 +18,7 @@ import pytest
 from conftest import FIXTURES, assert_close_scaled, load_case, write_h5, write_npz
 
 from lstmgrad_cli.backends import _blas
-from lstmgrad_cli.cli import main
+from lstmgrad_cli.cli import _common, debug_cmd, grad_cmd, main
 from lstmgrad_cli.io import read_metadata
 
 SEQ_OUTPUTS = ["x_grad", "cs_prev_grad", "h_prev_grad", "w_grad", "wci_grad", "wcf_grad", "wco_grad", "b_grad"]
@@ -250,10 +252,127 @@ def test_truncated_and_pickled_npz(runner, tmp_path):
     (["seq", "a.npz", "b.npz", "-o", "g.npz"], "-o/--output takes a single INPUT"),
     (["seq", "a.npz", "--layout", "xyz"], "Invalid value for '--layout'"),
     (["seq", "a.npz", "--seq-len-max", "-1"], "Invalid value for '--seq-len-max'"),
+    (["seq", "a.npz", "-o", "g.txt"], "Invalid value for '-o' / '--output': g.txt: unknown output extension '.txt'; "
+                                      "use .npz, .h5, .hdf5 or .safetensors"),
+    (["cell", "a.npz", "-o", "g"], "unknown output extension ''"),
+    (["forward", "seq", "a.npz", "-o", "g.txt"], "Invalid value for '-o' / '--output': g.txt: unknown output "
+                                                 "extension '.txt'"),
+    (["seq", "a.npz", "--out-dir", "never-made", "--op", "NoSuchOp"], "--op and --execution choose executions"),
 ])
 def test_usage_errors_exit_2(runner, args, fragment):
     result = runner.invoke(main, args)
     assert result.exit_code == 2 and fragment in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr
+
+
+def test_an_unknown_output_extension_is_a_usage_error_before_anything_runs(runner, tmp_path):
+    src = tmp_path / "run.npz"
+    src.write_bytes((FIXTURES / "seq_v2_peep.in.npz").read_bytes())
+    before = src.read_bytes()
+    for args in (["seq", str(src), "-o", str(tmp_path / "out.txt")],
+                 ["forward", "seq", str(src), "-o", str(tmp_path / "out.txt")]):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 2, (args, result.stderr)
+        assert result.stderr.endswith(f"Error: Invalid value for '-o' / '--output': {tmp_path / 'out.txt'}: unknown "
+                                      "output extension '.txt'; use .npz, .h5, .hdf5 or .safetensors\n")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["run.npz"] and src.read_bytes() == before
+    # a directory named as the output stays the run's own error (exit 1), whatever its name
+    result = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path)])
+    assert result.exit_code == 1 and "is a directory" in result.stderr
+
+
+def test_out_dir_is_made_only_for_a_run_that_gets_going(runner, tmp_path):
+    out_dir = tmp_path / "new" / "grads"
+    refused = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "--out-dir", str(out_dir),
+                                   "--op", "NoSuchOp"])
+    assert refused.exit_code == 2 and "--op and --execution" in refused.stderr
+    assert not (tmp_path / "new").exists()
+    ran = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "--out-dir", str(out_dir), "-q"])
+    assert ran.exit_code == 0, ran.stderr
+    assert_matches_expected(out_dir / "seq_v2_peep.in.grads.npz", load_case("seq_v2_peep")[1])
+
+
+class ClosedPipe(io.StringIO):
+    """A stdout whose reader has exited (``| head``): every write is EPIPE."""
+
+    def write(self, text):
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+
+def closed_stdout_console():
+    return _common._stdout_console_class()(file=ClosedPipe(), soft_wrap=False, width=200)
+
+
+def test_a_closed_stdout_after_the_only_file_is_done_is_not_a_failure(runner, tmp_path, monkeypatch):
+    monkeypatch.setattr(grad_cmd, "stdout_console", closed_stdout_console)
+    out = tmp_path / "hd.npz"
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == ("Warning: stdout was closed (its reader exited) before everything was printed; the run "
+                             "was not stopped: 1 of 1 files done, 0 failed, every output written is complete\n")
+    assert "rerun" not in result.stderr and "batch stopped" not in result.stderr
+    assert_matches_expected(out, load_case("seq_v2_peep")[1])
+
+
+def test_a_closed_stdout_that_stops_a_batch_is_still_a_failure(runner, tmp_path, monkeypatch):
+    monkeypatch.setattr(grad_cmd, "stdout_console", closed_stdout_console)
+    names = ["seq_v2_peep", "seq_v2_nopeep", "seq_v2_larger", "seq_v2_clip", "seq_v2_partial", "seq_v2_half"]
+    (tmp_path / "in").mkdir()
+    for name in names:
+        write_npz(tmp_path / "in" / f"{name}.npz", load_case(name)[0])
+    result = runner.invoke(main, ["seq", str(tmp_path / "in"), "--out-dir", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert re.fullmatch(r"Error: stdout was closed \(its reader exited\), so the batch stopped: \d of 6 files done, "
+                        r"[1-5] not run, every output written is complete; rerun with --skip-existing to finish\n",
+                        result.stderr), result.stderr
+
+
+def test_a_closed_stdout_while_the_json_of_a_finished_batch_is_printed_is_not_a_failure(runner, tmp_path,
+                                                                                        monkeypatch):
+    def closed(document):
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    monkeypatch.setattr(grad_cmd, "print_json", closed)
+    (tmp_path / "in").mkdir()
+    for name in ("seq_v2_peep", "seq_v2_nopeep"):
+        write_npz(tmp_path / "in" / f"{name}.npz", load_case(name)[0])
+    result = runner.invoke(main, ["seq", str(tmp_path / "in"), "--out-dir", str(tmp_path / "out"), "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.startswith("Warning: stdout was closed (its reader exited) before everything was printed; "
+                                    "the run was not stopped: 2 of 2 files done, 0 failed")
+    assert result.stderr.count("\n") == 1
+    for name in ("seq_v2_peep", "seq_v2_nopeep"):
+        assert_matches_expected(tmp_path / "out" / f"{name}.grads.npz", load_case(name)[1])
+
+
+def test_a_closed_stdout_after_forward_wrote_its_output_is_not_a_failure(runner, tmp_path, monkeypatch):
+    monkeypatch.setattr(debug_cmd, "stdout_console", closed_stdout_console)
+    out = tmp_path / "f.npz"
+    result = runner.invoke(main, ["forward", "seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == ("Warning: stdout was closed (its reader exited) before everything was printed; "
+                             f"{out} is written and complete\n")
+    assert out.exists()
+
+
+def help_of(runner, *command) -> str:
+    result = runner.invoke(main, [*command, "--help"], terminal_width=100)
+    assert result.exit_code == 0
+    return " ".join(result.stdout.split())
+
+
+def test_help_texts_say_what_the_options_take(runner):
+    assert "-o, --output PATH Output file (.npz, .h5, .hdf5, .safetensors)" in help_of(runner, "seq")
+    assert "-o, --output PATH Output file (.npz, .h5, .hdf5, .safetensors)" in help_of(runner, "forward", "cell")
+    assert "in a TensorFlow debug dump, the execution to inspect" in help_of(runner, "inspect")
+    for command in (("cell",), ("forward", "cell")):  # one step: LSTMBlockCell's defaults, nothing of the seq ops
+        text = help_of(runner, *command)
+        assert "LSTMBlockCell's 1" in text and "LSTMBlockCell's 3" in text, command
+        assert "BlockLSTM " not in text and "BlockLSTMV2" not in text, command
+    text = help_of(runner, "forward", "seq")
+    assert "BlockLSTMV2 has none" in text and "0 for BlockLSTMV2, 3.0 for BlockLSTM" in text
+    assert "LSTMBlockCell" not in text.split("--forget-bias", 1)[1]
 
 
 def test_unknown_backend_from_environment_is_a_usage_error(runner, tmp_path):
@@ -355,9 +474,10 @@ def test_names_with_markup_and_control_characters_are_shown_literally(runner, tm
     assert "d[/b]c[bold]x.npz" in shown and "\x1b[2J" not in shown and "\\x1b[2J" in shown
 
 
-def test_an_output_name_too_long_for_the_file_system_is_one_line(runner, tmp_path):
+@pytest.mark.parametrize("command", [["seq"], ["forward", "seq"]])
+def test_an_output_name_too_long_for_the_file_system_is_one_line(runner, tmp_path, command):
     too_long = tmp_path / ("g" * 300 + ".npz")
-    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(too_long)])
+    result = runner.invoke(main, [*command, str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(too_long)])
     assert result.exit_code == 1 and result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1
     assert "Traceback" not in result.stderr and "too long" in result.stderr
 

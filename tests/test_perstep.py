@@ -124,12 +124,69 @@ def test_plot_takes_one_input(runner, tmp_path):
     assert result.exit_code == 2 and "--plot takes a single INPUT" in result.stderr
 
 
-@pytest.mark.parametrize("name, fragment", [("steps.xyz", "unknown figure format '.xyz'"),
-                                            ("missing/steps.png", "does not exist")])
-def test_a_bad_plot_path_is_refused_before_anything_is_written(runner, tmp_path, name, fragment):
+@pytest.mark.parametrize("name, code, fragment", [
+    ("steps.xyz", 2, "Invalid value for '--plot': "),  # a format matplotlib cannot write: a usage error
+    ("steps.txt", 2, "unknown figure format '.txt'; use one of "),
+    ("missing/steps.png", 1, "does not exist"),  # a missing directory, as with -o: the run's own error
+])
+def test_a_bad_plot_path_is_refused_before_anything_is_written(runner, tmp_path, name, code, fragment):
     pytest.importorskip("matplotlib")
     out = tmp_path / "g.npz"
     result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_larger.in.npz"), "-o", str(out), "--plot",
                                   str(tmp_path / name)])
-    assert result.exit_code == 1 and fragment in result.stderr and "Traceback" not in result.stderr
-    assert not out.exists()
+    assert result.exit_code == code and fragment in result.stderr and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and fragment in errors[0]
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_plot_never_replaces_an_existing_file_without_force(runner, tmp_path):
+    pytest.importorskip("matplotlib")
+    precious = tmp_path / "important.png"
+    precious.write_bytes((FIXTURES / "seq_v2_peep.in.npz").read_bytes())
+    before = precious.read_bytes()
+    out = tmp_path / "g.npz"
+    args = ["seq", str(FIXTURES / "seq_v2_larger.in.npz"), "-o", str(out), "--plot", str(precious)]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {precious}: already exists; use --force to replace it with the figure\n"
+    assert precious.read_bytes() == before
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["important.png"]  # refused up front
+    forced = runner.invoke(main, [*args, "--force", "-q"])
+    assert forced.exit_code == 0, forced.stderr
+    assert precious.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.exists()
+
+
+def test_plot_never_writes_over_an_input_even_with_force(runner, tmp_path):
+    pytest.importorskip("matplotlib")
+    src = tmp_path / "run.png"  # an input is read whatever its name
+    src.write_bytes((FIXTURES / "seq_v2_peep.in.npz").read_bytes())
+    before = src.read_bytes()
+    result = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.npz"), "--plot", str(src), "--force"])
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {src}: is a file this run reads or writes; name another figure file\n"
+    assert src.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["run.png"]
+
+
+def test_plot_with_inputs_that_give_several_files_is_a_usage_error(runner, tmp_path):
+    pytest.importorskip("matplotlib")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for name in ("seq_v2_peep", "seq_v2_nopeep", "seq_v2_larger"):
+        write_npz(runs / f"{name}.npz", load_case(name)[0])
+    plot, out_dir = tmp_path / "s.png", tmp_path / "grads"
+    for given, fragment in ((str(runs), f"but {runs} gives 3 files"),
+                            (str(runs / "*.npz"), f"but {runs / '*.npz'} gives 3 files"),
+                            (str(FIXTURES / "tfdbg" / "loop3"),
+                             f"but {FIXTURES / 'tfdbg' / 'loop3'} holds 3 executions to run; choose one with --group")):
+        result = runner.invoke(main, ["seq", given, "--out-dir", str(out_dir), "--plot", str(plot)])
+        assert result.exit_code == 2, (given, result.stderr)
+        assert f"Error: --plot draws the figure of a single run, {fragment}" in result.stderr
+        assert not plot.exists() and not out_dir.exists()  # refused before any work
+        assert sorted(p.name for p in runs.iterdir()) == ["seq_v2_larger.npz", "seq_v2_nopeep.npz", "seq_v2_peep.npz"]
+    one = tmp_path / "one"
+    one.mkdir()
+    write_npz(one / "seq_v2_larger.npz", load_case("seq_v2_larger")[0])
+    single = runner.invoke(main, ["seq", str(one), "--out-dir", str(out_dir), "--plot", str(plot), "-q"])
+    assert single.exit_code == 0, single.stderr  # a directory of one input is one run
+    assert plot.read_bytes()[:4] == b"\x89PNG" and (out_dir / "seq_v2_larger.grads.npz").exists()

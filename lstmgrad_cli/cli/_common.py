@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..errors import InvalidOptionError, LstmGradError
+from ..errors import InvalidOptionError, LstmGradError, OutputFileError
 from ..summary import json_safe
 
 if TYPE_CHECKING:  # rich is imported when something is shown (~25 ms a quiet or --json command does not pay)
@@ -121,6 +121,23 @@ def print_table(console: Console, table, heading: object = None, footer: object 
 
 def one_line(message: str) -> str:
     return printable(" ".join(str(message).split())) or "unknown error"
+
+
+def check_output_extension(path, ctx=None, param=None) -> None:
+    """An -o PATH whose extension no writer has is a usage error (exit 2), found before anything runs.  A directory,
+    or a path the file system will not look at (a name too long), is left to the run, which says what is wrong."""
+    from ..io import output_format  # noqa: PLC0415 - only for a command that writes one named output
+
+    try:
+        if path is None or path.is_dir():
+            return
+    except OSError:
+        return
+    try:
+        output_format(path)
+    except OutputFileError as err:
+        raise click.BadParameter(one_line(err), ctx=ctx, param=param,
+                                 param_hint=None if param is not None else "'-o' / '--output'") from None
 
 
 def silence_closed_stdout() -> None:

@@ -23,6 +23,7 @@ from ..inspection import InspectReport, inspect_file
 from ..io import tfdbg
 from ..problem import OPS
 from ._common import (
+    check_output_extension,
     handle_errors,
     is_terminal,
     one_line,
@@ -32,6 +33,7 @@ from ._common import (
     progress_bar,
     say,
     separator,
+    silence_closed_stdout,
     stdout_console,
 )
 from .grad_cmd import SOURCE_WORDS
@@ -59,16 +61,28 @@ def _check_grads(ctx, param, value):
     return value
 
 
-def _forward_options(func):
+# What --forget-bias and --cell-clip default to, in each forward command's help.
+FORWARD_DEFAULT_WORDS = {
+    "seq": ("the op's: 1.0 for BlockLSTM (--layout icfo); BlockLSTMV2 has none",
+            "the op's: 0 for BlockLSTMV2, 3.0 for BlockLSTM (--layout icfo)"),
+    "cell": ("LSTMBlockCell's 1.0", "LSTMBlockCell's 3.0"),
+}
+
+
+def _check_output_extension(ctx, param, value):
+    check_output_extension(value, ctx, param)
+    return value
+
+
+def _forward_options(kind: str):
+    forget_bias_default, cell_clip_default = FORWARD_DEFAULT_WORDS[kind]
     options = [
         click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path)),
         click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
-                     help="Output file (.npz, .h5, .hdf5)."),
-        click.option("--forget-bias", type=float,
-                     help="Added to the forget gate (default: the op's, 1.0; BlockLSTMV2 has none)."),
+                     callback=_check_output_extension, help="Output file (.npz, .h5, .hdf5, .safetensors)."),
+        click.option("--forget-bias", type=float, help=f"Added to the forget gate (default: {forget_bias_default})."),
         click.option("--cell-clip", type=float,
-                     help="Clip cs to +-CLIP; <= 0 means no clipping (default: the op's, 3.0 for "
-                          "BlockLSTM/LSTMBlockCell, 0 for BlockLSTMV2)."),
+                     help=f"Clip cs to +-CLIP; <= 0 means no clipping (default: {cell_clip_default})."),
         click.option("--peephole/--no-peephole", "use_peephole", default=None,
                      help="Use the peepholes wci, wcf, wco (default: from the file, else off)."),
         click.option("--grads", metavar="zeros|ones|random[:SEED]|file", callback=_check_grads,
@@ -81,9 +95,13 @@ def _forward_options(func):
         click.option("-q", "--quiet", is_flag=True, help="Print nothing on success."),
         click.option("--force", is_flag=True, help="Overwrite an existing output file."),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+
+    def decorate(func):
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
 
 
 @click.group("forward")
@@ -102,7 +120,7 @@ def forward_command() -> None:
 
 
 @forward_command.command("seq")
-@_forward_options
+@_forward_options("seq")
 @click.option("--layout", type=click.Choice(["ifco", "icfo"]), default="ifco", show_default=True,
               help="Gate layout: ifco = BlockLSTMV2, icfo = BlockLSTM (V1).")
 @click.option("--seq-len-max", type=click.IntRange(min=0), help="Steps to run (default: from the file, else T).")
@@ -116,7 +134,7 @@ def forward_seq_command(input_path, output, forget_bias, cell_clip, use_peephole
 
 
 @forward_command.command("cell")
-@_forward_options
+@_forward_options("cell")
 @handle_errors
 def forward_cell_command(input_path, output, forget_bias, cell_clip, use_peephole, grads, group, compute_dtype,
                          as_json, quiet, force):
@@ -128,10 +146,15 @@ def forward_cell_command(input_path, output, forget_bias, cell_clip, use_peephol
 
 def _forward(input_path, output, options: ForwardOptions, as_json: bool, quiet: bool) -> None:
     result = run_forward_file(input_path, output, options)
-    if as_json:
-        print_json({"lstmgrad": __version__, "command": "forward", "result": result.to_json()})
-    elif not quiet:
-        _render_forward(result)
+    try:
+        if as_json:
+            print_json({"lstmgrad": __version__, "command": "forward", "result": result.to_json()})
+        elif not quiet:
+            _render_forward(result)
+    except BrokenPipeError:  # stdout's reader exited (| head): the output is written and complete, still a success
+        silence_closed_stdout()
+        click.echo(f"Warning: stdout was closed (its reader exited) before everything was printed; {result.output} "
+                   "is written and complete", err=True)
 
 
 def _render_forward(result: ForwardResult) -> None:
@@ -452,7 +475,8 @@ def _render_gradcheck(console, report: CheckReport) -> None:
 
 @click.command("inspect")
 @click.argument("input_path", metavar="FILE", type=click.Path(path_type=Path))
-@click.option("--group", metavar="PATH", help="HDF5 group (or NPZ key prefix) holding the tensors.")
+@click.option("--group", metavar="PATH", help="HDF5 group (NPZ key prefix, subdirectory) holding the tensors; in a "
+              "TensorFlow debug dump, the execution to inspect (default: a table of them all).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
 @handle_errors
 def inspect_command(input_path, group, as_json):

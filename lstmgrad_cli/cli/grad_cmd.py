@@ -20,6 +20,7 @@ from ..frameworks import FrameworkOptions
 from ..jobs import GradOptions, GradResult, nonfinite_note
 from ..perstep import ASCII_SPARK, SPARK, check_plot_path, save_plot, sparkline
 from ._common import (
+    check_output_extension,
     handle_errors,
     is_terminal,
     new_table,
@@ -42,11 +43,20 @@ SOURCE_WORDS = {"activations": "found from the activations", "flag": "as asked",
                 "dump": "the forward op recorded in the dump"}
 
 
-def _shared_options(func):
+# The forward op's defaults of --forget-bias and --cell-clip, as each command's help says them.
+FORWARD_DEFAULT_WORDS = {
+    "seq": ("the file's, else the op's: BlockLSTM 1, BlockLSTMV2 none",
+            "the file's, else the op's: 3 for BlockLSTM, 0 for BlockLSTMV2"),
+    "cell": ("the file's, else LSTMBlockCell's 1", "the file's, else LSTMBlockCell's 3"),
+}
+
+
+def _shared_options(kind: str):
+    forget_bias_default, cell_clip_default = FORWARD_DEFAULT_WORDS[kind]
     options = [
         click.argument("inputs", nargs=-1, required=True, metavar="INPUT..."),
         click.option("-o", "--output", type=click.Path(path_type=Path),
-                     help="Output file (.npz, .h5, .hdf5); only with a single INPUT. "
+                     help="Output file (.npz, .h5, .hdf5, .safetensors); only with a single INPUT. "
                           "Default: <input stem>.grads.<input format> beside the input."),
         click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path),
                      help="Write each output here as <input stem>.grads.<ext> (made, with its parents, when missing)."),
@@ -63,12 +73,10 @@ def _shared_options(func):
         click.option("--weights-group", metavar="PATH", help="Group (key prefix, subdirectory) of --weights."),
         click.option("--forget-bias", type=float,
                      help="When INPUT has no forward outputs (i, cs, f, ... are recomputed): the forward op's "
-                          "forget_bias (default: the file's, else the op's: BlockLSTM and LSTMBlockCell 1, "
-                          "BlockLSTMV2 none)."),
+                          f"forget_bias (default: {forget_bias_default})."),
         click.option("--cell-clip", type=float,
                      help="When the forward outputs are recomputed: the forward op's cell_clip, <= 0 for none "
-                          "(default: the file's, else the op's: 3 for BlockLSTM and LSTMBlockCell, 0 for "
-                          "BlockLSTMV2)."),
+                          f"(default: {cell_clip_default})."),
         click.option("--op", "dump_op", metavar="NAME",
                      help="TensorFlow debug dumps: run the executions of this op (name or type) only."),
         click.option("--execution", "dump_execution", type=int, metavar="K",
@@ -90,13 +98,17 @@ def _shared_options(func):
         click.option("--dask", "dask_address", metavar="ADDRESS",
                      help="Send files to a Dask distributed scheduler (tcp://host:8786); needs lstmgrad[dask]."),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+
+    def decorate(func):
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
 
 
 @click.command("seq")
-@_shared_options
+@_shared_options("seq")
 @click.option("--layout", type=click.Choice(["ifco", "icfo"]),
               help="Gate layout: ifco = BlockLSTMGradV2, icfo = BlockLSTMGrad (V1).  Default: the layout the "
                    "stored activations fit, else ifco.")
@@ -140,13 +152,6 @@ def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_
     (a Keras .weights.h5 with --weights-group layers/lstm, a state_dict in safetensors with the module
     prefix as --weights-group).
     """
-    if plot is not None:
-        if len(flags["inputs"]) != 1:
-            raise click.UsageError("--plot takes a single INPUT")
-        try:
-            check_plot_path(plot)
-        except LstmGradError as err:
-            raise click.ClickException(one_line(err)) from None
     options = GradOptions("seq", layout, backend, use_peephole, seq_len_max, group, compute_dtype, chunk_steps, force,
                           per_step=per_step or plot is not None, strict=flags.pop("strict"),
                           weights=None if weights is None else str(weights), weights_group=weights_group,
@@ -156,7 +161,7 @@ def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_
 
 
 @click.command("cell")
-@_shared_options
+@_shared_options("cell")
 @handle_errors
 def cell_command(backend, use_peephole, group, compute_dtype, force, weights, weights_group, forget_bias, cell_clip,
                  **flags):
@@ -194,6 +199,8 @@ def expand_inputs(patterns) -> list[Path]:
 
 def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, quiet, keep_going, skip_existing,
          workers, dask_address, plot, dump_op, dump_execution) -> None:
+    if plot is not None and len(inputs) != 1:
+        raise click.UsageError("--plot takes a single INPUT")
     paths = expand_inputs(inputs)
     if output is not None and (len(paths) != 1 or out_dir is not None):
         raise click.UsageError("-o/--output takes a single INPUT and no --out-dir; use --out-dir for several")
@@ -201,6 +208,7 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
         raise click.UsageError("--workers and --dask exclude each other")
     if not paths:
         raise click.UsageError("no input files found")
+    check_output_extension(output)
     try:
         get_backend(resolve_name(options.backend))  # an unknown or missing backend fails once, up front
         if dask_address:
@@ -209,14 +217,7 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
         raise click.UsageError(one_line(err)) from None
     except LstmGradError as err:
         raise click.ClickException(one_line(err)) from None
-    if out_dir is not None:  # made when missing, as batch tools do
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise click.ClickException(one_line(f"{out_dir}: cannot create the output directory: "
-                                                f"{err.strerror or err}")) from None
 
-    console = None if (quiet or as_json) else stdout_console()  # (nothing is shown on it otherwise)
     dumps = DumpSelection(command, options.group, dump_op, dump_execution)
     try:
         tasks = plan_tasks(paths, output, out_dir, dumps)
@@ -225,6 +226,16 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
     if (dump_op is not None or dump_execution is not None) and not any(
             io.input_directory_format(p) == "tfdbg2" for p in paths):
         raise click.UsageError("--op and --execution choose executions of TensorFlow debug dumps; no INPUT is one")
+    if plot is not None:
+        _check_plot(plot, tasks, inputs[0], options, output)
+    if out_dir is not None:  # made when missing, as batch tools do; only once the options are known to be usable
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise click.ClickException(one_line(f"{out_dir}: cannot create the output directory: "
+                                                f"{err.strerror or err}")) from None
+
+    console = None if (quiet or as_json) else stdout_console()  # (nothing is shown on it otherwise)
     show_progress = len(tasks) > 1 and not (quiet or as_json) and is_terminal(sys.stderr)
 
     stdout_closed: list[bool] = []  # stdout's reader exited (| head): the batch stops, as the pipe's writer would
@@ -235,14 +246,11 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
                 click.echo(f"Warning: {one_line(f'{source}: {warning}')}", err=True)
             if result.status == "failed":
                 click.echo(f"Error: {one_line(result.error)}", err=True)
-            try:
+            with _closed_stdout_noted(stdout_closed):
                 if result.status == "ok" and not (as_json or quiet):
                     render(console, result)
                 elif result.status == "skipped" and result.notes and not (as_json or quiet):  # found complete
                     say(console, f"{source} -> {result.output}: {result.notes[0]}")
-            except BrokenPipeError:
-                silence_closed_stdout()
-                stdout_closed.append(True)
             if result.status == "ok" and plot is not None and result.per_step is not None:
                 try:
                     save_plot(result.per_step, plot, f"{result.op}: {Path(result.input).name}")
@@ -251,7 +259,8 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
                     click.echo(f"Error: {one_line(result.error)}", err=True)
                 else:
                     if not (as_json or quiet):
-                        say(console, f"per-step plot: {plot}")
+                        with _closed_stdout_noted(stdout_closed):
+                            say(console, f"per-step plot: {plot}")
             advance()
 
         with _interruptible() as received:
@@ -270,32 +279,70 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
     ran = [r for r in results if r is not None]
     counts = {status: sum(r.status == status for r in ran) for status in ("ok", "failed", "skipped", "lost")}
     not_run = len(results) - len(ran)
-    if stdout_closed:
-        done = counts["ok"] + counts["skipped"]
+    done = counts["ok"] + counts["skipped"]
+    if stdout_closed and not_run:  # the closed stdout stopped the batch: files are left to do
         click.echo(f"Error: stdout was closed (its reader exited), so the batch stopped: {done} of {len(tasks)} files "
                    f"done, {not_run} not run, every output written is complete; rerun with --skip-existing to finish",
                    err=True)
         raise SystemExit(1)
-    if as_json:
-        print_json({
-            "lstmgrad": __version__, "command": command, "results": [r.to_json() for r in ran],
-            "summary": {"done": counts["ok"], "failed": counts["failed"], "skipped": counts["skipped"],
-                        "lost": counts["lost"], "not_run": not_run},
-        })
-    elif len(tasks) > 1 and not quiet:
-        columns = {"files": len(tasks), "done": counts["ok"], "failed": counts["failed"], "skipped": counts["skipped"],
-                   "lost": counts["lost"], "not run": not_run}
-        if not counts["lost"]:  # only a lost Dask scheduler loses files
-            del columns["lost"]
-        table = new_table()
-        for col in columns:
-            table.add_column(col, justify="right")
-        table.add_row(*map(str, columns.values()))
-        print_table(console, table, "batch")
+    with _closed_stdout_noted(stdout_closed):
+        if as_json:
+            print_json({
+                "lstmgrad": __version__, "command": command, "results": [r.to_json() for r in ran],
+                "summary": {"done": counts["ok"], "failed": counts["failed"], "skipped": counts["skipped"],
+                            "lost": counts["lost"], "not_run": not_run},
+            })
+        elif len(tasks) > 1 and not quiet:
+            columns = {"files": len(tasks), "done": counts["ok"], "failed": counts["failed"],
+                       "skipped": counts["skipped"], "lost": counts["lost"], "not run": not_run}
+            if not counts["lost"]:  # only a lost Dask scheduler loses files
+                del columns["lost"]
+            table = new_table()
+            for col in columns:
+                table.add_column(col, justify="right")
+            table.add_row(*map(str, columns.values()))
+            print_table(console, table, "batch")
+    if stdout_closed and not counts["lost"]:  # every file had its turn: nothing stopped, a finished output stays one
+        click.echo(f"Warning: stdout was closed (its reader exited) before everything was printed; the run was not "
+                   f"stopped: {done} of {len(tasks)} files done, {counts['failed']} failed, every output written is "
+                   "complete", err=True)
     if counts["lost"]:
         click.echo(f"Error: {one_line(_lost_message(dask_address, counts, not_run))}", err=True)
     if counts["failed"] or counts["lost"]:
         raise SystemExit(1)
+
+
+def _check_plot(plot: Path, tasks, first_input: str, options: GradOptions, output: Path | None) -> None:
+    """Refuse, before any work, a --plot that cannot be one figure of one file's run, or that would replace a
+    file: an existing one without --force, an input, the output."""
+    if len(tasks) > 1:
+        if all(t.input_format == "tfdbg2" for t in tasks):
+            raise click.UsageError(f"--plot draws the figure of a single run, but {first_input} holds {len(tasks)} "
+                                   "executions to run; choose one with --group, --op or --execution")
+        raise click.UsageError(f"--plot draws the figure of a single run, but {first_input} gives {len(tasks)} files; "
+                               "name one file, or use --per-step for a batch (no figure)")
+    protected = [t.input for t in tasks] + [t.output for t in tasks]
+    if output is not None:
+        protected.append(output)
+    if options.weights is not None:
+        protected.append(Path(options.weights))
+    try:
+        check_plot_path(plot, options.force, protected)
+    except InvalidOptionError as err:
+        raise click.BadParameter(one_line(err), param_hint="'--plot'") from None
+    except LstmGradError as err:
+        raise click.ClickException(one_line(err)) from None
+
+
+@contextlib.contextmanager
+def _closed_stdout_noted(closed: list):
+    """What is printed inside it may find stdout closed (``| head``): remembered in ``closed``, and what is still to
+    be printed goes nowhere."""
+    try:
+        yield
+    except BrokenPipeError:
+        silence_closed_stdout()
+        closed.append(True)
 
 
 def _lost_message(dask_address: str | None, counts: dict, not_run: int) -> str:
