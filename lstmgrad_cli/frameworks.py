@@ -11,10 +11,15 @@ Keras: ``x`` [B,T,I] (``time_major``: [T,B,I]), ``kernel`` [I,4C], ``recurrent_k
 (absent: use_bias=False), ``h0``/``c0`` [B,C], ``h_grad`` [B,T,C] (return_sequences) or [B,C] (the last output
 only), ``hn_grad``/``cn_grad`` [B,C] at the returned final states.  A Keras 3 weights file keeps a layer's
 weights at ``layers/<lstm...>/cell/vars/0, 1, 2``; older tf.keras files at ``.../lstm_cell/kernel[:0]``.
+``go_backwards``: the layer runs on x reversed in time and returns its outputs in the order it made them (h_grad
+in that order); ``reverse``: the backward layer of a ``Bidirectional``, whose outputs the wrapper turns back
+into x's time order (h_grad, its half of the wrapper's output gradient, in x's order).
 
 PyTorch: ``x`` [T,B,I] (``batch_first``: [B,T,I]), ``weight_ih_l{K}`` [4C,I], ``weight_hh_l{K}`` [4C,C],
 ``bias_ih_l{K}``/``bias_hh_l{K}`` [4C], ``_reverse`` for the backward direction (run on x reversed in time),
-``h0``/``c0`` [B,C] of that layer and direction, ``h_grad`` [T,B,C], ``hn_grad``/``cn_grad`` [B,C].
+``h0``/``c0`` [B,C] of that layer and direction, ``h_grad`` [T,B,C] in x's time order, or [B,C]: the gradient
+at the output's last time step (``out[-1]``; for the reverse direction, the first step it runs),
+``hn_grad``/``cn_grad`` [B,C].
 """
 
 from __future__ import annotations
@@ -36,7 +41,30 @@ class FrameworkOptions:
     time_major: bool = False  # Keras: x and h_grad are [T, B, ...]
     batch_first: bool = False  # PyTorch: x and h_grad are [B, T, ...]
     layer: int = 0  # PyTorch: which layer's weights (the K of weight_ih_l{K})
-    reverse: bool = False  # PyTorch: the backward direction of a bidirectional LSTM
+    reverse: bool = False  # the backward direction of a bidirectional LSTM (h_grad in x's time order)
+    go_backwards: bool = False  # Keras: a layer made with go_backwards=True (h_grad in the order it ran)
+
+
+# Options that say how one framework's tensors are laid out, and whose they are.  Given for another's, they would
+# be ignored and the gradient silently wrong, so they are refused (``check_applicable``).
+_OPTIONS = {"time_major": ("--time-major", ("keras",)), "go_backwards": ("--go-backwards", ("keras",)),
+            "batch_first": ("--batch-first", ("torch",)), "layer": ("--layer", ("torch",)),
+            "reverse": ("--reverse", ("keras", "torch"))}
+_WHOSE = {"keras": "a Keras LSTM layer's", "torch": "a PyTorch nn.LSTM's", "tf": "the TF op's own"}
+
+
+def check_applicable(framework: str, options: FrameworkOptions) -> None:
+    """Refuse options given for another framework's tensors than ``framework``'s ("keras", "torch", "tf")."""
+    wrong = [(flag, owners) for name, (flag, owners) in _OPTIONS.items()
+             if getattr(options, name) != getattr(FrameworkOptions, name) and framework not in owners]
+    if wrong:
+        said = "; ".join(f"{flag} is for {' and '.join(_WHOSE[o] for o in owners)} tensors" for flag, owners in wrong)
+        raise InvalidArgumentError(f"{said}, and this input holds {_WHOSE[framework]} (--framework says whose they "
+                                   "are where the names do not tell)")
+    if options.reverse and options.go_backwards:
+        raise InvalidArgumentError("--reverse and --go-backwards do not go together: --go-backwards is a layer made "
+                                   "with go_backwards=True (h_grad in the order it ran), --reverse a Bidirectional's "
+                                   "backward layer (h_grad in x's time order)")
 
 
 class KerasLSTMGradOutputs(NamedTuple):
@@ -129,7 +157,8 @@ class View:
         raise NotImplementedError
 
     def _state(self, tensors: dict, x: np.ndarray, C: int, op: dict) -> None:
-        """h_prev/cs_prev from h0/c0 (zeros when absent), cs_grad/h_grad with the final-state gradients."""
+        """h_prev/cs_prev from h0/c0 (zeros when absent), cs_grad/h_grad with the final-state gradients.
+        ``x`` is the op's: time-major, in the order the layer runs it."""
         T, B = x.shape[:2]
         dtype = x.dtype
         for name, target in (("h0", "h_prev"), ("c0", "cs_prev")):
@@ -140,10 +169,13 @@ class View:
         if given is None:
             raise InvalidArgumentError("missing tensor h_grad: the gradient arriving at the layer's output")
         given = np.asarray(given)
-        if given.ndim == 2:  # the last output only (return_sequences=False)
-            h_grad[T - 1] = _shaped("h_grad", given, (B, C), "[B, C] or a sequence")
+        if given.ndim == 2:  # the last output only (return_sequences=False, out[-1])
+            h_grad[self._last_output_step(T)] = _shaped("h_grad", given, (B, C), "[B, C] or a sequence")
         else:
-            h_grad[:] = _shaped("h_grad", self._time_major(given), (T, B, C), self._sequence_label())
+            batch_major = self._batch_major()
+            shape, label = ((B, T, C), "[B, T, C]") if batch_major else ((T, B, C), "[T, B, C]")
+            given = _shaped("h_grad", given, shape, label)
+            h_grad[:] = self._run_order(np.swapaxes(given, 0, 1) if batch_major else given, self._h_grad_reversed())
         cs_grad = np.zeros((T, B, C), dtype)
         if tensors.get("hn_grad") is not None:
             h_grad[T - 1] += _shaped("hn_grad", tensors["hn_grad"], (B, C), "[B, C]")
@@ -153,38 +185,64 @@ class View:
         for name in ("wci", "wcf", "wco"):
             op[name] = np.zeros(C, dtype)
 
-    def _time_major(self, a: np.ndarray) -> np.ndarray:
-        """A sequence in the framework's layout as the op runs it: [T, B, ...], first step first."""
-        return a
+    # How the framework lays out a sequence, and in which order the layer runs it.
+    def _batch_major(self) -> bool:
+        """Whether x and h_grad sequences are [B, T, ...] (else [T, B, ...])."""
+        return False
 
-    def _framework_layout(self, a: np.ndarray) -> np.ndarray:
-        """The inverse of ``_time_major``."""
-        return a
+    def _x_reversed(self) -> bool:
+        """Whether the layer runs x backwards in time."""
+        return False
 
-    def _sequence_label(self) -> str:
-        return "[T, B, C]"
+    def _h_grad_reversed(self) -> bool:
+        """Whether an h_grad sequence is in x's time order where the layer runs x backwards."""
+        return self._x_reversed()
+
+    def _last_output_step(self, T: int) -> int:
+        """The step the op runs at which a [B, C] h_grad (the last output) arrives."""
+        return T - 1
+
+    @staticmethod
+    def _run_order(a: np.ndarray, reversed_: bool) -> np.ndarray:
+        return a[::-1] if reversed_ else a
+
+    def _x_label(self) -> str:
+        return "[B, T, I]" if self._batch_major() else "[T, B, I]"
+
+    def _op_x(self, x) -> np.ndarray:
+        """The user's x as the op runs it: [T, B, I], first step run first."""
+        x = _rank("x", x, 3, self._x_label())
+        return self._run_order(np.swapaxes(x, 0, 1) if self._batch_major() else x, self._x_reversed())
+
+    def _framework_x_grad(self, x_grad: np.ndarray) -> np.ndarray:
+        """The inverse of ``_op_x``, for the gradient."""
+        x_grad = self._run_order(x_grad, self._x_reversed())
+        return np.ascontiguousarray(np.swapaxes(x_grad, 0, 1) if self._batch_major() else x_grad)
 
 
 class KerasView(View):
     framework = "keras"
 
-    def _time_major(self, a):
-        return a if self.options.time_major else np.swapaxes(a, 0, 1)
+    def _batch_major(self):
+        return not self.options.time_major
 
-    _framework_layout = _time_major  # a swap of two axes undoes itself
+    def _x_reversed(self):
+        return self.options.go_backwards or self.options.reverse
 
-    def _sequence_label(self):
-        return "[T, B, C]" if self.options.time_major else "[B, T, C]"
+    def _h_grad_reversed(self):
+        # go_backwards: the layer returns its outputs in the order it made them; a Bidirectional (reverse) turns
+        # its backward layer's outputs back into x's order.
+        return self.options.reverse
 
     def to_op(self, tensors):
+        check_applicable("keras", self.options)
         tensors = _dtyped(tensors)
         missing = [n for n in ("x", "kernel", "recurrent_kernel") if tensors.get(n) is None]
         if missing:
             raise InvalidArgumentError(f"missing tensor{'s' * (len(missing) > 1)} {', '.join(missing)} (a Keras "
                                        "LSTM needs x, kernel, recurrent_kernel, h_grad; bias, h0, c0, hn_grad, "
                                        "cn_grad are optional)")
-        x = _rank("x", tensors["x"], 3, "[B, T, I]" if not self.options.time_major else "[T, B, I]")
-        x = self._time_major(x)
+        x = self._op_x(tensors["x"])
         kernel = _rank("kernel", tensors["kernel"], 2, "[I, 4C]")
         recurrent = _rank("recurrent_kernel", tensors["recurrent_kernel"], 2, "[C, 4C]")
         C = _cells("recurrent_kernel", recurrent.shape[1], recurrent.shape[0], "Keras")
@@ -199,7 +257,7 @@ class KerasView(View):
         return op
 
     def from_op(self, grads) -> dict:
-        out = {"x_grad": np.ascontiguousarray(self._framework_layout(grads.x_grad)),
+        out = {"x_grad": self._framework_x_grad(grads.x_grad),
                "kernel_grad": grads.w_grad[:self.I],
                "recurrent_kernel_grad": grads.w_grad[self.I:]}
         if self.with_bias:
@@ -211,18 +269,18 @@ class KerasView(View):
 class TorchView(View):
     framework = "torch"
 
-    def _time_major(self, a):
-        a = np.swapaxes(a, 0, 1) if self.options.batch_first else a
-        return a[::-1] if self.options.reverse else a  # the reverse direction runs backwards in time
+    def _batch_major(self):
+        return self.options.batch_first
 
-    def _framework_layout(self, a):
-        a = a[::-1] if self.options.reverse else a
-        return np.swapaxes(a, 0, 1) if self.options.batch_first else a
+    def _x_reversed(self):
+        return self.options.reverse  # the reverse direction runs backwards in time
 
-    def _sequence_label(self):
-        return "[B, T, C]" if self.options.batch_first else "[T, B, C]"
+    def _last_output_step(self, T):
+        # out[-1]: for the reverse direction, the step it runs first (the gradient at h_n is hn_grad)
+        return 0 if self.options.reverse else T - 1
 
     def to_op(self, tensors):
+        check_applicable("torch", self.options)
         names = torch_names(self.options)
         projection = f"weight_hr{torch_suffix(self.options)}"
         if tensors.get(projection) is not None:
@@ -235,7 +293,7 @@ class TorchView(View):
                 f"missing tensor{'s' * (len(missing) > 1)} {', '.join(missing)} (layer {self.options.layer}"
                 f"{', reverse' if self.options.reverse else ''} of an nn.LSTM; --layer and --reverse choose "
                 "another)")
-        x = self._time_major(_rank("x", tensors["x"], 3, "[B, T, I]" if self.options.batch_first else "[T, B, I]"))
+        x = self._op_x(tensors["x"])
         w_ih = _rank(names["weight_ih"], tensors[names["weight_ih"]], 2, "[4C, I]")
         w_hh = _rank(names["weight_hh"], tensors[names["weight_hh"]], 2, "[4C, C]")
         C = _cells(names["weight_hh"], w_hh.shape[0], w_hh.shape[1], "PyTorch")
@@ -256,7 +314,7 @@ class TorchView(View):
 
     def from_op(self, grads) -> dict:
         names = torch_names(self.options)
-        out = {"x_grad": np.ascontiguousarray(self._framework_layout(grads.x_grad)),
+        out = {"x_grad": self._framework_x_grad(grads.x_grad),
                f"{names['weight_ih']}_grad": np.ascontiguousarray(grads.w_grad[:self.I].T),
                f"{names['weight_hh']}_grad": np.ascontiguousarray(grads.w_grad[self.I:].T)}
         if self.with_bias:
@@ -323,13 +381,17 @@ def _cells(name: str, gates: int, units: int, framework: str) -> int:
 # -- the Python API ---------------------------------------------------------------------------------------
 
 def keras_lstm_grad(x, kernel, recurrent_kernel, bias=None, *, h_grad, h0=None, c0=None, hn_grad=None,
-                    cn_grad=None, time_major=False, backend=None, compute_dtype=None) -> KerasLSTMGradOutputs:
+                    cn_grad=None, time_major=False, go_backwards=False, reverse=False, backend=None,
+                    compute_dtype=None) -> KerasLSTMGradOutputs:
     """The gradients of a Keras ``LSTM`` layer (tanh, sigmoid: Keras' defaults), as GradientTape gives them.
 
     ``h_grad`` is the gradient at the layer's output: [B, T, C] with return_sequences, else [B, C];
     ``hn_grad``/``cn_grad`` those at the final states (return_state).  Absent h0/c0 are zeros.
+    ``go_backwards``: the layer was made with go_backwards=True (``h_grad`` in the order it returns its outputs,
+    last step of x first); ``reverse``: it is the backward layer of a ``Bidirectional`` (``h_grad``, its half of
+    the wrapper's output gradient, in x's time order).
     """
-    options = FrameworkOptions("keras", time_major=time_major)
+    options = FrameworkOptions("keras", time_major=time_major, go_backwards=go_backwards, reverse=reverse)
     tensors = dict(x=x, kernel=kernel, recurrent_kernel=recurrent_kernel, bias=bias, h0=h0, c0=c0, h_grad=h_grad,
                    hn_grad=hn_grad, cn_grad=cn_grad)
     out = _gradients(KerasView(options), tensors, backend, compute_dtype)
@@ -342,8 +404,9 @@ def torch_lstm_grad(x, weight_ih, weight_hh, bias_ih=None, bias_hh=None, *, h_gr
                     compute_dtype=None) -> TorchLSTMGradOutputs:
     """The gradients of one layer and direction of a PyTorch ``nn.LSTM``, as autograd gives them.
 
-    ``h_grad`` is the gradient at that layer-direction's output sequence; ``reverse`` runs it backwards in
-    time (the second direction of a bidirectional LSTM).  Absent h0/c0 are zeros.
+    ``h_grad`` is the gradient at that layer-direction's output sequence, or [B, C] at its last time step
+    (``out[-1]``); ``reverse`` runs it backwards in time (the second direction of a bidirectional LSTM), with
+    ``h_grad`` in x's time order as nn.LSTM returns it.  Absent h0/c0 are zeros.
     """
     options = FrameworkOptions("torch", batch_first=batch_first, reverse=reverse)
     names = torch_names(options)
@@ -370,31 +433,54 @@ def _gradients(layer: View, tensors: dict, backend, compute_dtype) -> dict:
 
 # -- weights files --------------------------------------------------------------------------------------
 
+KERAS_WALK_GROUPS = 10_000  # groups a weights file is searched through for LSTM layers, at most
+
+
 def keras_layers(path) -> list[dict]:
-    """The LSTM layers of a Keras 3 weights file (``model.save_weights``): for each, its group, the layer's own
-    name (the ``name`` attribute of ``<group>/vars``) and the shapes of kernel, recurrent_kernel and bias.
-    Only datasets' shapes are read; only hard links inside the file are followed."""
+    """The LSTM layers of a Keras weights file: for each, its group (what ``--weights-group`` takes), the layer's
+    own name and the shapes of kernel, recurrent_kernel and bias.  A Keras 3 file (``model.save_weights``) keeps a
+    layer's weights at ``<group>/cell/vars/0, 1, 2``, under ``layers/`` and inside nested models and wrappers
+    (``layers/bidirectional/backward_layer``); an older tf.keras or legacy ``.h5`` file at
+    ``<group>/lstm_cell/kernel[:0]``.  Only datasets' shapes are read; only hard links are followed, and at most
+    ``KERAS_WALK_GROUPS`` groups are looked at."""
     from .io import hdf5  # noqa: PLC0415 - h5py is imported when an HDF5 file is actually read
 
     layers = []
     with hdf5.open_hdf5(path) as (fh, h5py), hdf5.hdf5_errors(path):
-        root = _hard_child(fh, "layers", h5py)
-        for group_name in list(root.keys()) if isinstance(root, h5py.Group) else []:
-            group = _hard_child(root, group_name, h5py)
-            cell = _hard_path(group, ("cell", "vars"), h5py)
-            shapes = [_dataset_shape(cell, str(k), h5py) for k in range(3)] if cell is not None else []
-            if len(shapes) < 2 or None in shapes[:2] or len(shapes[0]) != 2 or len(shapes[1]) != 2:
+        pending, seen = [("", fh)], 0
+        while pending and seen < KERAS_WALK_GROUPS:
+            name, group = pending.pop()
+            seen += 1
+            layer = _keras_lstm(name, group, h5py)
+            if layer is not None:
+                layers.append(layer)
                 continue
-            (I, G), (C, G2) = shapes[0], shapes[1]  # noqa: E741
-            if G != G2 or G != 4 * C:
-                continue  # a GRU or another cell: not an LSTM's weights
-            own = _hard_path(group, ("vars",), h5py)
-            name = own.attrs.get("name") if own is not None else None
-            name = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name or group_name)
-            layers.append({"group": f"layers/{group_name}", "name": name, "kernel": [I, G], "recurrent_kernel": [C, G],
-                           "bias": list(shapes[2]) if len(shapes) > 2 and shapes[2] is not None else None,
-                           "input_size": I, "units": C})
+            children = [(f"{name}/{k}" if name else k, _hard_child(group, k, h5py)) for k in group.keys()]
+            pending.extend(reversed([(n, g) for n, g in children if isinstance(g, h5py.Group)]))
     return layers
+
+
+def _keras_lstm(name: str, group, h5py) -> dict | None:
+    """The LSTM layer whose weights ``group`` holds (Keras 3 or older tf.keras layout), else None."""
+    cell = _hard_path(group, ("cell", "vars"), h5py)
+    if cell is not None:
+        shapes = [_dataset_shape(cell, str(k), h5py) for k in range(3)]
+    else:
+        cell = _hard_path(group, ("lstm_cell",), h5py)
+        if cell is None:
+            return None
+        shapes = [next((s for s in (_dataset_shape(cell, n, h5py), _dataset_shape(cell, f"{n}:0", h5py)) if s), None)
+                  for n in ("kernel", "recurrent_kernel", "bias")]
+    if None in shapes[:2] or len(shapes[0]) != 2 or len(shapes[1]) != 2:
+        return None
+    (I, G), (C, G2) = shapes[0], shapes[1]  # noqa: E741
+    if G != G2 or G != 4 * C:
+        return None  # a GRU or another cell: not an LSTM's weights
+    own = _hard_path(group, ("vars",), h5py)
+    label = own.attrs.get("name") if own is not None else None
+    label = label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label or name.rsplit("/", 1)[-1])
+    return {"group": name, "name": label, "kernel": [I, G], "recurrent_kernel": [C, G],
+            "bias": list(shapes[2]) if shapes[2] is not None else None, "input_size": I, "units": C}
 
 
 def _hard_child(group, name: str, h5py):

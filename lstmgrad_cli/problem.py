@@ -148,13 +148,23 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
     scalars += ("forget_bias", "cell_clip")  # used only when the activations are recomputed
     with io.open_inputs(path, wanted, scalars, group, lazy=TIME_MAJOR if lazy else (),
                         input_format=input_format) as loaded:
-        notes, keys = _supplement(loaded, weights, weights_group, wanted, scalars)
-        name = "tf" if kind == "cell" else frameworks.detect([*keys, *loaded.tensors], framework)
-        layer = None
-        if name in frameworks.VIEWS:
-            layer = _framework_tensors(path, loaded, name, framework, keys)
-            layout, use_peephole, kind = "ifco", False, "seq"
-        problem = _problem_from(path, loaded, kind, layout, use_peephole, seq_len_max, forget_bias, cell_clip)
+        notes, keys, supplied = _supplement(loaded, weights, weights_group, wanted, scalars)
+        try:
+            name = "tf" if kind == "cell" else frameworks.detect([*keys, *loaded.tensors], framework)
+            layer = None
+            if name == "tf":
+                try:
+                    frameworks.check_applicable(name, framework)
+                except InvalidArgumentError as err:
+                    raise InvalidArgumentError(f"{path}: {err}") from None
+            if name in frameworks.VIEWS:
+                layer = _framework_tensors(path, loaded, name, framework, keys)
+                layout, use_peephole, kind = "ifco", False, "seq"
+            problem = _problem_from(path, loaded, kind, layout, use_peephole, seq_len_max, forget_bias, cell_clip)
+        except InvalidArgumentError as err:
+            if weights is None or weights_group is not None or supplied:
+                raise
+            raise InvalidArgumentError(f"{err}{_layers_in(weights, keys)}") from None
         problem.notes = notes + problem.notes
         if layer is not None:
             problem.framework = layer
@@ -182,11 +192,27 @@ def _framework_tensors(path: Path, loaded: io.LoadedFile, name: str, options, ke
     return layer
 
 
-def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) -> tuple[list[str], list[str]]:
+def _layers_in(weights, keys) -> str:
+    """Where the LSTM layers of a ``--weights`` file that supplied nothing are (it holds them in groups), in words
+    to add to the error that followed; "" when it holds none."""
+    try:
+        if io.sniff_format(weights) == "hdf5":
+            groups = [layer["group"] for layer in frameworks.keras_layers(weights)]
+        else:
+            groups = list(dict.fromkeys(d["prefix"] for d in frameworks.torch_state_dict_layers(keys) if d["prefix"]))
+    except LstmGradError:  # (it was read a moment ago: what is wrong with it now is for the next run to say)
+        return ""
+    if not groups:
+        return ""
+    return (f"; {weights} holds LSTM layers at {', '.join(groups[:6])}{', ...' if len(groups) > 6 else ''}: name "
+            "one with --weights-group")
+
+
+def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) -> tuple[list[str], list[str], int]:
     """Tensors and scalars the input lacks, read from the ``--weights`` file; what came from where, in words,
-    and every name the input and the weights file hold."""
+    every name the input and the weights file hold, and how many came from the weights file."""
     if weights is None:
-        return [], list(loaded.keys)
+        return [], list(loaded.keys), 0
     tensors = [n for n in wanted if n not in loaded.tensors]
     params = [n for n in scalars if n not in loaded.scalars]
     extra = io.read_inputs(weights, tensors, params, weights_group)
@@ -200,7 +226,7 @@ def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) 
                and (n in loaded.tensors or n in loaded.scalars)]
     if in_both:
         notes.append(f"in both the input and {weights}: {', '.join(in_both)}; the input's are used")
-    return notes, [*loaded.keys, *extra.keys]
+    return notes, [*loaded.keys, *extra.keys], len(taken)
 
 
 def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole, seq_len_max, forget_bias=None,

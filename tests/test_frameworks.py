@@ -11,6 +11,7 @@ import subprocess
 import sys
 import zipfile
 
+import h5py
 import numpy as np
 import pytest
 from conftest import FIXTURES, load_case, write_npz
@@ -47,9 +48,16 @@ def assert_matches(got: dict, expected: dict):
 
 
 def keras_args(name):
+    case = KERAS_CASES[name]
     args = []
     if name == "keras_two_layers":
         args = ["--weights", str(KERAS / "keras_two_layers.weights.h5"), "--weights-group", "layers/lstm_1"]
+    elif "weights" in case["files"]:
+        args = ["--weights", str(KERAS / case["files"]["weights"]), "--weights-group", case["weights_group"]]
+    if case.get("go_backwards"):
+        args.append("--go-backwards")
+    if name == "keras_bidirectional_backward":  # a Bidirectional's backward layer, h_grad in x's time order
+        args.append("--reverse")
     return args
 
 
@@ -114,6 +122,71 @@ def test_python_api_for_both_frameworks():
     grads = lg.torch_lstm_grad(**args, reverse=True, backend="numba")._asdict()
     expected = {k.replace("_l1_reverse", ""): v for k, v in npz(TORCH / "torch_bidir_l1_reverse.expected.npz").items()}
     assert_matches(grads, expected)
+
+
+def test_python_api_for_layers_that_run_backwards():
+    inputs = npz(KERAS / "keras_go_backwards.in.npz")
+    assert_matches(lg.keras_lstm_grad(**inputs, go_backwards=True)._asdict(),
+                   npz(KERAS / "keras_go_backwards.expected.npz"))
+    weights = {}
+    with h5py.File(KERAS / "keras_bidirectional.weights.h5", "r") as f:
+        for k, name in enumerate(("kernel", "recurrent_kernel", "bias")):
+            weights[name] = f[f"layers/bidirectional/backward_layer/cell/vars/{k}"][()]
+    inputs = npz(KERAS / "keras_bidirectional_backward.in.npz")
+    assert_matches(lg.keras_lstm_grad(**inputs, **weights, reverse=True)._asdict(),
+                   npz(KERAS / "keras_bidirectional_backward.expected.npz"))
+    inputs = npz(TORCH / "torch_bidir_last_reverse.in.npz")
+    args = {k.removesuffix("_l0_reverse"): v for k, v in inputs.items()}
+    grads = lg.torch_lstm_grad(**args, batch_first=True, reverse=True)._asdict()
+    expected = npz(TORCH / "torch_bidir_last_reverse.expected.npz")
+    assert_matches(grads, {k.replace("_l0_reverse", ""): v for k, v in expected.items()})
+
+
+@pytest.mark.parametrize(("name", "flags", "said"), [
+    ("keras_seq", ["--batch-first"], "--batch-first is for a PyTorch nn.LSTM's tensors"),
+    ("keras_seq", ["--layer", "1"], "--layer is for a PyTorch nn.LSTM's tensors"),
+    ("torch_seq", ["--time-major"], "--time-major is for a Keras LSTM layer's tensors"),
+    ("torch_seq", ["--go-backwards"], "--go-backwards is for a Keras LSTM layer's tensors"),
+    ("keras_seq", ["--reverse", "--go-backwards"], "--reverse and --go-backwards do not go together"),
+])
+def test_options_for_another_frameworks_tensors_are_refused(runner, tmp_path, name, flags, said):
+    folder = KERAS if name.startswith("keras") else TORCH
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(folder / f"{name}.in.npz"), "-o", str(out), *flags])
+    assert result.exit_code == 1, result.output
+    assert said in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_options_for_layers_are_refused_for_the_ops_own_tensors(runner, tmp_path):
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(tmp_path / "g.npz"),
+                                  "--reverse"])
+    assert result.exit_code == 1
+    assert "--reverse is for a Keras LSTM layer's and a PyTorch nn.LSTM's tensors, and this input holds the TF " \
+           "op's own" in result.stderr
+
+
+def test_shapes_are_said_in_the_frameworks_layout(runner, tmp_path):
+    inputs = npz(KERAS / "keras_seq.in.npz")  # x [B=3, T=5, I=4], h_grad [3, 5, 3]
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **dict(inputs, h_grad=np.zeros((3, 4, 3), np.float32)))
+    result = runner.invoke(main, ["seq", str(bad), "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 1
+    assert "h_grad has shape [3, 4, 3], expected [B, T, C] = [3, 5, 3]" in result.stderr
+
+
+@pytest.mark.parametrize(("folder", "name", "flags"), [
+    (KERAS, "keras_seq", []),  # batch-first x, B != T
+    (TORCH, "torch_bidir_last_reverse", ["--batch-first", "--reverse"]),
+])
+def test_gradcheck_of_a_frameworks_layer(runner, folder, name, flags):
+    result = runner.invoke(main, ["check", str(folder / f"{name}.in.npz"), "-r", str(folder / f"{name}.expected.npz"),
+                                  "--gradcheck", "--json", *flags])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)["result"]
+    assert doc["gradcheck"]["ok"]
+    stored = doc["gradcheck"]["stored_vs_recomputed"]
+    assert set(stored) >= {"x_grad", "w_grad", "b_grad"} and max(stored.values()) < 1e-5, stored
 
 
 def test_check_against_a_reference_in_the_frameworks_names(runner, tmp_path):
@@ -201,6 +274,48 @@ def test_inspect_lists_the_lstm_layers_of_weights_files(runner):
     doc = json.loads(result.stdout)["result"]
     assert result.exit_code == 0 and doc["kind"] == "torch-weights"
     assert doc["framework_layers"][0]["prefix"] == "encoder.rnn"
+
+
+def test_inspect_finds_lstm_layers_inside_wrappers_and_older_files(runner, tmp_path):
+    result = runner.invoke(main, ["inspect", str(KERAS / "keras_bidirectional.weights.h5"), "--json"])
+    assert result.exit_code == 0, result.output
+    layers = json.loads(result.stdout)["result"]["framework_layers"]
+    assert [(layer["group"], layer["units"]) for layer in layers] == [
+        ("layers/bidirectional/backward_layer", 3), ("layers/bidirectional/forward_layer", 3)]
+    legacy = tmp_path / "legacy.h5"  # how an older tf.keras model.save("m.h5") keeps a nested layer's weights
+    with h5py.File(legacy, "w") as f:
+        cell = f.create_group("model_weights/lstm/sequential/lstm/lstm_cell")
+        cell["kernel:0"], cell["recurrent_kernel:0"] = np.zeros((3, 8), "f4"), np.zeros((2, 8), "f4")
+        f.create_group("model_weights/gru/gru/gru_cell")["kernel:0"] = np.zeros((3, 6), "f4")
+    result = runner.invoke(main, ["inspect", str(legacy), "--json"])
+    layers = json.loads(result.stdout)["result"]["framework_layers"]
+    assert [(layer["group"], layer["kernel"], layer["bias"]) for layer in layers] == [
+        ("model_weights/lstm/sequential/lstm", [3, 8], None)]
+
+
+@pytest.mark.parametrize(("data", "weights", "groups"), [
+    (KERAS / "keras_two_layers.in.npz", KERAS / "keras_two_layers.weights.h5", "layers/lstm, layers/lstm_1"),
+    (TORCH / "torch_prefixed.in.npz", TORCH / "torch_prefixed.weights.safetensors", "encoder.rnn"),
+])
+def test_a_weights_file_without_its_group_says_where_the_layers_are(runner, tmp_path, data, weights, groups):
+    result = runner.invoke(main, ["seq", str(data), "--weights", str(weights), "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
+    assert f"{weights} holds LSTM layers at {groups}: name one with --weights-group" in result.stderr
+
+
+def test_a_keras_model_archive_says_where_its_weights_are(runner, tmp_path):
+    archive = tmp_path / "m.keras"  # what model.save("m.keras") writes
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("metadata.json", "{}")
+        zf.writestr("config.json", "{}")
+        zf.write(KERAS / "keras_two_layers.weights.h5", "model.weights.h5")
+    for args in (["seq", str(KERAS / "keras_two_layers.in.npz"), "--weights", str(archive), "--weights-group",
+                  "layers/lstm_1", "-o", str(tmp_path / "g.npz")], ["inspect", str(archive)]):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 1
+        assert ("is a Keras model archive (model.save('m.keras')); its weights are the model.weights.h5 inside it"
+                in result.output), result.output
+    assert not (tmp_path / "g.npz").exists()
 
 
 def test_safetensors_in_and_out(runner, tmp_path):

@@ -212,7 +212,9 @@ def _render_forward(result: ForwardResult) -> None:
 @click.option("--batch-first", is_flag=True, help="PyTorch: x and h_grad are [B, T, ...].")
 @click.option("--layer", "torch_layer", type=click.IntRange(min=0), default=0, show_default=True,
               help="PyTorch: the layer K whose weights to use.")
-@click.option("--reverse", is_flag=True, help="PyTorch: the reverse direction of a bidirectional LSTM.")
+@click.option("--reverse", is_flag=True, help="The backward direction of a bidirectional LSTM (PyTorch _reverse "
+                                              "weights, a Keras Bidirectional's backward_layer).")
+@click.option("--go-backwards", is_flag=True, help="Keras: a layer made with go_backwards=True.")
 @click.option("--backend", metavar="NAME", help="Compute backend (env LSTMGRAD_BACKEND; default numpy).")
 @click.option("--compute-dtype", type=click.Choice(["float16", "float32", "float64"]),
               help="Arithmetic precision (float16: TF CPU's per-step half rounding).")
@@ -231,8 +233,8 @@ def _render_forward(result: ForwardResult) -> None:
 @handle_errors
 def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max, group, reference_group, weights,
                   weights_group, dump_op, dump_execution, workers, framework, time_major, batch_first, torch_layer,
-                  reverse, backend, compute_dtype, rtol, atol, gradcheck, samples, seed, forget_bias, cell_clip,
-                  as_json):
+                  reverse, go_backwards, backend, compute_dtype, rtol, atol, gradcheck, samples, seed, forget_bias,
+                  cell_clip, as_json):
     """Compare INPUT's gradients with --reference and explain the differences.
 
     INPUT may be a TensorFlow debug dump (tfdbg2): every recorded gradient-op execution in it is
@@ -251,7 +253,7 @@ def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max
     options = CheckOptions(kind, layout, backend, use_peephole, seq_len_max, group, reference_group, compute_dtype,
                            rtol, atol, gradcheck, samples, seed, forget_bias, cell_clip,
                            None if weights is None else str(weights), weights_group,
-                           FrameworkOptions(framework, time_major, batch_first, torch_layer, reverse))
+                           FrameworkOptions(framework, time_major, batch_first, torch_layer, reverse, go_backwards))
     if io.sniff_format(input_path) == "tfdbg2":
         _check_dump(input_path, reference, options, dump_op, dump_execution, workers, as_json)
         return

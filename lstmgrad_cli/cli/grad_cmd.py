@@ -123,8 +123,11 @@ def _shared_options(kind: str):
 @click.option("--batch-first", is_flag=True, help="PyTorch: x and h_grad are [B, T, ...] (batch_first=True).")
 @click.option("--layer", "torch_layer", type=click.IntRange(min=0), default=0, show_default=True,
               help="PyTorch: the layer K whose weights (weight_ih_lK, ...) to use.")
-@click.option("--reverse", is_flag=True, help="PyTorch: the reverse direction of a bidirectional LSTM (the "
-                                              "weights with _reverse; runs backwards in time).")
+@click.option("--reverse", is_flag=True, help="The backward direction of a bidirectional LSTM, h_grad in x's time "
+                                              "order (PyTorch: the weights with _reverse; Keras: a Bidirectional's "
+                                              "backward_layer).")
+@click.option("--go-backwards", is_flag=True, help="Keras: a layer made with go_backwards=True (h_grad as it returns "
+                                                   "its outputs, from x's last step).")
 @click.option("--per-step", is_flag=True,
               help="Add the gradient norms of every time step, a chart and the fastest growth/decay in words.")
 @click.option("--plot", type=click.Path(path_type=Path),
@@ -132,7 +135,7 @@ def _shared_options(kind: str):
 @handle_errors
 def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_len_max, chunk_steps, per_step, plot,
                 weights, weights_group, forget_bias, cell_clip, framework, time_major, batch_first, torch_layer,
-                reverse, **flags):
+                reverse, go_backwards, **flags):
     """BlockLSTMGradV2 or BlockLSTMGrad of each INPUT: the gradient of the op that made its activations;
     or of a Keras LSTM or PyTorch nn.LSTM layer, in that framework's names.
 
@@ -143,7 +146,8 @@ def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_
     The gate layout (IFCO: BlockLSTMV2, gradient BlockLSTMGradV2; ICFO: BlockLSTM, gradient BlockLSTMGrad)
     and use_peephole, when not given, are found by recomputing a few gate values from x, h and the
     weights.  A given value the activations contradict is computed as asked, with a warning
-    (--strict: an error).  Without i, cs, f, o, ci, co, h the forward op is run first.
+    (--strict: an error).  seq_len_max, when not given, is T, or the step from which cs and h are zero
+    where the activations show TF stopped there.  Without i, cs, f, o, ci, co, h the forward op is run first.
 
     Keras: x [B,T,I], kernel, recurrent_kernel, bias, h0, c0, h_grad ([B,T,C] or the last output's
     [B,C]), hn_grad, cn_grad; gives x_grad, kernel_grad, recurrent_kernel_grad, bias_grad, h0_grad,
@@ -156,7 +160,8 @@ def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_
                           per_step=per_step or plot is not None, strict=flags.pop("strict"),
                           weights=None if weights is None else str(weights), weights_group=weights_group,
                           forget_bias=forget_bias, cell_clip=cell_clip,
-                          framework=FrameworkOptions(framework, time_major, batch_first, torch_layer, reverse))
+                          framework=FrameworkOptions(framework, time_major, batch_first, torch_layer, reverse,
+                                                     go_backwards))
     _run("seq", options, plot=plot, **flags)
 
 
@@ -399,7 +404,8 @@ def render(console, result: GradResult) -> None:
     peephole = result.sources.get("use_peephole")
     how = [shape, f"use_peephole={str(result.use_peephole).lower()} ({SOURCE_WORDS.get(peephole, peephole)})"]
     if result.seq_len_max is not None:
-        how.append(f"seq_len_max={result.seq_len_max} ({result.sources.get('seq_len_max')})")
+        origin = result.sources.get("seq_len_max")
+        how.append(f"seq_len_max={result.seq_len_max} ({SOURCE_WORDS.get(origin, origin)})")
     if result.framework:  # a Keras or PyTorch layer: the op is how it is computed, not what the user gave
         what[0] = f"{FRAMEWORK_WORDS[result.framework]}, computed as {result.op} of the recomputed BlockLSTMV2"
         how = [shape]

@@ -21,6 +21,8 @@ from .npy import read_npy
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 TORCH_FILE = ("is a PyTorch file (torch.save writes a pickle, and lstmgrad never unpickles); save the tensors with "
               "safetensors instead: safetensors.torch.save_file(model.state_dict(), 'model.safetensors')")
+KERAS_ARCHIVE = ("is a Keras model archive (model.save('m.keras')); its weights are the model.weights.h5 inside it: "
+                 "give that file (unzip it), or save them with model.save_weights('m.weights.h5')")
 
 # Everything numpy's .npy parser and the zip/decompression layers raise on bad data.
 NPZ_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, lzma.LZMAError, EOFError, OSError, ValueError,
@@ -57,6 +59,8 @@ def read_npz(path: Path, names, scalars, group, collect_errors=False) -> LoadedF
             members[key] = info
         if any(k == "data.pkl" or k.endswith("/data.pkl") for k in members):
             raise InputFileError(f"{path}: {TORCH_FILE}")
+        if {"config.json", "model.weights.h5"} <= members.keys():
+            raise InputFileError(f"{path}: {KERAS_ARCHIVE}")
         keys = [k[len(prefix):] for k in members if k.startswith(prefix)]
         if group and not keys:
             raise InputFileError(f"{path}: no group {group!r} (no keys start with {prefix!r})")
