@@ -201,8 +201,11 @@ def _gradients(problem, backend, cdt, options: GradOptions, result: GradResult, 
     tensors = problem.framework.from_op(outputs) if problem.framework else outputs._asdict()
     result.tensors = [summarise(name, value) for name, value in tensors.items()]
     result.nonfinite_inputs = _count_nonfinite(arrays)
-    if options.strict and nonfinite_note(result):
-        raise InvalidArgumentError(f"{problem.path}: {nonfinite_note(result)} (--strict: nothing written)")
+    note = nonfinite_note(result)
+    if note and options.strict:
+        raise InvalidArgumentError(f"{problem.path}: {note} (--strict: nothing written)")
+    if note:  # a warning as the others are: on stderr (-q too), in the JSON's warnings
+        result.warnings = [*result.warnings, note]
     if recorder is not None:
         def backward(inputs, observe, x_grad_out):
             block_lstm_grad_checked(backend, problem.layout, problem.seq_len_max, inputs, problem.use_peephole, cdt,

@@ -264,7 +264,11 @@ def test_nan_summary_table_flags_the_tensors(tmp_path, runner):
     path = nan_input(tmp_path)
     result = runner.invoke(main, ["seq", str(path), "-o", str(tmp_path / "g.npz")], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    assert "no (" in result.stdout and "NaN/Inf in inputs: x (2), h_grad (1)" in result.stdout
+    assert "no (" in result.stdout
+    assert "Warning: " in result.stderr and "NaN/Inf in inputs: x (2), h_grad (1)" in result.stderr
+    quiet = runner.invoke(main, ["seq", str(path), "-o", str(tmp_path / "q.npz"), "-q", "--json"])
+    assert quiet.exit_code == 0 and "NaN/Inf in inputs: x (2), h_grad (1)" in quiet.stderr
+    assert any("NaN/Inf in inputs: x (2), h_grad (1)" in w for w in json.loads(quiet.stdout)["results"][0]["warnings"])
 
 
 def test_strict_turns_nan_into_exit_1(tmp_path, runner):

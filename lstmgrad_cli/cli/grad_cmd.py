@@ -17,7 +17,7 @@ from ..batch import DumpSelection, plan_tasks, run_batch
 from ..dask_executor import check_options as check_dask_options
 from ..errors import InvalidOptionError, LstmGradError
 from ..frameworks import FrameworkOptions
-from ..jobs import GradOptions, GradResult, nonfinite_note
+from ..jobs import GradOptions, GradResult
 from ..perstep import ASCII_SPARK, SPARK, check_plot_path, save_plot, sparkline
 from ._common import (
     check_output_extension,
@@ -412,8 +412,6 @@ def render(console, result: GradResult) -> None:
     print_table(console, table, f"{source} -> {result.output}")
     say(console, separator(console).join(what))
     say(console, separator(console).join(how))
-    if nonfinite_note(result):
-        say(console, f"warning: {nonfinite_note(result)}", style="bold red")
     for note in result.notes:
         say(console, f"note: {note}")
     for note in result.defaults:
