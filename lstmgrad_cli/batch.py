@@ -20,7 +20,7 @@ from .allocator import keep_heap_top
 from .backends import _blas
 from .dask_executor import NotStarted, SchedulerLost, dask_executor
 from .errors import LstmGradError, OutputExistsError, OutputFileError
-from .io import tfdbg
+from .io import npydir, tfdbg
 from .jobs import GradOptions, GradResult, existing_output, run_grad_file
 from .provenance import output_difference, request_of
 
@@ -100,9 +100,10 @@ def _resolver() -> Callable[[Path], Path]:
 
 def _targets(path: Path, output: Path | None,
              dumps: DumpSelection) -> list[tuple[str | None, Path, str | None, str | None]]:
-    """(group, output, error, input format) of each task of one input."""
+    """(group, output, error, input format) of each task of one input (a directory of .npy files may be one
+    through its ``--group`` subdirectory alone: npydir.sniff_group)."""
     try:
-        fmt = io.sniff_format(path)
+        fmt = npydir.input_format(path, dumps.group)
     except LstmGradError:  # the run says what is wrong
         return [(dumps.group, output or path.with_name(path.name + ".grads.npz"), None, None)]
     if fmt != "tfdbg2":

@@ -9,9 +9,10 @@ Which op: x of rank 3 is a sequence (BlockLSTMGradV2 or BlockLSTMGrad), rank 2 o
 (LSTMBlockCellGrad); a file without the forward outputs is an input for ``lstmgrad forward``; a file
 of ``*_grad`` tensors is a gradient file (a reference for ``lstmgrad check``).  The gate layout
 cannot be read off the tensors: it comes from the file's lstmgrad metadata when there is some,
-else from recomputing the gates from x, h_prev, w and b in both layouts (gradcheck.py) and seeing
-which one reproduces the stored i, f, ci, o; use_peephole, when the file does not give it, too (as
-``seq``/``cell`` find them).
+else from the stored gates, by the detection ``seq``/``cell`` run (detect.py: the same steps, the same
+tolerance, NaN/Inf entries left out), so the two never disagree; use_peephole, when the file does not give
+it, too.  The forward pass with what was found is then recomputed at every step in float64 (gradcheck.py)
+for forget_bias and cell_clip, and for a misfit at a step the detection does not sample.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import frameworks, gradcheck, io, validation
+from . import detect, frameworks, gradcheck, io, validation
 from .diagnose import CELL_GRADS, SEQ_GRADS
 from .errors import LstmGradError
+from .io import npydir
 from .problem import FORWARD_OPS, OPS
 from .summary import json_safe
 
@@ -76,7 +78,8 @@ class InspectReport:
     problems: list[Problem] = field(default_factory=list)
     metadata: dict = field(default_factory=dict)
     groups: list[str] = field(default_factory=list)
-    forward_fit: dict | None = None
+    forward_fit: dict | None = None  # the float64 recompute of every step with the layout and peepholes found
+    activations: dict | None = None  # what the stored activations fit (detect.ActivationFit.to_json, as seq's)
     framework_layers: list[dict] = field(default_factory=list)  # a Keras weights file's or a state_dict's LSTMs
     notes: list[str] = field(default_factory=list)
     scalar_sources: dict = field(default_factory=dict)  # seq_len_max / use_peephole -> "tensor" | "attribute"
@@ -97,10 +100,16 @@ class InspectReport:
         self.problems.append(Problem("warning", tensor, message))
 
 
-def _read_all(path: Path, group: str | None, report: InspectReport) -> dict[str, np.ndarray]:
+def _read(path: Path, fmt: str, names, scalars, group: str | None, collect_errors: bool = False) -> io.LoadedFile:
+    """``io.read_inputs`` of an input whose format is known (``npydir.input_format``, which knows the group)."""
+    with io.open_inputs(path, names, scalars, group, collect_errors=collect_errors, input_format=fmt) as loaded:
+        return loaded
+
+
+def _read_all(path: Path, fmt: str, group: str | None, report: InspectReport) -> dict[str, np.ndarray]:
     """Every entry of the file (or group) that reads as an array; each unreadable one is reported."""
-    keys = [k for k in io.read_inputs(path, (), (), group).keys if k != io.METADATA_KEY]
-    loaded = io.read_inputs(path, keys, (), group, collect_errors=True)
+    keys = [k for k in _read(path, fmt, (), (), group).keys if k != io.METADATA_KEY]
+    loaded = _read(path, fmt, keys, (), group, collect_errors=True)
     for key, err in loaded.errors.items():
         message = str(err).removeprefix(f"{path}: ")
         if "is a group, not a dataset" in message:
@@ -135,7 +144,7 @@ def _summary(key, name, a: np.ndarray) -> TensorInfo:
 def _metadata(path: Path, fmt: str, group) -> dict:
     try:
         if fmt == "npz":
-            loaded = io.read_inputs(path, (io.METADATA_KEY,), (), group)
+            loaded = _read(path, fmt, (io.METADATA_KEY,), (), group)
             raw = loaded.tensors.get(io.METADATA_KEY)
             return json.loads(str(raw)) if raw is not None else {}
         return io.read_metadata(path)
@@ -146,15 +155,15 @@ def _metadata(path: Path, fmt: str, group) -> dict:
 def inspect_file(path, group: str | None = None) -> InspectReport:
     """Everything about one file; raises InputFileError only when it cannot be opened at all."""
     path = Path(path)
-    fmt = io.sniff_format(path)
+    fmt = npydir.input_format(path, group)
     report = InspectReport(str(path), fmt, group)
-    raw = _read_all(path, group, report)
+    raw = _read_all(path, fmt, group, report)
     meta = _metadata(path, fmt, group)
     report.metadata = {k: v for k, v in meta.items() if k in ("tool", "version", "op", "layout", "forget_bias",
                                                               "cell_clip", "grads", "source", "backend")}
 
     try:
-        scalars = io.read_inputs(path, (), SCALARS, group).scalars
+        scalars = _read(path, fmt, (), SCALARS, group).scalars
     except LstmGradError:
         scalars = {}
     for name, (value, origin) in scalars.items():
@@ -427,35 +436,74 @@ def _layout(by_name, names, seq, dims, length, peephole, meta, report) -> None:
     if length == 0:
         report.notes.append("seq_len_max is 0: no step to recompute, the layout cannot be told")
         return
+    kind = "seq" if seq else "cell"
     try:
-        fits = gradcheck.forward_fits(arrays, "seq" if seq else "cell", seq_len_max=length)
+        fit = detect.fit_activations(arrays, kind, length)  # as load_problem finds them for seq and cell
     except (LstmGradError, ValueError, FloatingPointError):
         return
-    good = [f for f in fits if f.consistent]
-    best = fits[0]
-    report.forward_fit = best.to_json()
-    if good:
-        layouts = {f.layout for f in good}
-        if seq and report.layout_source != "metadata":
-            if len(layouts) == 1:
-                report.layout, report.layout_source = best.layout, "found from the activations"
-                report.op = OPS[("seq", best.layout)]
-            else:
-                report.notes.append("both layouts reproduce the stored gates: the layout cannot be told")
-        elif seq and best.layout != report.layout:
-            report.warn(None, f"the metadata says layout {report.layout}, but the stored gates fit {best.layout}")
-        peeps = {f.use_peephole for f in good}
-        if len(peeps) == 1 and report.use_peephole_source == "default":  # not given: the activations say it
-            report.use_peephole, report.use_peephole_source = best.use_peephole, "found from the activations"
-        elif len(peeps) == 1 and peephole != best.use_peephole:
-            report.warn("use_peephole", f"the stored activations were computed with use_peephole="
-                                        f"{str(best.use_peephole).lower()}, the file says {str(peephole).lower()} "
-                                        f"({report.use_peephole_source}); use "
-                                        f"--{'' if best.use_peephole else 'no-'}peephole")
-        report.notes.append(f"forward pass reproduced: forget_bias={best.forget_bias:g} ({best.forget_bias_source}), "
-                            f"cell_clip={best.cell_clip:g} ({best.cell_clip_source})")
-    else:
-        bad = ", ".join(f"{t.name} (max {t.max_deviation:.3g})" for t in best.inconsistent())
-        report.warn(None, f"the stored activations do not fit x, h_prev, w, b in either layout: {bad}; saved at "
-                          "a different step, or from a different checkpoint? (lstmgrad check --gradcheck)")
+    if fit is None or not fit.tested:
+        report.notes.append("the stored gates cannot be recomputed (no batch row or unit, or none finite and "
+                            "unsaturated): the layout cannot be told")
+        return
+    report.activations = fit.to_json()
+    if fit.fits_nothing:
+        report.warn(None, f"the stored activations do not fit x, h_prev, w, b in either layout, with or without "
+                          f"peepholes ({fit.misfit()}); saved at a different step, or from a different checkpoint? "
+                          "(lstmgrad check --gradcheck)")
+        return
+    if seq and report.layout_source != "metadata":
+        if fit.layout is not None:
+            report.layout, report.layout_source = fit.layout, "found from the activations"
+            report.op = OPS[("seq", fit.layout)]
+        else:
+            report.notes.append("both layouts reproduce the stored gates: the layout cannot be told")
+    elif seq and report.layout not in fit.layouts:
+        report.warn(None, f"the metadata says layout {report.layout}, but the stored gates fit {fit.layouts[0]}")
+    elif not seq and fit.layouts == ["ifco"]:
+        report.warn(None, "the activations fit the IFCO gate layout (a step of BlockLSTMV2?), but LSTMBlockCellGrad "
+                          "is ICFO: for a BlockLSTMV2 step use `lstmgrad seq` with x of shape [1, B, I]")
+    peeps = sorted({h.use_peephole for h in fit.fitting if h.layout == report.layout}) or fit.peepholes
+    if len(peeps) == 1 and report.use_peephole_source == "default":  # not given: the activations say it
+        report.use_peephole, report.use_peephole_source = peeps[0], "found from the activations"
+    elif len(peeps) == 1 and peephole != peeps[0]:
+        report.warn("use_peephole", f"the stored activations were computed with use_peephole="
+                                    f"{str(peeps[0]).lower()}, the file says {str(peephole).lower()} "
+                                    f"({report.use_peephole_source}); use "
+                                    f"--{'' if peeps[0] else 'no-'}peephole")
+    found = next((h for h in fit.fitting if h.layout == (report.layout or h.layout)
+                  and h.use_peephole == report.use_peephole), fit.fitting[0])
+    _forward_pass(arrays, kind, length, found, fit.tolerance, report)
 
+
+def _forward_pass(arrays, kind, length, found: detect.Hypothesis, tol: float, report: InspectReport) -> None:
+    """Every step recomputed in float64 with the layout and peepholes the detection found: forget_bias and
+    cell_clip in a note, and a warning for a misfit where the detection did not look.  A NaN or Inf deviation
+    (a non-finite value in a tensor, computed through) is left out, as the detection leaves it out."""
+    def recompute(forget_bias=None):
+        return gradcheck.forward_consistency(arrays, kind, layout=found.layout, use_peephole=found.use_peephole,
+                                             seq_len_max=length, forget_bias=forget_bias)
+
+    try:
+        forward = recompute()
+        if not np.isfinite(forward.forget_bias) and found.forget_bias is not None:
+            # a NaN/Inf pre-activation made the median NaN: the detection's, from the finite entries, rounded
+            # as gradcheck rounds its own (0.99997 is 1.0 in all but rounding)
+            bias = found.forget_bias
+            forward = recompute(round(bias, 2) + 0.0 if abs(round(bias, 2) - bias) <= 10 * tol else bias)
+            forward.forget_bias_source = "inferred"
+    except (LstmGradError, ValueError, FloatingPointError):
+        return
+    report.forward_fit = forward.to_json()
+    values = (f"forget_bias={forward.forget_bias:g} ({forward.forget_bias_source}), "
+              f"cell_clip={forward.cell_clip:g} ({forward.cell_clip_source})")
+    misfit = [t for t in forward.inconsistent() if np.isfinite(t.max_deviation)]
+    if misfit:
+        bad = ", ".join(f"{t.name} (max {t.max_deviation:.3g}, from step {t.first_bad_step})" for t in misfit)
+        report.warn(None, f"the stored activations fit layout {found.layout} with use_peephole="
+                          f"{str(found.use_peephole).lower()} at the steps seq and cell sample, but not at every "
+                          f"step: {bad}; saved at a different step, or from a different checkpoint? "
+                          "(lstmgrad check --gradcheck)")
+    elif forward.consistent:
+        report.notes.append(f"forward pass reproduced: {values}")
+    else:
+        report.notes.append(f"forward pass reproduced where the values are finite: {values}")

@@ -363,6 +363,96 @@ def test_a_group_of_an_npy_directory_stays_inside_it(tmp_path):
         io.read_inputs(folder, ["x"], group="../dump")
 
 
+# A directory given with --group whose tensors sit in that subdirectory alone (npyd/sub/x.npy, ...): one input, as
+# docs/inputs.md says a .npy directory's --group is a subdirectory; without --group it stays a batch of its
+# subdirectories (docs/batches.md).
+
+
+@pytest.fixture
+def grouped_npy_dir(tmp_path):
+    """npyd/sub/{x,cs_prev,...}.npy and nothing else in npyd."""
+    folder = tmp_path / "npyd"
+    folder.mkdir()
+    save_npy_dir(folder / "sub", without("seq_v2_peep"))
+    return folder
+
+
+def test_an_npy_directory_holding_only_its_group_is_one_input_to_the_library(tmp_path, grouped_npy_dir):
+    import lstmgrad_cli
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.diagnose import CheckOptions, run_check
+    from lstmgrad_cli.inspection import inspect_file
+    from lstmgrad_cli.io import npydir
+    from lstmgrad_cli.jobs import GradOptions
+
+    inputs = lstmgrad_cli.load(grouped_npy_dir, group="sub")
+    assert inputs.op == "BlockLSTMGradV2" and inputs.sources["layout"] == "activations"
+    for key, value in load_case("seq_v2_peep")[1].items():
+        assert_close_scaled(getattr(inputs.gradients(), key), value, name=key)
+
+    report = inspect_file(grouped_npy_dir, "sub")
+    assert report.format == "npy-dir" and report.kind == "seq" and report.layout == "ifco" and not report.problems
+
+    check = run_check(grouped_npy_dir, FIXTURES / "seq_v2_peep.expected.npz", CheckOptions(group="sub"))
+    assert check.passed and check.op == "BlockLSTMGradV2"
+
+    (task,) = batch.plan_tasks([grouped_npy_dir], None, None, batch.DumpSelection("seq", "sub"))
+    assert task.input_format == "npy-dir" and task.group == "sub"
+    assert task.output == tmp_path / "npyd.grads.npz"  # beside the directory given, as for any .npy directory
+    (result,) = batch.run_batch([task], GradOptions("seq", group="sub"))
+    assert result.status == "ok", result.error
+    assert_close_scaled(read_any(task.output)["w_grad"], load_case("seq_v2_peep")[1]["w_grad"], name="w_grad")
+
+    assert npydir.sniff_group(grouped_npy_dir, "sub") and npydir.sniff_group(grouped_npy_dir, "/sub/")
+    assert npydir.input_format(grouped_npy_dir, "sub") == "npy-dir"
+    # a group that is no .npy directory there: what the directory is, as before, and never a batch's error
+    with pytest.raises(io.InputFileError, match="is a directory, not a file"):
+        lstmgrad_cli.load(grouped_npy_dir, group="nope")
+    with pytest.raises(io.InputFileError, match="leaves the directory"):
+        lstmgrad_cli.load(grouped_npy_dir, group="../npyd/sub")  # (a .npy directory there, but outside)
+
+
+def test_a_batch_directory_stays_a_batch_with_a_group(tmp_path):
+    """Only a directory holding no input of its own is one input through its group: .npz/.h5 files, .npy files
+    at its top, or a TF debug dump keep it what it was, and without a group it is a batch."""
+    from lstmgrad_cli.io import npydir
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    save_npy_dir(runs / "sub", without("seq_v2_peep"))
+    save_npy_dir(runs / "other", without("seq_v2_nopeep"))
+    assert npydir.sniff_group(runs, "sub") and not npydir.sniff_group(runs, None)
+    assert not npydir.sniff_group(runs, "missing") and not npydir.sniff_group(runs / "sub" / "x.npy", "sub")
+    assert io.input_directory_format(runs) is None  # (what the CLI expands as a batch without --group)
+    np.savez(runs / "c.npz", **load_case("seq_v2_nopeep")[0])
+    assert not npydir.sniff_group(runs, "sub")  # .npz files beside it: a batch, each input read with the group
+    (runs / "c.npz").unlink()
+    np.save(runs / "x.npy", np.zeros(3, np.float32))
+    assert not npydir.sniff_group(runs, "sub")  # an input itself, whose group is read as a subdirectory
+    assert npydir.input_format(runs, "sub") == "npy-dir"
+    (runs / "x.npy").unlink()
+    for name in ("a.metadata", "a.execution"):  # a TF debug dump: its group is an execution
+        (runs / name).write_bytes(b"")
+    assert not npydir.sniff_group(runs, "sub")
+
+
+def test_seq_reads_an_npy_directory_through_its_group(runner, tmp_path, grouped_npy_dir):
+    out = tmp_path / "nd.npz"
+    result = runner.invoke(main, ["seq", str(grouped_npy_dir), "--group", "sub", "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["results"][0]["input"] == str(grouped_npy_dir)
+    assert_close_scaled(read_any(out)["x_grad"], load_case("seq_v2_peep")[1]["x_grad"], name="x_grad")
+
+
+def test_inspect_and_check_read_an_npy_directory_through_its_group(runner, grouped_npy_dir):
+    result = runner.invoke(main, ["inspect", str(grouped_npy_dir), "--group", "sub", "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["result"]["layout"] == "ifco"
+    result = runner.invoke(main, ["check", str(grouped_npy_dir), "--group", "sub",
+                                  "-r", str(FIXTURES / "seq_v2_peep.expected.npz")])
+    assert result.exit_code == 0, result.stderr
+
+
 def test_warnings_reach_a_real_terminal_process(tmp_path):
     """Once as a real subprocess: the warning is one stderr line, the output is written, exit 0."""
     out = tmp_path / "g.npz"

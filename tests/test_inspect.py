@@ -153,3 +153,67 @@ def test_inspect_reads_the_file_once_under_one_memory_budget(tmp_path, monkeypat
     doc = json.loads(CliRunner().invoke(main, ["inspect", str(src), "--json"]).stdout)
     unreadable = [t["key"] for t in doc["result"]["tensors"] if t["role"] == "unreadable"]
     assert unreadable == ["t2"]
+
+
+# -- NaN/Inf: inspect finds the layout as seq does (detect.py leaves non-finite entries out) -----------------------
+
+def _seq_result(path, tmp_path):
+    result = CliRunner().invoke(main, ["seq", str(path), "-o", str(tmp_path / "g.npz"), "--force", "--json"])
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)["results"][0]
+
+
+def _with(tmp_path, name, value, index=(0, 0, 1), computed_through=False):
+    """seq_v2_peep with one entry of ``name`` replaced; ``computed_through``: the forward outputs recomputed from
+    the changed inputs, as TF would have stored them."""
+    from lstmgrad_cli import ops
+
+    t = dict(np.load(FIXTURES / "seq_v2_peep.in.npz"))
+    t[name] = t[name].copy()
+    t[name][index[:t[name].ndim]] = value
+    if computed_through:
+        inputs = {k: t[k] for k in ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")}
+        t.update(ops.block_lstm_v2(int(t["seq_len_max"]), **inputs, use_peephole=True)._asdict())
+    path = tmp_path / "nonfinite.npz"
+    np.savez(path, **t)
+    return path
+
+
+@pytest.mark.parametrize("name, value, computed_through", [
+    ("x", np.nan, False), ("w", np.nan, False), ("h_prev", np.nan, False), ("i", np.nan, False),
+    ("cs", np.nan, False), ("x", np.inf, True), ("x", np.nan, True)])
+def test_nonfinite_entries_are_left_out_of_the_layout_fit_as_seq_leaves_them(tmp_path, name, value,
+                                                                              computed_through):
+    path = _with(tmp_path, name, value, computed_through=computed_through)
+    ran = _seq_result(path, tmp_path)
+    assert ran["layout"] == "ifco" and ran["sources"]["layout"] == "activations"
+    assert [w for w in ran["warnings"] if not w.startswith("NaN/Inf in inputs")] == []  # (the count is a warning)
+    code, doc = inspect(path)
+    assert code == 0 and doc["layout"] == "ifco" and doc["layout_source"] == "found from the activations"
+    assert doc["op"] == "BlockLSTMGradV2" and doc["use_peephole"] is True
+    assert doc["activations"] == ran["activations"]  # the same detection, the same verdict
+    warnings = [p["message"] for p in problems(doc, "warning")]
+    assert warnings and all("NaN/Inf entr" in m for m in warnings), warnings  # only the count of each tensor's
+    assert any(n.startswith("forward pass reproduced") for n in doc["notes"]), doc["notes"]
+
+
+def test_activations_that_do_not_fit_their_nonfinite_inputs_are_flagged_by_both(tmp_path):
+    path = _with(tmp_path, "x", np.inf)  # the stored gates were computed from the finite x: they do not fit it
+    ran = _seq_result(path, tmp_path)
+    assert ran["activations"]["fits_nothing"] and any("fit neither gate layout" in m for m in ran["warnings"])
+    code, doc = inspect(path)
+    assert doc["activations"] == ran["activations"] and doc["layout"] is None
+    assert any("do not fit x, h_prev, w, b in either layout" in p["message"] for p in problems(doc, "warning"))
+
+
+def test_a_misfit_at_a_step_seq_does_not_sample_is_still_flagged(tmp_path):
+    t = dict(np.load(FIXTURES / "seq_v2_larger.in.npz"))  # T=12: seq samples steps 0, 1, 6, 10, 11
+    t["i"] = t["i"].copy()
+    t["i"][3] = np.clip(t["i"][3] + 0.1, 0, 1)
+    path = tmp_path / "step3.npz"
+    np.savez(path, **t)
+    assert _seq_result(path, tmp_path)["warnings"] == []
+    code, doc = inspect(path)
+    assert code == 0 and doc["layout"] == "ifco"
+    (warning,) = [p["message"] for p in problems(doc, "warning")]
+    assert "not at every step: i (max 0.1, from step 3)" in warning

@@ -13,14 +13,14 @@ import click
 import numpy as np
 from rich.table import Table
 
-from .. import __version__, io
+from .. import __version__
 from ..diagnose import CAUSES, CheckOptions, CheckReport, check_dump, run_check
 from ..dump_report import DumpReport, inspect_dump
 from ..errors import InvalidArgumentError
 from ..forward_job import ForwardOptions, ForwardResult, parse_grads, run_forward_file
 from ..frameworks import FrameworkOptions
 from ..inspection import InspectReport, inspect_file
-from ..io import tfdbg
+from ..io import npydir, tfdbg
 from ..problem import OPS
 from ._common import (
     check_output_extension,
@@ -254,7 +254,7 @@ def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max
                            rtol, atol, gradcheck, samples, seed, forget_bias, cell_clip,
                            None if weights is None else str(weights), weights_group,
                            FrameworkOptions(framework, time_major, batch_first, torch_layer, reverse, go_backwards))
-    if io.sniff_format(input_path) == "tfdbg2":
+    if npydir.input_format(input_path, group) == "tfdbg2":
         _check_dump(input_path, reference, options, dump_op, dump_execution, workers, as_json)
         return
     if dump_op is not None or dump_execution is not None or workers > 1:
@@ -490,7 +490,7 @@ def inspect_command(input_path, group, as_json):
 
     Exit status 1 when the gradient commands would refuse the file, else 0 (warnings included).
     """
-    if io.sniff_format(input_path) == "tfdbg2" and group is None:
+    if npydir.input_format(input_path, group) == "tfdbg2" and group is None:
         report = inspect_dump(input_path)
         render = _render_dump
     else:

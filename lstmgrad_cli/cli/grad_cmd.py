@@ -17,6 +17,7 @@ from ..batch import DumpSelection, plan_tasks, run_batch
 from ..dask_executor import check_options as check_dask_options
 from ..errors import InvalidOptionError, LstmGradError
 from ..frameworks import FrameworkOptions
+from ..io import npydir
 from ..jobs import GradOptions, GradResult
 from ..perstep import ASCII_SPARK, SPARK, check_plot_path, save_plot, sparkline
 from ._common import (
@@ -182,13 +183,14 @@ def cell_command(backend, use_peephole, group, compute_dtype, force, weights, we
     _run("cell", options, plot=None, **flags)
 
 
-def expand_inputs(patterns) -> list[Path]:
+def expand_inputs(patterns, group: str | None = None) -> list[Path]:
     """Paths as given; quoted glob patterns expanded.  A directory that is itself one input (a directory of .npy
-    files) stays one; any other directory gives its .h5/.hdf5/.npz files and its subdirectories that are inputs."""
+    files, or one whose --group subdirectory is: npydir.sniff_group) stays one; any other directory gives its
+    .h5/.hdf5/.npz files and its subdirectories that are inputs."""
     paths: list[Path] = []
     for pattern in patterns:
         path = Path(pattern)
-        if path.is_dir() and io.input_directory_format(path) is None:
+        if path.is_dir() and io.input_directory_format(path) is None and not npydir.sniff_group(path, group):
             paths.extend(sorted(p for p in path.iterdir() if ".grads." not in p.name and (
                 (p.suffix.lower() in INPUT_SUFFIXES and p.is_file())
                 or (p.is_dir() and io.input_directory_format(p) is not None))))
@@ -206,7 +208,7 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
          workers, dask_address, plot, dump_op, dump_execution) -> None:
     if plot is not None and len(inputs) != 1:
         raise click.UsageError("--plot takes a single INPUT")
-    paths = expand_inputs(inputs)
+    paths = expand_inputs(inputs, options.group)
     if output is not None and (len(paths) != 1 or out_dir is not None):
         raise click.UsageError("-o/--output takes a single INPUT and no --out-dir; use --out-dir for several")
     if workers > 1 and dask_address:

@@ -162,7 +162,7 @@ def open_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable
                 lazy: Iterable[str] = (), collect_errors: bool = False,
                 input_format: str | None = None) -> Iterator[LoadedFile]:
     """``read_inputs`` that may leave tensors on disk while the block runs (``input_format``: what
-    ``sniff_format`` said of ``path``, when the caller has asked it already).
+    ``npydir.input_format`` said of ``path`` and ``group``, when the caller has asked it already).
 
     Tensors named in ``lazy`` that are HDF5 datasets come back as ``LazyDataset``s, read later by
     slicing (a chunk of time steps at a time), after the same safety checks as an eager read; they
@@ -170,7 +170,7 @@ def open_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable
     processed.  Other formats, and big-endian HDF5 data, are always read into memory.
     """
     path = Path(path)
-    fmt = FORMATS[input_format or sniff_format(path)]
+    fmt = FORMATS[input_format or npydir.input_format(path, group)]  # (the group may make a directory one input)
     with fmt.open(path, list(names), list(scalars), group, frozenset(lazy), collect_errors) as loaded:
         yield loaded
 

@@ -1,7 +1,8 @@
 """A directory of ``.npy`` files, one tensor per file (``x.npy``, ``cs_prev.npy``, ...): one input.
 
 Many dump scripts save tensors this way (``np.save(f"{name}.npy", value)``).  The tensor's name is
-the file's stem; a group is a subdirectory.  Each file is parsed as NPZ members are (``npy.py``):
+the file's stem; a group is a subdirectory, and the directory given may then hold nothing but subdirectories
+(``run/`` with ``--group step3``: ``sniff_group``).  Each file is parsed as NPZ members are (``npy.py``):
 never unpickled, its declared size checked against the budget and the file's length before reading.
 Only regular files are read (a FIFO or device named ``x.npy`` is refused); other files are ignored.
 """
@@ -16,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from ..errors import InputFileError, LstmGradError
 from ._common import Budget, Format, LoadedFile, collecting, file_kind, key_for, reason
 from .npy import read_npy
+from .tfdbg import sniff as _is_dump
 
 SUFFIX = ".npy"
 # A directory holding these is a batch of inputs, not one input made of .npy files.
@@ -26,6 +28,35 @@ def sniff(names: list[str]) -> bool:
     """A directory of .npy files (and no NPZ/HDF5 files, which would make it a batch of inputs)."""
     lower = [n.lower() for n in names]
     return any(n.endswith(SUFFIX) for n in lower) and not any(n.endswith(_BATCH_SUFFIXES) for n in lower)
+
+
+def sniff_group(path: str | os.PathLike, group: str | None) -> bool:
+    """Whether ``path`` read with ``group`` is one directory of .npy files whose tensors sit in the subdirectory
+    ``group``, though ``path`` holds no input of its own: no .npy file, none of the files that make a directory
+    a batch (.npz, .h5, ...) and no TensorFlow debug dump.  Without a group such a directory is a batch of its
+    subdirectories (docs/batches.md), which is all ``io.sniff_format``, given the path alone, can say of it.
+    """
+    if not group:
+        return False
+    try:
+        names = os.listdir(path)
+        inner = os.listdir(Path(path) / group.strip("/"))  # (a group leaving the directory: the read refuses it)
+    except (OSError, ValueError):  # ValueError: an embedded NUL byte
+        return False
+    lower = [n.lower() for n in names]
+    if any(n.endswith((SUFFIX, *_BATCH_SUFFIXES)) for n in lower) or _is_dump(names):
+        return False
+    return sniff(inner)
+
+
+def input_format(path: str | os.PathLike, group: str | None = None) -> str:
+    """``io.sniff_format(path)``, knowing the group: a directory that is one input through its ``group``
+    subdirectory (``sniff_group``) is a directory of .npy files."""
+    if sniff_group(path, group):
+        return FORMAT.name
+    from . import sniff_format  # (io imports this module)
+
+    return sniff_format(path)
 
 
 @contextlib.contextmanager
