@@ -122,6 +122,27 @@ def sample_steps(seq_len_max: int) -> list[int]:
     return sorted({t for t in (0, 1, L // 2, L - 2, L - 1) if 0 <= t < L})
 
 
+def seq_len_max_stopped(arrays: dict, T: int) -> int | None:
+    """The seq_len_max of stored activations that do not give it, where they say it is less than T: TF zeroes cs and
+    h from step seq_len_max on and leaves i, f, o, ci, co there as whatever memory held (tf-semantics.md), which a
+    backward pass over all T steps would read.  Zero cs and h at the last steps are taken for that only where the
+    activations do not fit over all T steps but do fit before them.  None: nothing says it is not T.
+    ``arrays`` may hold lazy time-major tensors: only the steps looked at are read."""
+    cs, h = arrays["cs"], arrays["h"]
+    steps = T
+    while steps > 0 and not np.any(cs[steps - 1]) and not np.any(h[steps - 1]):
+        steps -= 1
+    if steps == T:
+        return None
+    over_all = fit_activations(arrays, "seq", T)
+    if over_all is not None and not over_all.fits_nothing:  # they fit at the zero steps too: really computed
+        return None
+    before = fit_activations(arrays, "seq", steps)
+    if before is not None and before.fits_nothing:
+        return None  # they fit nowhere: the warnings about them say more than a guess would
+    return steps
+
+
 def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=("ifco", "icfo")) -> ActivationFit | None:
     """Test the layouts (and both peephole settings) on validated arrays; None when there is no step to test.
 

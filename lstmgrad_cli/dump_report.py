@@ -72,16 +72,22 @@ def inspect_dump(path) -> DumpReport:
         if execution.mode != tfdbg.FULL_TENSOR:
             report.errors.append(tfdbg.mode_error(where, tfdbg.MODES.get(execution.mode, str(execution.mode))))
             continue
-        if info.missing and execution.is_gradient:
-            report.errors.append(f"{where}: no recorded value for {describe_keys(info.missing)} "
-                                 f"({'; '.join(info.missing.values())}); --weights FILE can supply it")
+        # seq_len_max is found from the activations when it was not recorded (problem.py): only the rest is needed
+        needed = {n: why for n, why in info.missing.items() if n != "seq_len_max"}
+        if "seq_len_max" in info.missing and execution.is_gradient:
+            report.warnings.append(f"{where}: no recorded value for seq_len_max ({info.missing['seq_len_max']}); "
+                                   "the gradient commands take T, or the step from which the recorded cs and h are "
+                                   "zero (--seq-len-max N says it)")
+        if needed and execution.is_gradient:
+            report.errors.append(f"{where}: no recorded value for {describe_keys(needed)} "
+                                 f"({'; '.join(needed.values())}); --weights FILE can supply it")
         if execution.is_gradient and info.right_op and info.right_op != execution.op_type:
             info.verdict = (f"TensorFlow ran {execution.op_type} on activations {info.forward_op} made: its gradient "
                             f"is {info.right_op}; lstmgrad seq/cell computes that")
             report.warnings.append(f"{where}: {info.verdict}")
         elif execution.is_gradient and info.right_op:
             info.verdict = "the right gradient op for its forward op"
-        if not info.missing:
+        if not needed:
             problem = _infer(index, execution, info)
             if problem:
                 report.errors.append(f"{where}: {problem}")
@@ -119,7 +125,12 @@ def _infer(index: tfdbg.DumpIndex, execution: tfdbg.OpExecution, info: Execution
         loaded = tfdbg.load_execution(index, execution, names, [])
         arrays = validation.as_float_arrays({n: v for n, v in loaded.tensors.items() if n != "seq_len_max"})
         T = arrays["x"].shape[0] if kind == "seq" else 1
-        length = validation.check_seq_len_max(loaded.tensors.get("seq_len_max", T), T) if kind == "seq" else 1
+        length = 1
+        if kind == "seq":  # not recorded: found as the gradient commands find it (problem.py)
+            length = loaded.tensors.get("seq_len_max")
+            if length is None:
+                length = detect.seq_len_max_stopped(arrays, T)
+            length = validation.check_seq_len_max(T if length is None else length, T)
         if kind == "seq":
             validation.check_forward(arrays, sequence=True)
         fit = detect.fit_activations(arrays, kind, length, layouts=(layout,))

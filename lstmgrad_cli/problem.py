@@ -252,6 +252,9 @@ def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole,
             raise InvalidArgumentError(_missing_message(problem, loaded, missing, names, activations))
         if recompute:
             _recompute_activations(problem, loaded, layout, bool(peephole), seq_len_max, forget_bias, cell_clip)
+        elif forget_bias is not None or cell_clip is not None:
+            problem.notes.append("--forget-bias and --cell-clip set how forward outputs are recomputed; this input "
+                                 "has its own, so they change nothing")
         arrays = validation.as_float_arrays({n: loaded.tensors[n] for n in names})
         if kind == "seq":
             problem.dims = validation.check_block_lstm_grad(arrays)
@@ -283,24 +286,11 @@ def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole,
 
 
 def _seq_len_max_from_activations(arrays: dict, T: int, problem: Problem) -> int | None:
-    """A seq_len_max the file does not give, where the stored activations say it is less than T: TF zeroes cs and h
-    from step seq_len_max on, and leaves i, f, o, ci, co there as whatever memory held (tf-semantics.md), which a
-    backward pass over all T steps would read.  Zero cs and h at the last steps are taken for that only where
-    the activations do not fit over all T steps but do fit before them.  None: nothing says it is not T."""
-    cs, h = arrays["cs"], arrays["h"]  # (lazy datasets: only the steps looked at are read)
-    steps = T
-    while steps > 0 and not np.any(cs[steps - 1]) and not np.any(h[steps - 1]):
-        steps -= 1
-    if steps == T:
-        return None
-    over_all = detect.fit_activations(arrays, "seq", T)
-    if over_all is not None and not over_all.fits_nothing:  # they fit at the zero steps too: really computed
-        return None
-    before = detect.fit_activations(arrays, "seq", steps)
-    if before is not None and before.fits_nothing:
-        return None  # they fit nowhere: the warnings about them say more than a guess would
-    problem.notes.append(f"seq_len_max {steps}: not in the file; cs and h are zero from step {steps} on, where TF "
-                         "stops computing (--seq-len-max says otherwise)")
+    """``detect.seq_len_max_stopped``, said in the summary."""
+    steps = detect.seq_len_max_stopped(arrays, T)
+    if steps is not None:
+        problem.notes.append(f"seq_len_max {steps}: not in the file; cs and h are zero from step {steps} on, where "
+                             "TF stops computing (--seq-len-max says otherwise)")
     return steps
 
 

@@ -94,3 +94,12 @@ def test_a_dump_that_never_recorded_it(runner, tmp_path):
     result = runner.invoke(main, ["check", str(DUMPS / "slm_unrecorded"), "--json"])  # against TF's own gradient
     assert result.exit_code == 0, result.output
     assert [r["passed"] for r in json.loads(result.stdout)["results"]] == [True]
+
+
+def test_inspect_of_that_dump_agrees(runner):
+    result = runner.invoke(main, ["inspect", str(DUMPS / "slm_unrecorded"), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)["result"]
+    assert not doc["errors"] and any("no recorded value for seq_len_max" in w for w in doc["warnings"])
+    grad = next(e for e in doc["executions"] if e["op_type"] == "BlockLSTMGradV2")
+    assert grad["use_peephole"] is True and grad["peephole_note"] == "inferred from the activations"
