@@ -526,3 +526,13 @@ def test_keeping_the_heap_top_stops_a_page_fault_per_allocation_and_the_command_
     monkeypatch.setattr(cli, "keep_heap_top", lambda: called.append(1) or True)
     assert runner.invoke(main, ["backends"]).exit_code == 0
     assert called
+
+
+def test_forward_options_for_an_input_with_its_own_activations_say_they_change_nothing(runner, tmp_path):
+    args = ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(tmp_path / "g.npz"), "--json"]
+    plain = json.loads(runner.invoke(main, args).stdout)["results"][0]
+    given = runner.invoke(main, [*args[:-1], "--force", "--json", "--forget-bias", "5"])
+    assert given.exit_code == 0, given.output
+    notes = json.loads(given.stdout)["results"][0]["notes"]
+    assert any("--forget-bias and --cell-clip set how forward outputs are recomputed" in n for n in notes)
+    assert not any("--forget-bias" in n for n in plain["notes"])
