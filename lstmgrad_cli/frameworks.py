@@ -167,9 +167,10 @@ class View:
         h_grad = np.zeros((T, B, C), dtype)
         given = tensors.get("h_grad")
         if given is None:
-            raise InvalidArgumentError("missing tensor h_grad: the gradient arriving at the layer's output")
-        given = np.asarray(given)
-        if given.ndim == 2:  # the last output only (return_sequences=False, out[-1])
+            if tensors.get("hn_grad") is None and tensors.get("cn_grad") is None:
+                raise InvalidArgumentError("missing tensor h_grad: the gradient arriving at the layer's output (or "
+                                           "hn_grad, cn_grad: those at its final states, where the output is unused)")
+        elif np.ndim(given) == 2:  # the last output only (return_sequences=False, out[-1])
             h_grad[self._last_output_step(T)] = _shaped("h_grad", given, (B, C), "[B, C] or a sequence")
         else:
             batch_major = self._batch_major()
@@ -380,16 +381,16 @@ def _cells(name: str, gates: int, units: int, framework: str) -> int:
 
 # -- the Python API ---------------------------------------------------------------------------------------
 
-def keras_lstm_grad(x, kernel, recurrent_kernel, bias=None, *, h_grad, h0=None, c0=None, hn_grad=None,
+def keras_lstm_grad(x, kernel, recurrent_kernel, bias=None, *, h_grad=None, h0=None, c0=None, hn_grad=None,
                     cn_grad=None, time_major=False, go_backwards=False, reverse=False, backend=None,
                     compute_dtype=None) -> KerasLSTMGradOutputs:
     """The gradients of a Keras ``LSTM`` layer (tanh, sigmoid: Keras' defaults), as GradientTape gives them.
 
     ``h_grad`` is the gradient at the layer's output: [B, T, C] with return_sequences, else [B, C];
-    ``hn_grad``/``cn_grad`` those at the final states (return_state).  Absent h0/c0 are zeros.
-    ``go_backwards``: the layer was made with go_backwards=True (``h_grad`` in the order it returns its outputs,
-    last step of x first); ``reverse``: it is the backward layer of a ``Bidirectional`` (``h_grad``, its half of
-    the wrapper's output gradient, in x's time order).
+    ``hn_grad``/``cn_grad`` those at the final states (return_state; without ``h_grad`` where the output itself is
+    unused).  Absent h0/c0 are zeros.  ``go_backwards``: the layer was made with go_backwards=True (``h_grad`` in
+    the order it returns its outputs, last step of x first); ``reverse``: it is the backward layer of a
+    ``Bidirectional`` (``h_grad``, its half of the wrapper's output gradient, in x's time order).
     """
     options = FrameworkOptions("keras", time_major=time_major, go_backwards=go_backwards, reverse=reverse)
     tensors = dict(x=x, kernel=kernel, recurrent_kernel=recurrent_kernel, bias=bias, h0=h0, c0=c0, h_grad=h_grad,
@@ -399,14 +400,15 @@ def keras_lstm_grad(x, kernel, recurrent_kernel, bias=None, *, h_grad, h0=None, 
                                 out["h0_grad"], out["c0_grad"])
 
 
-def torch_lstm_grad(x, weight_ih, weight_hh, bias_ih=None, bias_hh=None, *, h_grad, h0=None, c0=None,
+def torch_lstm_grad(x, weight_ih, weight_hh, bias_ih=None, bias_hh=None, *, h_grad=None, h0=None, c0=None,
                     hn_grad=None, cn_grad=None, batch_first=False, reverse=False, backend=None,
                     compute_dtype=None) -> TorchLSTMGradOutputs:
     """The gradients of one layer and direction of a PyTorch ``nn.LSTM``, as autograd gives them.
 
     ``h_grad`` is the gradient at that layer-direction's output sequence, or [B, C] at its last time step
     (``out[-1]``); ``reverse`` runs it backwards in time (the second direction of a bidirectional LSTM), with
-    ``h_grad`` in x's time order as nn.LSTM returns it.  Absent h0/c0 are zeros.
+    ``h_grad`` in x's time order as nn.LSTM returns it.  ``hn_grad``/``cn_grad``: at h_n, c_n (without
+    ``h_grad`` where ``out`` is unused).  Absent h0/c0 are zeros.
     """
     options = FrameworkOptions("torch", batch_first=batch_first, reverse=reverse)
     names = torch_names(options)

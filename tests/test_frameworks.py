@@ -142,6 +142,23 @@ def test_python_api_for_layers_that_run_backwards():
     assert_matches(grads, {k.replace("_l0_reverse", ""): v for k, v in expected.items()})
 
 
+def test_only_the_final_states_gradients(runner, tmp_path):
+    """``_, (h_n, c_n) = lstm(x)``: the output is unused, so there is no h_grad, only hn_grad and cn_grad."""
+    inputs = npz(TORCH / "torch_states.in.npz")
+    zero_output = dict(inputs, h_grad=np.zeros_like(inputs["h_grad"]))
+    without = {k: v for k, v in inputs.items() if k != "h_grad"}
+    args = {k.removesuffix("_l0"): v for k, v in without.items()}
+    np.testing.assert_array_equal(lg.torch_lstm_grad(**args).x_grad,
+                                  lg.torch_lstm_grad(**dict(args, h_grad=zero_output["h_grad"])).x_grad)
+    np.savez(tmp_path / "states.npz", **without)
+    result = runner.invoke(main, ["seq", str(tmp_path / "states.npz"), "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 0, result.output
+    del without["hn_grad"], without["cn_grad"]
+    np.savez(tmp_path / "nothing.npz", **without)
+    result = runner.invoke(main, ["seq", str(tmp_path / "nothing.npz"), "-o", str(tmp_path / "h.npz")])
+    assert result.exit_code == 1 and "missing tensor h_grad" in result.stderr and "hn_grad, cn_grad" in result.stderr
+
+
 @pytest.mark.parametrize(("name", "flags", "said"), [
     ("keras_seq", ["--batch-first"], "--batch-first is for a PyTorch nn.LSTM's tensors"),
     ("keras_seq", ["--layer", "1"], "--layer is for a PyTorch nn.LSTM's tensors"),
