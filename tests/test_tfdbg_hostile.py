@@ -77,7 +77,9 @@ def eager_tensor(array=None, proto=None) -> bytes:
 
 
 CASES = {
-    "truncated record": (lambda d: cut(d, 10), "declares 860 bytes but the file holds 850 after it (truncated"),
+    "truncated record": (lambda d: cut(d, 10), "declares 860 bytes but the file holds 850 after it (truncated, or "
+                         "not a TFRecord file); if TensorFlow may still be writing it, read it after "
+                         "disable_dump_debug_info()"),
     "length checksum": (lambda d: flip(d, 9), "the checksum of its length does not match"),
     "data checksum": (lambda d: flip(d, 20), "bytes of data does not match"),
     "length past the end": (lambda d: declared_length(d, 10**6), "declares 1000000 bytes but the file holds 60"),

@@ -98,19 +98,25 @@ def read_record_at(path: Path, offset: int, limit: int, label: str | None = None
         raise InputFileError(f"{label}: cannot read: {err.strerror or err}") from None
 
 
+# A dump's last record cut short is most often one TensorFlow is still writing.
+STILL_WRITTEN = ("; if TensorFlow may still be writing it, read it after disable_dump_debug_info() or the "
+                 "program's end")
+
+
 def _read_one(fh, offset: int, size: int, limit: int, label: str) -> bytes:
     where = f"{label}: the record at byte {offset}"
     try:
         head = fh.read(HEADER)
         if len(head) < HEADER:
-            raise InputFileError(f"{where} is truncated ({size - offset} bytes left of its 12-byte header)")
+            raise InputFileError(f"{where} is truncated ({size - offset} bytes left of its 12-byte header)"
+                                 f"{STILL_WRITTEN}")
         length, length_crc = struct.unpack("<QI", head)
         if masked_crc32c(head[:8]) != length_crc:
             raise InputFileError(f"{where} is corrupt: the checksum of its length does not match")
         left = size - offset - HEADER - FOOTER
         if length > left:
             raise InputFileError(f"{where} declares {length} bytes but the file holds {max(left, 0)} after it "
-                                 "(truncated, or not a TFRecord file)")
+                                 f"(truncated, or not a TFRecord file){STILL_WRITTEN}")
         if length > limit:
             raise InputFileError(f"{where} declares {length} bytes, more than the {limit}-byte memory limit "
                                  "(LSTMGRAD_MAX_TENSOR_BYTES); refused before reading")
@@ -119,7 +125,7 @@ def _read_one(fh, offset: int, size: int, limit: int, label: str) -> bytes:
     except OSError as err:
         raise InputFileError(f"{label}: cannot read: {err.strerror or err}") from None
     if len(data) < length or len(footer) < FOOTER:
-        raise InputFileError(f"{where} is truncated")
+        raise InputFileError(f"{where} is truncated{STILL_WRITTEN}")
     if masked_crc32c(data) != struct.unpack("<I", footer)[0]:
         raise InputFileError(f"{where} is corrupt: the checksum of its {length} bytes of data does not match")
     return data
