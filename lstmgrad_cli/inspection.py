@@ -243,7 +243,8 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectRepor
                 report.notes.append(
                     f"Keras LSTM layer {layer['name']!r} at {layer['group']}: kernel {layer['kernel']}, "
                     f"recurrent_kernel {layer['recurrent_kernel']}{bias} (input size {layer['input_size']}, "
-                    f"{layer['units']} units): lstmgrad seq DATA --weights {path} --weights-group {layer['group']}")
+                    f"{layer['units']} units): lstmgrad seq DATA --weights {path} --weights-group {layer['group']}"
+                    + (" --reverse" if layer["group"].endswith("/backward_layer") else ""))  # (a Bidirectional's)
             _framework_roles(report, "weights")
             return True
     keys = [k for k in raw if not k.startswith("@")]

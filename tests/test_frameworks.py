@@ -299,6 +299,8 @@ def test_inspect_finds_lstm_layers_inside_wrappers_and_older_files(runner, tmp_p
     layers = json.loads(result.stdout)["result"]["framework_layers"]
     assert [(layer["group"], layer["units"]) for layer in layers] == [
         ("layers/bidirectional/backward_layer", 3), ("layers/bidirectional/forward_layer", 3)]
+    text = " ".join(runner.invoke(main, ["inspect", str(KERAS / "keras_bidirectional.weights.h5")]).stdout.split())
+    assert "--weights-group layers/bidirectional/backward_layer --reverse" in text
     legacy = tmp_path / "legacy.h5"  # how an older tf.keras model.save("m.h5") keeps a nested layer's weights
     with h5py.File(legacy, "w") as f:
         cell = f.create_group("model_weights/lstm/sequential/lstm/lstm_cell")
