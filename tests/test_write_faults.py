@@ -44,6 +44,18 @@ def write_input(path: Path, **shape) -> Path:
     return path
 
 
+def write_h5_input(path: Path, **shape) -> Path:
+    """An HDF5 input: ``seq`` streams its x_grad into an HDF5 output (io.open_hdf5_output) rather than writing
+    the output whole (io.write_outputs, as for an NPZ input)."""
+    with h5py.File(path, "w") as fh:
+        for name, value in seq_inputs(**shape).items():
+            fh[name] = value
+    return path
+
+
+TINY = {"T": 2, "B": 2, "I": 3, "C": 2}  # an HDF5 output of 8-10 KiB: limits all through it are tried quickly
+
+
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -114,6 +126,24 @@ def test_disk_full_beside_the_input_keeps_the_input(runner):
         assert digest(src) == before
 
 
+@pytest.mark.parametrize("free_kib", [4, 8, 12])
+def test_hdf5_output_on_a_nearly_full_disk(tmp_path, free_kib):
+    """A disk that fills while HDF5 writes, flushes and closes a streamed output (~18 KiB): the one line, in a
+    subprocess because HDF5 used to crash the process there (SIGSEGV at exit, after h5py's tracebacks)."""
+    src = write_h5_input(tmp_path / "in.h5", T=8, B=4, I=16, C=8)
+    with tmpfs("64k") as disk:
+        with contextlib.suppress(OSError), open(disk / "filler", "wb") as fh:
+            fh.write(b"\0" * ((64 - free_kib) << 10))
+        out = disk / "grads.h5"
+        env = {**os.environ, "NO_COLOR": "1"}
+        env.pop("LSTMGRAD_BACKEND", None)
+        proc = subprocess.run([sys.executable, "-m", "lstmgrad_cli", "seq", str(src), "-o", str(out)],
+                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=env)
+        assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+        assert_one_line_error(proc.stderr, str(out), "no space left on device", "nothing was written")
+        assert listing(disk) == ["filler"]
+
+
 def _run_with_file_size_limit(args: list[str], limit: int) -> subprocess.CompletedProcess:
     """The real command with RLIMIT_FSIZE: writes past ``limit`` bytes fail with EFBIG (SIGXFSZ ignored)."""
     def limit_writes():
@@ -126,9 +156,11 @@ def _run_with_file_size_limit(args: list[str], limit: int) -> subprocess.Complet
                           timeout=120, preexec_fn=limit_writes, env=env, stdin=subprocess.DEVNULL)
 
 
-@pytest.mark.parametrize("suffix", [".npz", ".h5"])
+@pytest.mark.parametrize("suffix", [".npz", ".h5", ".safetensors"])
 def test_file_size_limit_in_a_subprocess(tmp_path, suffix):
     """Works without root: the kernel refuses writes past RLIMIT_FSIZE, like a full disk."""
+    if suffix == ".safetensors":
+        pytest.importorskip("safetensors")  # (its Rust writer says "File too large (os error 27)")
     src = write_input(tmp_path / "in.npz")
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -150,6 +182,82 @@ def test_failed_force_replacement_keeps_the_old_output(tmp_path):
     assert proc.returncode == 1 and "file too large" in proc.stderr
     assert out.read_bytes() == b"previous results"
     assert listing(tmp_path) == ["grads.npz", "in.npz"]
+
+
+def assert_failed_cleanly(proc: subprocess.CompletedProcess, out: Path, lines: int = 1) -> None:
+    """Exit 1 (not a crash: -11 is SIGSEGV), one line per output, no traceback, no output, no temporary file."""
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.count("\n") == lines, proc.stderr
+    for line in proc.stderr.splitlines():
+        assert line.startswith("Error: ") and line.endswith(
+            ": cannot write: file too large (file size limit reached); nothing was written"), line
+    assert listing(out.parent) == [], listing(out.parent)
+
+
+@pytest.mark.parametrize("source", ["npz", "h5"])
+def test_hdf5_output_at_every_stage_of_the_file_size_limit(tmp_path, runner, source):
+    """Wherever the limit falls in an HDF5 output (raw data, the metadata HDF5 writes as it flushes and closes
+    the file), the one-line error and exit 1.  HDF5 cannot recover from a write that fails while it flushes: its
+    close failed, h5py retried it for every object collected ("Can't decrement id ref count", a traceback
+    each) and HDF5's cleanup at exit crashed the process (SIGSEGV) with the temporary file left, for every
+    limit below ~2.5 KiB of this output.  ``source``: an NPZ input's output is written whole, an HDF5 input's
+    streamed."""
+    writer = write_input if source == "npz" else write_h5_input
+    src = writer(tmp_path / f"in.{source}", **TINY)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = out_dir / "grads.h5"
+    done = runner.invoke(main, ["seq", str(src), "-o", str(out)])
+    assert done.exit_code == 0, done.output
+    size = out.stat().st_size
+    out.unlink()
+    before = digest(src)
+    for limit in sorted({1, 512, 1024, 2048, 3072, size // 2, size - 512, size - 1}):
+        proc = _run_with_file_size_limit(["seq", str(src), "-o", str(out)], limit=limit)
+        assert_failed_cleanly(proc, out)
+    assert digest(src) == before
+
+
+def test_failed_hdf5_force_replacement_keeps_the_old_output(tmp_path):
+    """--force over an existing .h5 output and the limit hit where HDF5 used to crash: the old output stays."""
+    src = write_h5_input(tmp_path / "in.h5", **TINY)
+    out = tmp_path / "grads.h5"
+    out.write_bytes(b"previous results")
+    proc = _run_with_file_size_limit(["seq", str(src), "-o", str(out), "--force"], limit=1024)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert_one_line_error(proc.stderr, str(out), "file too large", "nothing was written")
+    assert out.read_bytes() == b"previous results"
+    assert listing(tmp_path) == ["grads.h5", "in.h5"]
+
+
+def test_file_size_limit_in_local_workers(tmp_path):
+    """--workers 2: each worker process fails its HDF5 output with the one line (it used to print h5py's
+    tracebacks from the worker, or die of SIGSEGV), and the batch goes on and exits 1."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("a", "b"):
+        write_h5_input(folder / f"{name}.h5", **TINY)
+    out_dir = tmp_path / "out"
+    proc = _run_with_file_size_limit(["seq", str(folder), "--out-dir", str(out_dir), "--workers", "2",
+                                      "--keep-going"], limit=1024)
+    assert_failed_cleanly(proc, out_dir / "a.grads.h5", lines=2)
+    assert str(out_dir / "a.grads.h5") in proc.stderr and str(out_dir / "b.grads.h5") in proc.stderr
+
+
+def test_signals_wait_for_hdf5_to_close():
+    """An interrupt while HDF5 flushes and closes an output waits for the close (a KeyboardInterrupt raised in
+    the middle of it, from h5py's file object, would be a write that failed as far as HDF5 knows), then comes."""
+    from lstmgrad_cli.io.hdf5_writer import _signals_held  # noqa: PLC0415
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT has another handler here")
+    closed = False
+    with pytest.raises(KeyboardInterrupt), _signals_held():
+        signal.raise_signal(signal.SIGINT)
+        closed = True
+    assert closed
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 # -- permissions and read-only filesystems ---------------------------------------------------------
@@ -315,7 +423,7 @@ def test_output_name_near_the_filesystem_limit(tmp_path):
 
 
 @pytest.mark.parametrize(("umask", "mode", "name"), [(0o022, 0o644, "g.h5"), (0o027, 0o640, "g.npz"),
-                                                     (0o077, 0o600, "g.npz")])
+                                                     (0o077, 0o600, "g.npz"), (0o022, 0o644, "g.safetensors")])
 def test_output_permissions_follow_the_umask(tmp_path, umask, mode, name):
     old = os.umask(umask)
     try:

@@ -18,7 +18,8 @@ import numpy as np
 
 from ..errors import OutputExistsError, OutputFileError
 from ._common import METADATA_KEY
-from .atomic import atomic_file, errno_in, os_reason, synced_behind
+from .atomic import atomic_file, os_reason, synced_behind
+from .hdf5_writer import hdf5_writer
 
 OUTPUT_FORMATS = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5", ".safetensors": "safetensors"}
 EXTENSIONS = {"npz": ".npz", "hdf5": ".h5", "safetensors": ".safetensors"}  # the default extension of each
@@ -84,9 +85,10 @@ def write_outputs(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], me
         elif fmt == "safetensors":
             from .safetensors import write_safetensors  # noqa: PLC0415 - the optional package, when asked
 
-            write_safetensors(tmp.path, tensors, metadata)
+            with open(tmp.fd, "wb", closefd=False) as fh:
+                write_safetensors(fh, tensors, metadata)
         else:
-            with _hdf5_writer(tmp.path) as out:
+            with hdf5_writer(tmp) as out:
                 for name, value in tensors.items():
                     out.create_dataset(name, data=value)
                 write_metadata(out, metadata)
@@ -103,7 +105,7 @@ def open_hdf5_output(path: str | os.PathLike, force: bool = False, large: bool =
         raise OutputFileError(f"{path}: streaming output needs an .h5 or .hdf5 file")
     with atomic_file(path, force) as tmp, \
             (synced_behind(tmp.fd, SYNC_EVERY_SECONDS) if large else contextlib.nullcontext()), \
-            _hdf5_writer(tmp.path) as out:
+            hdf5_writer(tmp) as out:
         yield out
 
 
@@ -119,21 +121,3 @@ def _write_npz(fh, tensors, metadata) -> None:
     np.savez(fh, **arrays)
 
 
-@contextlib.contextmanager
-def _hdf5_writer(target: Path):
-    """An HDF5 file open for writing; write errors (disk full) surface as exceptions, never at a silent close."""
-    import h5py  # noqa: PLC0415
-
-    out = h5py.File(target, "w", track_order=True)
-    try:
-        yield out
-        out.flush()  # a write error (disk full) surfaces here as an exception, not silently at close
-    except BaseException:
-        # Closing after a failed write fails again (h5py raises RuntimeError from close); the first error counts.
-        with contextlib.suppress(Exception):
-            out.close()
-        raise
-    try:
-        out.close()
-    except RuntimeError as err:  # h5py reports some write failures (EFBIG, ENOSPC) only when closing
-        raise OSError(errno_in(err), str(err)) from None

@@ -179,14 +179,16 @@ def _read_with_package(path: Path, wanted, collect_errors, loaded) -> dict:
     return out
 
 
-def write_safetensors(target: Path, tensors: dict, metadata: dict) -> None:
+def write_safetensors(fh, tensors: dict, metadata: dict) -> None:
+    """The tensors as a safetensors file, written to ``fh`` (the temporary file atomic_file fsyncs and renames: the
+    package's own save_file would replace that file by a new one, created 0600, which the fsync would miss)."""
     try:
-        from safetensors.numpy import save_file  # noqa: PLC0415 - optional (the safetensors extra)
+        from safetensors.numpy import save  # noqa: PLC0415 - optional (the safetensors extra)
     except ImportError:
         raise LstmGradError("writing safetensors files needs the safetensors package: pip install "
                             "'lstmgrad[safetensors]'") from None
     arrays = {name: np.ascontiguousarray(value) for name, value in tensors.items()}
-    save_file(arrays, str(target), metadata={METADATA_KEY: json.dumps(dict(metadata), sort_keys=True)})
+    fh.write(save(arrays, metadata={METADATA_KEY: json.dumps(dict(metadata), sort_keys=True)}))
 
 
 FORMAT = Format("safetensors", "a safetensors file", False, sniff, open_safetensors, "safetensors")
