@@ -17,6 +17,7 @@ for forget_bias and cell_clip, and for a misfit at a step the detection does not
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -434,6 +435,13 @@ def _layout(by_name, names, seq, dims, length, peephole, meta, report) -> None:
     arrays = {n: by_name[n] for n in names if n in by_name}
     for n in validation.PEEPHOLES:
         arrays.setdefault(n, np.zeros(dims.C, dtype=by_name["x"].dtype))
+    if seq and "seq_len_max" not in by_name:  # found as seq finds it (problem.py)
+        with contextlib.suppress(LstmGradError, ValueError, FloatingPointError):
+            stopped = detect.seq_len_max_stopped(arrays, dims.T)
+            if stopped is not None:
+                length = report.seq_len_max = stopped
+                report.notes.append(f"seq_len_max {stopped}: not in the file; cs and h are zero from step {stopped} "
+                                    "on, where TF stops computing (seq takes it; --seq-len-max says otherwise)")
     if length == 0:
         report.notes.append("seq_len_max is 0: no step to recompute, the layout cannot be told")
         return

@@ -54,6 +54,14 @@ def test_found_where_cs_and_h_stop(runner, tmp_path, partial, garbage):
     assert_close(npz(tmp_path / "g.npz"), npz(FIXTURES / "seq_v2_partial.expected.npz"))
 
 
+def test_inspect_finds_it_too(runner, tmp_path, partial):
+    np.savez(tmp_path / "in.npz", **partial)
+    result = runner.invoke(main, ["inspect", str(tmp_path / "in.npz"), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)["result"]
+    assert doc["seq_len_max"] == 3 and doc["layout"] == "ifco" and not doc["problems"]
+
+
 def test_a_flag_still_decides(runner, tmp_path, partial):
     np.savez(tmp_path / "in.npz", **partial)
     doc = run_json(runner, tmp_path / "in.npz", tmp_path / "g.npz", "--seq-len-max", "6")
