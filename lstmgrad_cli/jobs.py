@@ -108,7 +108,7 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
     out = Path(output_path) if output_path is not None else io.default_output(input_path, fmt)
     request = provenance.request_of(options, input_path)
     try:
-        io.check_output(out, options.force, [input_path])
+        io.check_output(out, options.force, [input_path], _other_inputs(options))
     except OutputExistsError:
         return existing_output(result, out, request, start)
     lazy = options.kind == "seq" and fmt == "hdf5"
@@ -159,6 +159,11 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
     result.output = str(out)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _other_inputs(options: GradOptions) -> dict:
+    """What a run reads besides its input, by the name the user gave it (an output must never replace them)."""
+    return {} if options.weights is None else {"the weights file": Path(options.weights)}
 
 
 def existing_output(result: GradResult, out: Path, request: dict, start: float | None = None) -> GradResult:

@@ -25,7 +25,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import consistent_inputs
+from conftest import FIXTURES, consistent_inputs
 
 from lstmgrad_cli import io
 from lstmgrad_cli.cli import main
@@ -368,6 +368,35 @@ def test_output_equal_to_the_input_is_refused(tmp_path, runner, how, monkeypatch
     assert result.exit_code == 1
     assert_one_line_error(result.stderr, "output path is the input file")
     assert digest(src) == before
+
+
+@pytest.mark.parametrize("how", ["same path", "symlink", "hard link", "a batch's --out-dir"])
+def test_an_output_never_replaces_the_weights_file(tmp_path, runner, how):
+    """--weights is an input of the run too: -o naming it (however spelled) is refused even with --force."""
+    weights = tmp_path / "model.weights.h5"
+    shutil.copyfile(FIXTURES / "keras" / "keras_two_layers.weights.h5", weights)
+    step = tmp_path / "step.npz"
+    shutil.copyfile(FIXTURES / "keras" / "keras_two_layers.in.npz", step)
+    before = digest(weights)
+    target = ["-o", str(weights)]
+    if how == "symlink":
+        (tmp_path / "alias.h5").symlink_to(weights)
+        target = ["-o", str(tmp_path / "alias.h5")]
+    elif how == "hard link":
+        os.link(weights, tmp_path / "twin.h5")
+        target = ["-o", str(tmp_path / "twin.h5")]
+    elif how == "a batch's --out-dir":  # the default name of step.npz's output is the weights file's
+        (tmp_path / "out").mkdir()
+        os.link(weights, tmp_path / "out" / "step.grads.npz")
+        target = ["--out-dir", str(tmp_path / "out"), "--keep-going"]
+    result = runner.invoke(main, ["seq", str(step), "--weights", str(weights), "--weights-group", "layers/lstm_1",
+                                  *target, "--force"])
+    assert result.exit_code == 1, result.output
+    assert "is the weights file" in result.stderr and "an input of this run" in result.stderr
+    assert "Traceback" not in result.output
+    assert digest(weights) == before
+    with h5py.File(weights) as fh:  # still the model, not gradients
+        assert "layers" in fh
 
 
 def test_output_equal_to_the_input_is_refused_by_the_library(tmp_path):

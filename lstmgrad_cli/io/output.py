@@ -42,8 +42,12 @@ def default_output_path(input_path: Path, fmt: str) -> Path:
     return input_path.with_name(f"{stem}.grads{ext}")
 
 
-def check_output(path: Path, force: bool, inputs: Iterable[Path] = ()) -> str:
-    """Refuse, before any work, an output that could not or must not be written; returns its format."""
+def check_output(path: Path, force: bool, inputs: Iterable[Path] = (), others: Mapping[str, Path] | None = None) -> str:
+    """Refuse, before any work, an output that could not or must not be written; returns its format.
+
+    An output that is (or would replace) an input, ``inputs`` or one of ``others`` (what else the run reads, by
+    what the user calls it: ``{"the --weights file": path}``), is refused even with ``force``: the same path, a
+    hard link or a symbolic link to it."""
     with contextlib.suppress(OSError):
         if path.is_dir():
             raise OutputFileError(f"{path}: is a directory; name an output file (.npz, .h5, .hdf5, .safetensors)")
@@ -52,6 +56,10 @@ def check_output(path: Path, force: bool, inputs: Iterable[Path] = ()) -> str:
         for source in inputs:
             if _same_file(path, source):
                 raise OutputFileError(f"{path}: output path is the input file; choose another output")
+        for what, source in (others or {}).items():
+            if _same_file(path, Path(source)):
+                raise OutputFileError(f"{path}: output path is {what} ({source}), an input of this run; choose "
+                                      "another output")
         parent = path.parent if str(path.parent) else Path(".")
         if not parent.is_dir():
             raise OutputFileError(f"{path}: output directory {parent} does not exist")
