@@ -13,15 +13,16 @@ from .backends._xp import LAYOUTS
 
 
 def sigmoid(z):
-    # 0.5 (1 + tanh(z/2)) is the logistic function without exp overflow for large |z|; worked in place in one
-    # new array (activation fitting calls it on every file of a batch).
-    s = np.multiply(z, 0.5)
-    if not isinstance(s, np.ndarray):  # a scalar
-        return 0.5 * (1.0 + np.tanh(s))
-    np.tanh(s, out=s)
-    s += 1.0
-    s *= 0.5
-    return s
+    """The logistic function, accurate in relative terms over the whole float range (as TF's Eigen kernel is).
+
+    exp(-|z|) never overflows; 1 / (1 + e) for z >= 0 and e / (1 + e) below keep full relative precision in
+    the tails, where 0.5 (1 + tanh(z/2)) loses it (exactly 0 in float32 below z = -19, 2e-4 off at -10)."""
+    z = np.asarray(z)
+    e = np.exp(-np.abs(z))
+    out = np.where(z >= 0, np.ones_like(e), e)
+    e += 1.0
+    out /= e
+    return out if out.ndim else out[()]
 
 
 def logit(p):
@@ -53,9 +54,9 @@ def block_lstm_forward(seq_len_max: int, x, cs_prev, h_prev, w, wci, wcf, wco, b
     fb = cdt.type(forget_bias)
     outs = [np.zeros((T, B, C), dtype=out_dtype) for _ in range(7)]
     i_o, cs_o, f_o, o_o, ci_o, co_o, h_o = outs
-    gates_x = x[:L].astype(cdt) @ w_c[:I]  # the input part of all steps in one product
     cs_t, h_t = cs_prev.astype(cdt), h_prev.astype(cdt)
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):  # NaN/Inf in the inputs are computed through, as TF does
+        gates_x = x[:L].astype(cdt) @ w_c[:I]  # the input part of all steps in one product
         for t in range(L):
             gates = gates_x[t] + h_t @ w_c[I:] + b_c
             zi, zc, zf, zo = gates[:, k["i"]], gates[:, k["c"]], gates[:, k["f"]] + fb, gates[:, k["o"]]

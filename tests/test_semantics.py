@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from conftest import load_case
@@ -98,3 +100,40 @@ def test_inputs_are_not_modified():
     lg.block_lstm_grad_v2(**args, use_peephole=peep)
     for key, value in before.items():
         np.testing.assert_array_equal(args[key], value)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_recomputed_sigmoid_is_accurate_in_the_tails(dtype):
+    """Gates far from 0.5 (a bias of -12, large inputs): the logistic keeps its relative precision where
+    0.5 (1 + tanh(z/2)) gave exactly 0 in float32 below z = -19 and was 2e-4 off at z = -10."""
+    from lstmgrad_cli.forward import sigmoid
+
+    z = np.linspace(-80, 80, 40001).astype(dtype)
+    exact = [1 / (1 + math.exp(-float(v))) for v in z[::97]]  # Python floats: a reference computed apart
+    got = sigmoid(z)[::97].astype(np.float64)
+    rel = np.abs(got - exact) / np.array(exact)
+    assert got.dtype == np.float64 and sigmoid(z).dtype == dtype
+    assert rel.max() <= 4 * np.finfo(dtype).eps
+    assert sigmoid(dtype(-41.7)) == pytest.approx(7.8e-19, rel=1e-2)  # what TF's Eigen kernel gives
+    assert sigmoid(dtype(np.inf)) == 1 and sigmoid(dtype(-np.inf)) == 0 and np.isnan(sigmoid(dtype(np.nan)))
+
+
+def test_a_saturated_forget_gate_still_has_a_gradient():
+    """A bias of -12 on every gate: the recomputed forward keeps the tiny gate values, so the kernel gradient
+    through them is the float64 one to float32 precision, not zero."""
+    rng = np.random.default_rng(7)
+    T, B, I, C = 4, 2, 3, 2
+    x = rng.standard_normal((T, B, I)).astype(np.float32)
+    w = rng.standard_normal((I + C, 4 * C)).astype(np.float32)
+    b = np.full(4 * C, -12.0, np.float32)
+    z = np.zeros((B, C), np.float32)
+    peep = np.zeros(C, np.float32)
+    h_grad = rng.standard_normal((T, B, C)).astype(np.float32)
+    grads = {}
+    for dt in (np.float32, np.float64):
+        args = [a.astype(dt) for a in (x, z, z, w, peep, peep, peep, b)]
+        acts = lg.block_lstm_v2(T, *args)
+        grads[dt] = lg.block_lstm_grad_v2(T, *args, *acts, np.zeros((T, B, C), dt), h_grad.astype(dt), False)
+    want, got = grads[np.float64].w_grad, grads[np.float32].w_grad
+    assert np.abs(want).max() > 0
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-6 * np.abs(want).max())
