@@ -250,7 +250,10 @@ def _mkl_room_mb() -> int:
     # MB over what the process uses: too little for MKL (192 once hung in MKL's OpenMP start), then enough
     ("auto", "checked", (64, 128, 192, _mkl_room_mb() + 256)),
     ("mkl", "checked", (64, 128, 192, _mkl_room_mb() + 256)),
-    ("auto", "unchecked", (64, 96)),  # MKL's libraries do not fit: loading them fails, and lstmgrad goes on
+    # MKL's libraries do not fit: loading them fails, and lstmgrad goes on.  (A wider margin lets some of MKL's
+    # libraries map before one fails, and what they keep may leave OpenBLAS too little for its buffers: with MKL
+    # 2026.2 at 96 MB, OpenBLAS gave up allocating.  That is what the address-space check exists for.)
+    ("auto", "unchecked", (64,)),
 ], ids=["auto", "mkl", "unchecked"])
 def test_mkl_that_cannot_load_under_a_memory_limit_falls_back_to_openblas(tmp_path, choice, check, margins):
     fell_back = []
