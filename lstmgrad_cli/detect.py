@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backends import _blas
-from .backends._xp import LAYOUTS
 from .forward import logit, sigmoid
 from .gradcheck import CONSISTENCY_TOL, UNSATURATED
+from .spec import LAYOUT_OPS, LAYOUTS  # noqa: F401 - LAYOUT_OPS re-exported
 from .validation import PEEPHOLES
 
 SAMPLE_ROWS = 8  # batch rows recomputed per step
 SAMPLE_UNITS = 32  # cell units of each gate block recomputed
-LAYOUT_OPS = {"ifco": "BlockLSTMV2", "icfo": "BlockLSTM"}
+
 
 
 @dataclass

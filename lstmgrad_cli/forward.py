@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backends._xp import LAYOUTS
+from .spec import LAYOUTS
 
 
 def sigmoid(z):

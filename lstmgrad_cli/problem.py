@@ -18,15 +18,7 @@ import numpy as np
 
 from . import detect, frameworks, io, ops, validation
 from .errors import InvalidArgumentError, LstmGradError
-
-# Tensors with a time axis: the ones an out-of-core run leaves on disk.
-TIME_MAJOR = ("x", "i", "cs", "f", "o", "ci", "co", "h", "cs_grad", "h_grad")
-FORWARD_INPUTS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
-# (forget_bias, cell_clip) defaults of each forward op's attributes; BlockLSTMV2 has no forget_bias at all.
-FORWARD_DEFAULTS = {"BlockLSTMV2": (0.0, 0.0), "BlockLSTM": (1.0, 3.0), "LSTMBlockCell": (1.0, 3.0)}
-# TF op names by (kind, gate layout): the gradient ops and the forward ops they differentiate.
-OPS = {("seq", "ifco"): "BlockLSTMGradV2", ("seq", "icfo"): "BlockLSTMGrad", ("cell", "icfo"): "LSTMBlockCellGrad"}
-FORWARD_OPS = {("seq", "ifco"): "BlockLSTMV2", ("seq", "icfo"): "BlockLSTM", ("cell", "icfo"): "LSTMBlockCell"}
+from .spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OPS, TIME_MAJOR  # noqa: F401 - (re-exported)
 
 
 @dataclass

@@ -14,15 +14,11 @@ import numpy as np
 
 from .errors import InvalidArgumentError
 from .io import LazyDataset
+from .spec import ACTIVATIONS, CELL_TENSORS, PEEPHOLES, SEQ_TENSORS, WEIGHTS  # noqa: F401 - (re-exported)
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 COMPUTE_DTYPES = ("float16", "float32", "float64")
 
-WEIGHTS = ("w", "wci", "wcf", "wco", "b")
-PEEPHOLES = ("wci", "wcf", "wco")
-ACTIVATIONS = ("i", "cs", "f", "o", "ci", "co", "h")
-SEQ_TENSORS = ("x", "cs_prev", "h_prev", *WEIGHTS, *ACTIVATIONS, "cs_grad", "h_grad")
-CELL_TENSORS = ("x", "cs_prev", "h_prev", *WEIGHTS, *ACTIVATIONS[:-1], "cs_grad", "h_grad")
 
 
 class Dims(NamedTuple):

@@ -35,13 +35,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..results import BlockLSTMGradOutputs
+from ..spec import LAYOUTS  # noqa: F401 - gate block offsets, in units of C (re-exported for the kernels)
 from . import _blas
-
-# Gate block offsets, in units of C, for the two layouts (docs/semantics.md).
-LAYOUTS = {
-    "ifco": {"i": 0, "f": 1, "c": 2, "o": 3},  # BlockLSTMV2 / BlockLSTMGradV2
-    "icfo": {"i": 0, "c": 1, "f": 2, "o": 3},  # BlockLSTM / BlockLSTMGrad / LSTMBlockCell(Grad)
-}
 
 # Budget for one chunk's buffers (gate gradients, and the cast inputs when casting).
 CHUNK_BYTES = 64 * 2**20
