@@ -265,13 +265,12 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectRepor
         _framework_roles(report, "weights")
         return True
     name = frameworks.detect(keys, frameworks.FrameworkOptions())
-    if name not in frameworks.VIEWS:
+    if name not in frameworks.FRAMEWORKS:
         return False
     report.kind = name
     held = {k: np.asarray(v) for k, v in raw.items()}
     try:
-        frameworks.view(name, frameworks.FrameworkOptions()).to_op(
-            frameworks.keras_tensors(held) if name == "keras" else held)
+        frameworks.plan(name, held, frameworks.FrameworkOptions())
         report.notes.append(f"a {'Keras LSTM' if name == 'keras' else 'PyTorch nn.LSTM'} layer's tensors: lstmgrad "
                             "seq computes its gradients in its names")
     except LstmGradError as err:

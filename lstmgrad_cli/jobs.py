@@ -197,13 +197,21 @@ def _compute(problem, backend, cdt, options: GradOptions, result: GradResult, x_
 def _gradients(problem, backend, cdt, options: GradOptions, result: GradResult, x_grad_out) -> dict:
     arrays = problem.arrays
     recorder = StepRecorder(problem.seq_len_max) if options.per_step and options.kind == "seq" else None
-    if problem.kind == "seq":
-        outputs = block_lstm_grad_checked(backend, problem.layout, problem.seq_len_max, arrays, problem.use_peephole,
-                                          cdt, options.chunk_steps, observe=recorder, x_grad_out=x_grad_out)
+    whole = problem.framework is not None and not problem.framework.single
+    if whole and recorder is not None:
+        raise InvalidArgumentError(f"{problem.path}: --per-step follows one op over its steps, and this is "
+                                   f"{problem.framework.description}: give --layer/--reverse for one direction")
+    if whole:  # several layers or directions, or activations the op has not: the module's own pass
+        tensors = problem.framework.gradients(backend, cdt)
     else:
-        outputs = lstm_block_cell_grad_full(**arrays, use_peephole=problem.use_peephole, backend=backend,
-                                            compute_dtype=cdt)
-    tensors = problem.framework.from_op(outputs) if problem.framework else outputs._asdict()
+        if problem.kind == "seq":
+            outputs = block_lstm_grad_checked(backend, problem.layout, problem.seq_len_max, arrays,
+                                              problem.use_peephole, cdt, options.chunk_steps, observe=recorder,
+                                              x_grad_out=x_grad_out)
+        else:
+            outputs = lstm_block_cell_grad_full(**arrays, use_peephole=problem.use_peephole, backend=backend,
+                                                compute_dtype=cdt)
+        tensors = problem.framework.from_op(outputs) if problem.framework else outputs._asdict()
     result.tensors = [summarise(name, value) for name, value in tensors.items()]
     result.nonfinite_inputs = _count_nonfinite(arrays)
     note = nonfinite_note(result)

@@ -41,7 +41,7 @@ class Problem:
     notes: list[str] = field(default_factory=list)  # what else the summary should say (the op a dump recorded, ...)
     member: str | None = None  # the execution of a TensorFlow debug dump this problem is
     recorded_op: str | None = None  # the gradient op TensorFlow ran on these tensors, when the input says
-    framework: frameworks.View | None = None  # a Keras or PyTorch layer's tensors: its names for the gradients
+    framework: frameworks.Plan | None = None  # a Keras or PyTorch module's tensors: how to compute and name them
 
     @property
     def dtype(self) -> str:
@@ -140,48 +140,102 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
     scalars += ("forget_bias", "cell_clip")  # used only when the activations are recomputed
     with io.open_inputs(path, wanted, scalars, group, lazy=TIME_MAJOR if lazy else (),
                         input_format=input_format) as loaded:
-        notes, keys, supplied = _supplement(loaded, weights, weights_group, wanted, scalars)
+        notes, keys, supplied, extra = _supplement(loaded, weights, weights_group, wanted, scalars)
         try:
             name = "tf" if kind == "cell" else frameworks.detect([*keys, *loaded.tensors], framework)
-            layer = None
+            plan = None
             if name == "tf":
                 try:
                     frameworks.check_applicable(name, framework)
+                    _refuse_unused(loaded.keys)
                 except InvalidArgumentError as err:
                     raise InvalidArgumentError(f"{path}: {err}") from None
-            if name in frameworks.VIEWS:
-                layer = _framework_tensors(path, loaded, name, framework, keys)
+            if name in frameworks.FRAMEWORKS:
+                plan = _framework_plan(path, loaded, name, framework, keys, group, weights, weights_group, extra)
                 layout, use_peephole, kind = "ifco", False, "seq"
-            problem = _problem_from(path, loaded, kind, layout, use_peephole, seq_len_max, forget_bias, cell_clip)
+            if plan is not None and not plan.single:
+                problem = _module_problem(path, loaded, plan)
+            else:
+                problem = _problem_from(path, loaded, kind, layout, use_peephole, seq_len_max, forget_bias,
+                                        cell_clip)
         except InvalidArgumentError as err:
             if weights is None or weights_group is not None or supplied:
                 raise
             raise InvalidArgumentError(f"{err}{_layers_in(weights, keys)}") from None
         problem.notes = notes + problem.notes
-        if layer is not None:
-            problem.framework = layer
+        if plan is not None:
+            problem.framework = plan
             problem.sources["layout"] = problem.sources["use_peephole"] = name
+            problem.notes += plan.notes
         yield problem
 
 
-def _framework_tensors(path: Path, loaded: io.LoadedFile, name: str, options, keys) -> frameworks.View:
-    """Replace a Keras or PyTorch input's tensors by the op's (the forward outputs are then recomputed)."""
-    layer = frameworks.view(name, options)
+# Keys that change a framework layer's maths: never ignored in silence where the op's own tensors are given.
+_FRAMEWORK_ONLY = {"lengths": "per-example lengths (a PyTorch packed batch)", "mask": "a Keras mask"}
+
+
+def _refuse_unused(keys) -> None:
+    """The TF ops run every example over the same steps: a lengths or mask key beside the op's tensors would be
+    ignored, and the gradient wrong."""
+    found = [k for k in _FRAMEWORK_ONLY if k in keys]
+    if found:
+        raise InvalidArgumentError(
+            f"{found[0]} is there ({_FRAMEWORK_ONLY[found[0]]}), and the TF block-LSTM ops have none: every example "
+            "runs seq_len_max steps. For a Keras or PyTorch layer's tensors give their names (kernel, weight_ih_l0, "
+            "...) or --framework; for the op's own, remove it")
+
+
+def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, keys, group, weights, weights_group,
+                    extra) -> frameworks.Plan:
+    """What computes a Keras or PyTorch user's gradients (frameworks.py); a single layer-direction of the op's own
+    maths replaces the input's tensors by the op's (its forward outputs are then recomputed)."""
+    if name == "torch":
+        _read_torch_layers(path, loaded, keys, group, weights, weights_group, extra)
     held = {n: np.asarray(v[()]) for n, v in loaded.tensors.items()}  # (lazy datasets read whole)
-    if name == "keras":
-        held = frameworks.keras_tensors(held)
     try:
-        op = layer.to_op(held)
+        layer = _keras_layer(weights, weights_group, extra, options) if name == "keras" else None
+        plan = frameworks.plan(name, held, options, layer)
     except InvalidArgumentError as err:
-        hint = ""
-        layers = frameworks.torch_layers(keys) if name == "torch" else []
-        if layers and frameworks.torch_suffix(options) not in layers:
-            hint = "; the weights here are of " + ", ".join(
-                f"{s} (--layer {s[2:].split('_')[0]}{' --reverse' if s.endswith('reverse') else ''})" for s in layers)
-        raise InvalidArgumentError(f"{path}: {err}{hint}") from None
-    loaded.tensors = op
-    loaded.scalars = {"seq_len_max": (op["x"].shape[0], name)}
-    return layer
+        raise InvalidArgumentError(f"{path}: {err}") from None
+    if plan.single:
+        op, steps = plan.op_tensors()
+        loaded.tensors = op
+        loaded.scalars = {"seq_len_max": (steps, name)}
+    return plan
+
+
+def _read_torch_layers(path: Path, loaded: io.LoadedFile, keys, group, weights, weights_group, extra) -> None:
+    """The parameters of every layer and direction of an nn.LSTM, once the names present say which there are."""
+    for source, source_group, source_keys in ((path, group, loaded.keys),
+                                              (weights, weights_group, extra.keys if extra else ())):
+        more = [n for n in frameworks.pytorch.parameter_names(source_keys) if n not in loaded.tensors]
+        if source is not None and more:
+            loaded.tensors.update(io.read_inputs(source, more, (), source_group).tensors)
+
+
+def _keras_layer(weights, weights_group, extra, options) -> frameworks.KerasLayer | None:
+    """What a Keras layer was made with: from the model configuration a ``--weights`` archive or full-model file
+    records, else what its group's name says (a Bidirectional's backward_layer runs backwards)."""
+    info = dict(extra.info) if extra is not None else {}
+    if extra is not None and extra.format == "hdf5":
+        found = io.keras_archive.hdf5_model_config(weights)
+        if found is not None:
+            info.update(keras_model_config=found[0], keras_version=found[1],
+                        keras_config_source=f"{Path(weights).name} model_config")
+    if info.get("keras_model_config") is not None:
+        return frameworks.keras_config.layer_options(info["keras_model_config"], weights_group or "",
+                                                     keras_version=info.get("keras_version", ""),
+                                                     source=info.get("keras_config_source", str(weights)),
+                                                     inference=options.inference)
+    return frameworks.keras_config.layer_from_group(weights_group or "", options)
+
+
+def _module_problem(path: Path, loaded: io.LoadedFile, plan: frameworks.Plan) -> Problem:
+    """A whole module (several layers or directions, or activations the op has not): computed by its plan."""
+    T, B, I, C = plan.dims  # noqa: E741
+    arrays = {n: v for n, v in plan.tensors.items() if np.asarray(v).dtype.kind == "f"}
+    problem = Problem(str(path), "seq", "ifco", arrays, validation.Dims(T, B, I, C), T, False, keys=list(loaded.keys))
+    return problem
 
 
 def _layers_in(weights, keys) -> str:
@@ -200,11 +254,12 @@ def _layers_in(weights, keys) -> str:
             "one with --weights-group")
 
 
-def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) -> tuple[list[str], list[str], int]:
+def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) -> tuple:
     """Tensors and scalars the input lacks, read from the ``--weights`` file; what came from where, in words,
-    every name the input and the weights file hold, and how many came from the weights file."""
+    every name the input and the weights file hold, how many came from the weights file, and what was read from
+    it (None without one)."""
     if weights is None:
-        return [], list(loaded.keys), 0
+        return [], list(loaded.keys), 0, None
     tensors = [n for n in wanted if n not in loaded.tensors]
     params = [n for n in scalars if n not in loaded.scalars]
     extra = io.read_inputs(weights, tensors, params, weights_group)
@@ -218,7 +273,7 @@ def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) 
                and (n in loaded.tensors or n in loaded.scalars)]
     if in_both:
         notes.append(f"in both the input and {weights}: {', '.join(in_both)}; the input's are used")
-    return notes, [*loaded.keys, *extra.keys], len(taken)
+    return notes, [*loaded.keys, *extra.keys], len(taken), extra
 
 
 def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole, seq_len_max, forget_bias=None,

@@ -322,18 +322,47 @@ def test_a_weights_file_without_its_group_says_where_the_layers_are(runner, tmp_
     assert f"{weights} holds LSTM layers at {groups}: name one with --weights-group" in result.stderr
 
 
-def test_a_keras_model_archive_says_where_its_weights_are(runner, tmp_path):
-    archive = tmp_path / "m.keras"  # what model.save("m.keras") writes
-    with zipfile.ZipFile(archive, "w") as zf:
-        zf.writestr("metadata.json", "{}")
-        zf.writestr("config.json", "{}")
-        zf.write(KERAS / "keras_two_layers.weights.h5", "model.weights.h5")
-    for args in (["seq", str(KERAS / "keras_two_layers.in.npz"), "--weights", str(archive), "--weights-group",
-                  "layers/lstm_1", "-o", str(tmp_path / "g.npz")], ["inspect", str(archive)]):
-        result = runner.invoke(main, args)
-        assert result.exit_code == 1
-        assert ("is a Keras model archive (model.save('m.keras')); its weights are the model.weights.h5 inside it"
-                in result.output), result.output
+def _archive(path, config, weights=KERAS / "keras_two_layers.weights.h5"):
+    """A .keras archive as model.save writes it: metadata.json first, config.json, model.weights.h5."""
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("metadata.json", json.dumps({"keras_version": "3.15.1"}))
+        zf.writestr("config.json", json.dumps(config))
+        zf.write(weights, "model.weights.h5")
+    return path
+
+
+def _sequential(*lstm_configs):
+    layers = [{"class_name": "InputLayer", "config": {"name": "input_layer"}}]
+    layers += [{"class_name": "LSTM", "config": {"name": f"lstm{i}", **c}} for i, c in enumerate(lstm_configs)]
+    return {"class_name": "Sequential", "config": {"name": "sequential", "layers": layers}}
+
+
+def test_a_keras_model_archive_is_read_with_its_configuration(runner, tmp_path):
+    """The weights inside a .keras archive, at the group Keras 3 names after the layer's class (a Sequential's
+    input layer left out), with the options its config.json records; equal to the bare weights file's run."""
+    archive = _archive(tmp_path / "m.keras", _sequential({"return_sequences": True}, {"return_sequences": True}))
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(KERAS / "keras_two_layers.in.npz"), "--weights", str(archive),
+                                  "--weights-group", "layers/lstm_1", "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert_matches(npz(out), npz(KERAS / "keras_two_layers.expected.npz"))
+    notes = json.loads(result.stdout)["results"][0]["notes"]
+    assert any("layer options from m.keras config.json: activation=tanh, recurrent_activation=sigmoid" in n
+               for n in notes), notes
+
+
+@pytest.mark.parametrize(("config", "said"), [
+    ({}, "the model configuration has no LSTM layer at 'layers/lstm_1' (its LSTM layers' groups: none)"),
+    (_sequential({}, {"activation": "selu"}), "activation 'selu' is not implemented (lstmgrad computes tanh"),
+    (_sequential({}, {"dropout": 0.25}), "layer 'lstm1' has dropout=0.25: in training its random masks change"),
+    (_sequential({}, {"return_sequences": False}), "the layer was made with return_sequences=False"),
+])
+def test_a_keras_archive_whose_layer_cannot_be_computed_is_refused_by_name(runner, tmp_path, config, said):
+    archive = _archive(tmp_path / "m.keras", config)
+    result = runner.invoke(main, ["seq", str(KERAS / "keras_two_layers.in.npz"), "--weights", str(archive),
+                                  "--weights-group", "layers/lstm_1", "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
+    assert said in result.stderr and "Traceback" not in result.output
     assert not (tmp_path / "g.npz").exists()
 
 

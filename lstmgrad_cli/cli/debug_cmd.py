@@ -210,11 +210,13 @@ def _render_forward(result: ForwardResult) -> None:
                    "the names).")
 @click.option("--time-major", is_flag=True, help="Keras: x and h_grad are [T, B, ...].")
 @click.option("--batch-first", is_flag=True, help="PyTorch: x and h_grad are [B, T, ...].")
-@click.option("--layer", "torch_layer", type=click.IntRange(min=0), default=0, show_default=True,
-              help="PyTorch: the layer K whose weights to use.")
+@click.option("--layer", "torch_layer", type=click.IntRange(min=0),
+              help="PyTorch: only the layer K (default: the whole module).")
 @click.option("--reverse", is_flag=True, help="The backward direction of a bidirectional LSTM (PyTorch _reverse "
                                               "weights, a Keras Bidirectional's backward_layer).")
 @click.option("--go-backwards", is_flag=True, help="Keras: a layer made with go_backwards=True.")
+@click.option("--inference", is_flag=True, help="Keras: the gradient was taken with training=False (dropout "
+                                                "inactive).")
 @click.option("--backend", metavar="NAME", help="Compute backend (env LSTMGRAD_BACKEND; default numpy).")
 @click.option("--compute-dtype", type=click.Choice(["float16", "float32", "float64"]),
               help="Arithmetic precision (float16: TF CPU's per-step half rounding).")
@@ -233,8 +235,8 @@ def _render_forward(result: ForwardResult) -> None:
 @handle_errors
 def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max, group, reference_group, weights,
                   weights_group, dump_op, dump_execution, workers, framework, time_major, batch_first, torch_layer,
-                  reverse, go_backwards, backend, compute_dtype, rtol, atol, gradcheck, samples, seed, forget_bias,
-                  cell_clip, as_json):
+                  reverse, go_backwards, inference, backend, compute_dtype, rtol, atol, gradcheck, samples, seed,
+                  forget_bias, cell_clip, as_json):
     """Compare INPUT's gradients with --reference and explain the differences.
 
     INPUT may be a TensorFlow debug dump (tfdbg2): every recorded gradient-op execution in it is
@@ -253,7 +255,8 @@ def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max
     options = CheckOptions(kind, layout, backend, use_peephole, seq_len_max, group, reference_group, compute_dtype,
                            rtol, atol, gradcheck, samples, seed, forget_bias, cell_clip,
                            None if weights is None else str(weights), weights_group,
-                           FrameworkOptions(framework, time_major, batch_first, torch_layer, reverse, go_backwards))
+                           FrameworkOptions(framework, time_major, batch_first, torch_layer, reverse, go_backwards,
+                                            inference))
     if npydir.input_format(input_path, group) == "tfdbg2":
         _check_dump(input_path, reference, options, dump_op, dump_execution, workers, as_json)
         return

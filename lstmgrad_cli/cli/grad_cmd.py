@@ -122,13 +122,16 @@ def _shared_options(kind: str):
                    "nn.LSTM's (weight_ih_l0, ...), or the TF op's (default: told from the names).")
 @click.option("--time-major", is_flag=True, help="Keras: x and h_grad are [T, B, ...] (time_major=True).")
 @click.option("--batch-first", is_flag=True, help="PyTorch: x and h_grad are [B, T, ...] (batch_first=True).")
-@click.option("--layer", "torch_layer", type=click.IntRange(min=0), default=0, show_default=True,
-              help="PyTorch: the layer K whose weights (weight_ih_lK, ...) to use.")
+@click.option("--layer", "torch_layer", type=click.IntRange(min=0),
+              help="PyTorch: only the layer K (weight_ih_lK, ...), its own input as x and its output's gradient as "
+                   "h_grad (default: the whole module, every layer and direction).")
 @click.option("--reverse", is_flag=True, help="The backward direction of a bidirectional LSTM, h_grad in x's time "
                                               "order (PyTorch: the weights with _reverse; Keras: a Bidirectional's "
                                               "backward_layer).")
 @click.option("--go-backwards", is_flag=True, help="Keras: a layer made with go_backwards=True (h_grad as it returns "
                                                    "its outputs, from x's last step).")
+@click.option("--inference", is_flag=True, help="Keras: the gradient was taken with training=False, where a layer's "
+                                                "dropout does nothing (a layer with dropout is refused otherwise).")
 @click.option("--per-step", is_flag=True,
               help="Add the gradient norms of every time step, a chart and the fastest growth/decay in words.")
 @click.option("--plot", type=click.Path(path_type=Path),
@@ -136,7 +139,7 @@ def _shared_options(kind: str):
 @handle_errors
 def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_len_max, chunk_steps, per_step, plot,
                 weights, weights_group, forget_bias, cell_clip, framework, time_major, batch_first, torch_layer,
-                reverse, go_backwards, **flags):
+                reverse, go_backwards, inference, **flags):
     """BlockLSTMGradV2 or BlockLSTMGrad of each INPUT: the gradient of the op that made its activations;
     or of a Keras LSTM or PyTorch nn.LSTM layer, in that framework's names.
 
@@ -162,7 +165,7 @@ def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_
                           weights=None if weights is None else str(weights), weights_group=weights_group,
                           forget_bias=forget_bias, cell_clip=cell_clip,
                           framework=FrameworkOptions(framework, time_major, batch_first, torch_layer, reverse,
-                                                     go_backwards))
+                                                     go_backwards, inference))
     _run("seq", options, plot=plot, **flags)
 
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import InputFileError
-from . import hdf5, npydir, npz, safetensors, tfdbg
+from . import hdf5, keras_archive, npydir, npz, safetensors, tfdbg
 from ._common import (
     HEAD_BYTES,
     MAX_BYTES_ENV,
@@ -70,8 +70,8 @@ __all__ = [
 
 # Every input format, in the order they are tried.  File formats are told apart by their first bytes;
 # directory formats by the names of the directory's entries.
-FORMATS: dict[str, Format] = {f.name: f for f in (hdf5.FORMAT, npz.FORMAT, safetensors.FORMAT, tfdbg.FORMAT,
-                                                   npydir.FORMAT)}
+FORMATS: dict[str, Format] = {f.name: f for f in (hdf5.FORMAT, keras_archive.FORMAT, npz.FORMAT, safetensors.FORMAT,
+                                                   tfdbg.FORMAT, npydir.FORMAT)}
 
 _os_reason = os_reason  # the name tests and older callers use
 
@@ -79,7 +79,7 @@ _os_reason = os_reason  # the name tests and older callers use
 def _file_formats() -> str:
     """"HDF5 or NPZ file", from the table (for "not an ..." and "expected an ..." messages)."""
     names = [f.description.removeprefix("an ").removeprefix("a ").removesuffix(" file")
-             for f in FORMATS.values() if not f.directory]
+             for f in FORMATS.values() if not f.directory and f.listed]
     return (", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]) + " file"
 
 

@@ -194,6 +194,7 @@ class Format:
     sniff: object
     open: object
     output_format: str = "npz"  # the format of the default output beside such an input
+    listed: bool = True  # named in "not an HDF5, NPZ or ... file" (a Keras archive is a kind of zip, not listed)
 
 
 HEAD_BYTES = 8192 + 8  # enough for HDF5's signature at any of its user-block offsets

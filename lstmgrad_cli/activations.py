@@ -1,0 +1,74 @@
+"""The activation functions a Keras LSTM layer may be built with, each with the derivative its framework uses.
+
+TF's block-LSTM ops know only tanh (cell input and output) and the logistic sigmoid (gates); a Keras layer can be
+made with others (``activation=``, ``recurrent_activation=``).  Each entry gives the function and its derivative
+as a function of the pre-activation ``z`` and the value ``y``; at a kink the derivative is the one TensorFlow's
+gradient of the framework's own formula gives there (relu: 0 at 0; a clip passes the gradient at its bounds).
+
+Keras 2 (tf.keras) and Keras 3 mean different functions by ``hard_sigmoid``: ``clip(0.2 z + 0.5, 0, 1)`` and
+``clip(z / 6 + 0.5, 0, 1)``.  ``resolve`` turns a recorded name into the entry for the Keras version that wrote it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+from .forward import sigmoid
+
+
+@dataclass(frozen=True)
+class Activation:
+    name: str
+    function: Callable[[np.ndarray], np.ndarray]
+    derivative: Callable[[np.ndarray, np.ndarray], np.ndarray]  # (z, y) -> dy/dz
+
+
+def _clip_slope(slope: float) -> Activation:
+    def function(z):
+        return np.clip(z * z.dtype.type(slope) + z.dtype.type(0.5), 0, 1)
+
+    def derivative(z, y):  # tf.clip_by_value's gradient passes where lo <= value <= hi
+        linear = z * z.dtype.type(slope) + z.dtype.type(0.5)
+        return np.where((linear >= 0) & (linear <= 1), z.dtype.type(slope), z.dtype.type(0))
+
+    return Activation("", function, derivative)
+
+
+_HARD_SIGMOID_3 = _clip_slope(1 / 6)
+_HARD_SIGMOID_2 = _clip_slope(0.2)
+
+ACTIVATIONS: dict[str, Activation] = {
+    "tanh": Activation("tanh", np.tanh, lambda z, y: 1 - y * y),
+    "sigmoid": Activation("sigmoid", sigmoid, lambda z, y: y * (1 - y)),
+    "relu": Activation("relu", lambda z: np.maximum(z, 0), lambda z, y: (z > 0).astype(z.dtype)),
+    "linear": Activation("linear", lambda z: z.copy(), lambda z, y: np.ones_like(z)),
+    "hard_sigmoid": Activation("hard_sigmoid", _HARD_SIGMOID_3.function, _HARD_SIGMOID_3.derivative),
+    "hard_sigmoid (Keras 2)": Activation("hard_sigmoid (Keras 2)", _HARD_SIGMOID_2.function,
+                                         _HARD_SIGMOID_2.derivative),
+}
+DEFAULT = ("tanh", "sigmoid")  # (activation, recurrent_activation): Keras' defaults, and what the TF ops compute
+
+
+def resolve(name, keras_major: int = 3) -> str:
+    """The ``ACTIVATIONS`` key of a recorded activation (a name, None for linear, or a Keras serialised object),
+    for the Keras major version that wrote it; InvalidArgumentError naming what is not implemented."""
+    if isinstance(name, dict):  # Keras 3 may serialise {"module": "keras.activations", "class_name": ..., ...}
+        config = name.get("config")
+        name = name.get("class_name") if not isinstance(config, str) else config
+        if name == "function":
+            name = config
+    if name is None:
+        return "linear"
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"activation {name!r} is not a name lstmgrad knows")
+    key = name.strip().lower()
+    if key == "hard_sigmoid" and keras_major < 3:
+        key = "hard_sigmoid (Keras 2)"
+    if key not in ACTIVATIONS:
+        known = ", ".join(k for k in ACTIVATIONS if "(" not in k)
+        raise InvalidArgumentError(f"activation {name!r} is not implemented (lstmgrad computes {known})")
+    return key

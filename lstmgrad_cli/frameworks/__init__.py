@@ -1,0 +1,155 @@
+"""Keras ``LSTM`` layers and PyTorch ``nn.LSTM`` modules as their users hold them, computed as the ops compute them.
+
+Both frameworks' LSTMs are BlockLSTMV2 without peepholes, forget bias or clipping, in the IFCO gate order, per
+layer and direction; what their users hold is a module's weights, its input, maybe initial states, per-example
+lengths or a mask, and the gradient arriving at its output.  ``plan`` checks those tensors in the framework's names
+and layouts and builds a ``Plan`` (common.py): the whole module to recompute and differentiate (modules.py), and
+the way back to the framework's names.  pytorch.py and keras.py say how each framework lays its tensors out.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import keras, keras_config, pytorch
+from .common import FrameworkOptions, Plan, check_applicable
+from .keras import KerasLayer
+from .weights_files import KERAS_WALK_GROUPS, keras_layers
+
+__all__ = [
+    "FRAMEWORKS", "KERAS_WALK_GROUPS", "FrameworkOptions", "keras", "keras_config", "pytorch", "KerasLSTMGradOutputs", "KerasLayer", "Plan",
+    "TorchLSTMGradOutputs", "check_applicable", "detect", "file_names", "keras_layers", "keras_lstm_grad", "plan",
+    "torch_lstm_grad", "torch_state_dict_layers",
+]
+
+FRAMEWORKS = ("keras", "torch")
+torch_state_dict_layers = pytorch.state_dict_layers
+torch_layers = pytorch.layers_in
+
+
+class KerasLSTMGradOutputs(NamedTuple):
+    """Gradients of a Keras LSTM layer, in Keras' names and layouts (bias_grad None without a bias)."""
+
+    x_grad: np.ndarray
+    kernel_grad: np.ndarray
+    recurrent_kernel_grad: np.ndarray
+    bias_grad: np.ndarray | None
+    h0_grad: np.ndarray
+    c0_grad: np.ndarray
+
+
+class TorchLSTMGradOutputs(NamedTuple):
+    """Gradients of one layer and direction of a PyTorch nn.LSTM (bias grads None without biases; equal)."""
+
+    x_grad: np.ndarray
+    weight_ih_grad: np.ndarray
+    weight_hh_grad: np.ndarray
+    bias_ih_grad: np.ndarray | None
+    bias_hh_grad: np.ndarray | None
+    h0_grad: np.ndarray
+    c0_grad: np.ndarray
+
+
+def file_names(options: FrameworkOptions) -> list[str]:
+    """Every name a Keras or PyTorch input may hold, for reading before the framework is known (PyTorch's other
+    layers are read once the names present are known: ``pytorch.parameter_names``)."""
+    layer = options.layer or 0
+    torch = [*pytorch.names(layer, options.reverse).values(), f"weight_hr{pytorch.suffix(layer, options.reverse)}"]
+    return list(dict.fromkeys([*keras.file_names(), *pytorch.STATE_NAMES, *torch, *pytorch.CELL_KEYS]))
+
+
+def detect(keys, options: FrameworkOptions) -> str:
+    """"keras", "torch" or "tf" (the op's own tensors), from ``options.framework`` or the names present."""
+    if options.framework:
+        return options.framework
+    keys = set(keys)
+    if {"w", "i", "cs", "cs_prev", "h_prev"} & keys:
+        return "tf"
+    if ("recurrent_kernel" in keys or "cell" in keys or "lstm_cell" in keys or {"kernel", "x"} <= keys
+            or {"forward_layer", "backward_layer"} & keys):
+        return "keras"
+    if any(pytorch.WEIGHT.match(k) for k in keys) or set(pytorch.CELL_KEYS) <= keys:
+        return "torch"
+    return "tf"
+
+
+def plan(framework: str, tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = None) -> Plan:
+    """Check a Keras or PyTorch user's tensors (as a file holds them) and build what computes their gradients."""
+    if framework == "keras":
+        return keras.plan(keras.tensors_of(tensors), options, layer)
+    return pytorch.plan(tensors, options)
+
+
+# -- the Python API ---------------------------------------------------------------------------------------
+
+def keras_lstm_grad(x, kernel, recurrent_kernel, bias=None, *, h_grad=None, h0=None, c0=None, hn_grad=None,
+                    cn_grad=None, mask=None, activation="tanh", recurrent_activation="sigmoid",
+                    zero_output_for_mask=False, time_major=False, go_backwards=False, reverse=False, backend=None,
+                    compute_dtype=None) -> KerasLSTMGradOutputs:
+    """The gradients of a Keras ``LSTM`` layer, as GradientTape gives them.
+
+    ``h_grad`` is the gradient at the layer's output: [B, T, C] with return_sequences, else [B, C];
+    ``hn_grad``/``cn_grad`` those at the final states (return_state; without ``h_grad`` where the output itself is
+    unused).  Absent h0/c0 are zeros.  ``mask`` [B, T]: the steps the layer runs (the others carry its state and
+    output over, or output zeros with ``zero_output_for_mask``).  ``activation``/``recurrent_activation``: as the
+    layer was made (tanh, sigmoid, hard_sigmoid, relu, linear).  ``go_backwards``: the layer was made with
+    go_backwards=True (``h_grad`` in the order it returns its outputs, last step of x first); ``reverse``: it is the
+    backward layer of a ``Bidirectional`` (``h_grad``, its half of the wrapper's output gradient, in x's time order).
+    """
+    options = FrameworkOptions("keras", time_major=time_major, go_backwards=go_backwards, reverse=reverse)
+    layer = KerasLayer(keras_activation(activation), keras_activation(recurrent_activation),
+                       zero_output_for_mask=zero_output_for_mask, source="the arguments")
+    tensors = dict(x=x, kernel=kernel, recurrent_kernel=recurrent_kernel, bias=bias, h0=h0, c0=c0, h_grad=h_grad,
+                   hn_grad=hn_grad, cn_grad=cn_grad, mask=mask)
+    out = keras.plan({n: v for n, v in tensors.items() if v is not None}, options, layer).gradients(
+        backend, compute_dtype)
+    return KerasLSTMGradOutputs(out["x_grad"], out["kernel_grad"], out["recurrent_kernel_grad"], out.get("bias_grad"),
+                                out["h0_grad"], out["c0_grad"])
+
+
+def keras_activation(name) -> str:
+    from .. import activations  # noqa: PLC0415 - (a name check, kept beside its one use)
+
+    return activations.resolve(name)
+
+
+def torch_lstm_grad(x, weight_ih=None, weight_hh=None, bias_ih=None, bias_hh=None, *, state_dict=None, lengths=None,
+                    h_grad=None, h0=None, c0=None, hn_grad=None, cn_grad=None, batch_first=False, layer=None,
+                    reverse=False, backend=None, compute_dtype=None):
+    """The gradients of a PyTorch ``nn.LSTM``, as autograd gives them.
+
+    With ``state_dict`` (the module's, keys ``weight_ih_l0``, ..., ``_reverse``; a model's with its prefix removed):
+    the whole module, every layer and direction, read from the names; ``h_grad`` is the gradient at ``out``
+    ([T, B, D*C], or [B, D*C] at ``out[-1]``), ``h0``, ``c0``, ``hn_grad``, ``cn_grad`` [L*D, B, C]; returns a dict of
+    the state_dict's names plus ``_grad``, with ``x_grad``, ``h0_grad``, ``c0_grad``.  ``layer``/``reverse`` pick one
+    layer and direction of it instead.
+
+    With ``weight_ih``, ``weight_hh`` (and ``bias_ih``, ``bias_hh``): one layer and direction (``reverse``: the
+    backward one, run from x's last step), returned as ``TorchLSTMGradOutputs``; h0, c0 and the final-state
+    gradients [B, C].  ``lengths`` [B]: a packed batch's per-example lengths (pack_padded_sequence).
+    """
+    state = {"x": x, "h0": h0, "c0": c0, "h_grad": h_grad, "hn_grad": hn_grad, "cn_grad": cn_grad,
+             "lengths": lengths}
+    if state_dict is not None:
+        if weight_ih is not None or weight_hh is not None:
+            raise TypeError("torch_lstm_grad takes a state_dict or weight_ih/weight_hh, not both")
+        options = FrameworkOptions("torch", batch_first=batch_first, layer=layer, reverse=reverse)
+        tensors = {**{k: _numpy(v) for k, v in state_dict.items()}, **state}
+        return pytorch.plan({n: v for n, v in tensors.items() if v is not None}, options).gradients(
+            backend, compute_dtype)
+    options = FrameworkOptions("torch", batch_first=batch_first, layer=0, reverse=reverse)
+    names = pytorch.names(0, reverse)
+    tensors = {names["weight_ih"]: weight_ih, names["weight_hh"]: weight_hh, names["bias_ih"]: bias_ih,
+               names["bias_hh"]: bias_hh, **state}
+    out = pytorch.plan({n: v for n, v in tensors.items() if v is not None}, options).gradients(backend, compute_dtype)
+    return TorchLSTMGradOutputs(out["x_grad"], out[f"{names['weight_ih']}_grad"], out[f"{names['weight_hh']}_grad"],
+                                out.get(f"{names['bias_ih']}_grad"), out.get(f"{names['bias_hh']}_grad"),
+                                out["h0_grad"], out["c0_grad"])
+
+
+def _numpy(value):
+    """A torch tensor or anything array-like as a numpy array (a state_dict's values are torch tensors)."""
+    detach = getattr(value, "detach", None)
+    return detach().cpu().numpy() if callable(detach) else np.asarray(value)

@@ -1,0 +1,211 @@
+"""What the Keras and PyTorch views share: their options, the checks of their tensors, and the ``Plan`` each
+builds from a user's tensors (a ``Module`` to compute, and how its gradients are named and laid out)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+from ..modules import Module
+from ..recurrence import DirectionGrads
+from ..results import BlockLSTMGradOutputs
+
+
+@dataclass(frozen=True)
+class FrameworkOptions:
+    framework: str | None = None  # "keras" | "torch" | "tf" (the op's own names) | None: from the names
+    time_major: bool = False  # Keras: x and h_grad are [T, B, ...]
+    batch_first: bool = False  # PyTorch: x and h_grad are [B, T, ...]
+    layer: int | None = None  # PyTorch: one layer's weights (the K of weight_ih_l{K}); None: the whole module
+    reverse: bool = False  # the backward direction of a bidirectional LSTM (h_grad in x's time order)
+    go_backwards: bool = False  # Keras: a layer made with go_backwards=True (h_grad in the order it ran)
+    inference: bool = False  # Keras: the gradient was taken with training=False (a layer's dropout inactive)
+
+
+# Options that say how one framework's tensors are laid out, and whose they are.  Given for another's, they would
+# be ignored and the gradient silently wrong, so they are refused (``check_applicable``).
+_OPTIONS = {"time_major": ("--time-major", ("keras",)), "go_backwards": ("--go-backwards", ("keras",)),
+            "batch_first": ("--batch-first", ("torch",)), "layer": ("--layer", ("torch",)),
+            "reverse": ("--reverse", ("keras", "torch")), "inference": ("--inference", ("keras",))}
+_WHOSE = {"keras": "a Keras LSTM layer's", "torch": "a PyTorch nn.LSTM's", "tf": "the TF op's own"}
+
+
+def check_applicable(framework: str, options: FrameworkOptions) -> None:
+    """Refuse options given for another framework's tensors than ``framework``'s ("keras", "torch", "tf")."""
+    wrong = [(flag, owners) for name, (flag, owners) in _OPTIONS.items()
+             if getattr(options, name) != getattr(FrameworkOptions, name) and framework not in owners]
+    if wrong:
+        said = "; ".join(f"{flag} is for {' and '.join(_WHOSE[o] for o in owners)} tensors" for flag, owners in wrong)
+        raise InvalidArgumentError(f"{said}, and this input holds {_WHOSE[framework]} (--framework says whose they "
+                                   "are where the names do not tell)")
+    if options.reverse and options.go_backwards:
+        raise InvalidArgumentError("--reverse and --go-backwards do not go together: --go-backwards is a layer made "
+                                   "with go_backwards=True (h_grad in the order it ran), --reverse a Bidirectional's "
+                                   "backward layer (h_grad in x's time order)")
+
+
+@dataclass
+class Plan:
+    """A framework's module as the user holds it, ready to compute: the ``Module`` (modules.py), its inputs
+    time-major in x's time order, and how its gradients go back to the user's names and layouts."""
+
+    framework: str  # "keras" | "torch"
+    module: Module
+    x: np.ndarray  # [T, B, I]
+    h0: np.ndarray  # [L*D, B, C]
+    c0: np.ndarray
+    h_grad: np.ndarray | None  # [T, B, width] at the returned output sequence
+    last_grad: np.ndarray | None  # [B, width] at its last output only
+    hn_grad: np.ndarray | None  # [L*D, B, C]
+    cn_grad: np.ndarray | None
+    batch_major: bool  # x (and x_grad) are [B, T, I] for the user
+    state_shape: tuple  # the shape the user's h0/c0 (and so h0_grad/c0_grad) have
+    tensors: dict = field(default_factory=dict)  # what the user gave (checked), in their names
+    notes: list[str] = field(default_factory=list)  # what was assumed or read from a model's configuration
+    description: str = ""  # "PyTorch nn.LSTM, 2 layers x 2 directions", for the summary
+
+    @property
+    def single(self) -> bool:
+        """One direction of one layer with the op's own maths: computable as one BlockLSTMGradV2 problem."""
+        return len(self.module.layers) == 1 and self.module.directions == 1 and self.module.layers[0][0].standard
+
+    @property
+    def dims(self) -> tuple[int, int, int, int]:
+        T, B, I = self.x.shape
+        return T, B, I, self.module.C
+
+    def gradients(self, backend=None, compute_dtype=None) -> dict:
+        """Every gradient, in the framework's names and layouts."""
+        self.module.forward(self.x, self.h0, self.c0, compute_dtype)
+        grads = self.module.backward(self.h_grad, self.last_grad, self.hn_grad, self.cn_grad, backend=backend)
+        return self._named(grads)
+
+    # -- one direction as the op's own problem (per-step reports, checks, chunked and lazy runs) ----------------
+
+    def op_tensors(self) -> tuple[dict, int]:
+        """The BlockLSTMGradV2 inputs without activations (they are recomputed) and the seq_len_max to use, for a
+        ``single`` plan."""
+        weights, schedule = self.module.layers[0][0], self.module.schedules[0]
+        C = weights.C
+        h_grad = schedule.run_h_grad(self.h_grad, self.last_grad, C, self.x.dtype)
+        cs_grad = np.zeros_like(h_grad)
+        schedule.place_final(h_grad, None if self.hn_grad is None else self.hn_grad[0])
+        schedule.place_final(cs_grad, None if self.cn_grad is None else self.cn_grad[0])
+        zeros = np.zeros(C, self.x.dtype)
+        op = {"x": schedule.run_x(self.x), "cs_prev": self.c0[0], "h_prev": self.h0[0], "w": weights.w,
+              "wci": zeros, "wcf": zeros, "wco": zeros, "b": weights.b, "cs_grad": cs_grad, "h_grad": h_grad}
+        return op, schedule.seq_len_max
+
+    def from_op(self, grads: BlockLSTMGradOutputs) -> dict:
+        """A ``single`` plan's gradients from the op's."""
+        schedule = self.module.schedules[0]
+        h0_grad, c0_grad = grads.h_prev_grad.copy(), grads.cs_prev_grad.copy()
+        schedule.bypass_final(h0_grad, None if self.hn_grad is None else self.hn_grad[0])
+        schedule.bypass_final(c0_grad, None if self.cn_grad is None else self.cn_grad[0])
+        direction = DirectionGrads(schedule.x_grad(np.asarray(grads.x_grad)), grads.w_grad, grads.b_grad, h0_grad,
+                                   c0_grad)
+        return self._named({"x_grad": direction.x_grad, "h0_grad": h0_grad[None], "c0_grad": c0_grad[None],
+                            (0, 0): direction})
+
+    # -- naming ----------------------------------------------------------------------------------------------
+
+    def _named(self, grads: dict) -> dict:
+        x_grad = grads["x_grad"]
+        out = {"x_grad": np.ascontiguousarray(np.swapaxes(x_grad, 0, 1) if self.batch_major else x_grad)}
+        for k, layer in enumerate(self.module.layers):
+            for d in range(len(layer)):
+                out.update(self.weight_grads(k, d, grads[(k, d)]))
+        out["h0_grad"] = grads["h0_grad"].reshape(self.state_shape)
+        out["c0_grad"] = grads["c0_grad"].reshape(self.state_shape)
+        return out
+
+    def weight_grads(self, k: int, d: int, grads: DirectionGrads) -> dict:
+        raise NotImplementedError
+
+
+# -- checks of what the user gave ------------------------------------------------------------------------
+
+def dtyped(tensors: dict, exempt=("lengths", "mask")) -> dict:
+    """Float arrays of one dtype (as the op needs), said in the framework's names; ``exempt`` tensors (integers,
+    booleans) are checked where they are used."""
+    arrays = {n: np.asarray(v) for n, v in tensors.items() if v is not None}
+    floats = {n: a for n, a in arrays.items() if n not in exempt}
+    for name, a in floats.items():
+        if a.dtype.kind != "f" or a.dtype.itemsize not in (2, 4, 8):
+            raise InvalidArgumentError(f"{name} has dtype {a.dtype}; expected float16, float32 or float64")
+    dtypes = {a.dtype for a in floats.values()}
+    if len(dtypes) > 1:
+        first, *_ = floats
+        other = next(n for n, a in floats.items() if a.dtype != floats[first].dtype)
+        raise InvalidArgumentError(f"all tensors must have one dtype: {first} is {floats[first].dtype} but {other} "
+                                   f"is {floats[other].dtype}")
+    return arrays
+
+
+def rank(name: str, a, expected: int, label: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.ndim != expected:
+        raise InvalidArgumentError(f"{name} must be rank {expected} {label} but has shape {list(a.shape)}")
+    return a
+
+
+def shaped(name: str, a, shape: tuple, label: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.shape != tuple(shape):
+        raise InvalidArgumentError(f"{name} has shape {list(a.shape)}, expected {label} = {list(shape)}")
+    return a
+
+
+def cells(name: str, gates: int, units: int, framework: str) -> int:
+    """The cell size C: ``units``, when the recurrent weights have 4C gate rows or columns (i, f, c, o)."""
+    if gates != 4 * units or units == 0:
+        raise InvalidArgumentError(f"{name} has {gates} gate units for {units} cell units, not 4 * {units}: not an "
+                                   f"LSTM of {framework} (a GRU has 3 gates, a plain RNN 1)")
+    return units
+
+
+def states(name: str, value, count: int, B: int, C: int, dtype, what: str) -> np.ndarray:
+    """An initial state or a final state's gradient: [count, B, C] (``count`` layer-directions, PyTorch's layout),
+    or [B, C] where there is one; zeros when absent (None for an absent gradient: ``dtype`` None)."""
+    if value is None:
+        return None if dtype is None else np.zeros((count, B, C), dtype)
+    value = np.asarray(value)
+    if value.ndim == 2 and count == 1:
+        value = value[None]
+    if value.shape != (count, B, C):
+        label = f"[{count}, B, C] ({what})" if count > 1 else "[B, C]"
+        hint = f" for {count} layer-directions" if count > 1 else ""
+        raise InvalidArgumentError(f"{name} has shape {list(value.shape)}, expected {label}"
+                                   f"{' = ' + str([count, B, C]) if count > 1 else ' = ' + str([B, C])}{hint}")
+    return value
+
+
+def as_bool_mask(mask, B: int, T: int) -> np.ndarray:
+    """A Keras mask [B, T]: booleans, or 0/1 numbers."""
+    m = np.asarray(mask)
+    if m.shape != (B, T):
+        raise InvalidArgumentError(f"mask has shape {list(m.shape)}, expected [B, T] = {[B, T]} (True where a step "
+                                   "is used)")
+    if m.dtype == bool:
+        return m
+    if m.dtype.kind not in "iuf" or not np.isin(m, (0, 1)).all():
+        raise InvalidArgumentError(f"mask must hold booleans (or 0 and 1), found dtype {m.dtype}"
+                                   + (" with other values" if m.dtype.kind in "iuf" else ""))
+    return m.astype(bool)
+
+
+def as_lengths(lengths, B: int, T: int) -> np.ndarray:
+    """PyTorch's per-example lengths [B]: integers in [1, T] (0 is taken too: the example runs no step)."""
+    n = np.asarray(lengths)
+    if n.shape != (B,):
+        raise InvalidArgumentError(f"lengths has shape {list(n.shape)}, expected [B] = [{B}] (each example's "
+                                   "number of steps)")
+    if n.dtype.kind == "f" and np.isfinite(n).all() and (n == np.round(n)).all():
+        n = n.astype(np.int64)
+    if n.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"lengths must be integers, found dtype {n.dtype}")
+    if B and (n.min() < 0 or n.max() > T):
+        raise InvalidArgumentError(f"lengths must be in [0, T] = [0, {T}], found {int(n.min())}..{int(n.max())}")
+    return n.astype(np.int64)

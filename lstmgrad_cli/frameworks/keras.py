@@ -1,0 +1,263 @@
+"""Keras ``LSTM`` layers and ``Bidirectional`` wrappers as their users hold them.
+
+A layer has ``kernel`` [I, 4C], ``recurrent_kernel`` [C, 4C] and, with use_bias, ``bias`` [4C], gates i, f, c, o
+(IFCO).  Its input ``x`` is [B, T, I] (``time_major``: [T, B, I]), its output gradient ``h_grad`` [B, T, C] with
+return_sequences, else [B, C]; ``h0``/``c0`` and ``hn_grad``/``cn_grad`` [B, C]; a ``mask`` [B, T] (an
+``Embedding(mask_zero=True)`` or ``Masking`` layer upstream): the layer runs the steps the mask keeps and carries
+its state, and its output, over the others (zeros there instead with ``zero_output_for_mask``).
+``go_backwards``: the layer runs x from its last step and returns its outputs in that order; ``reverse``: it is a
+``Bidirectional``'s backward layer, whose outputs the wrapper puts back into x's order.
+
+A whole ``Bidirectional`` holds ``forward_kernel``, ..., ``backward_bias`` (a weights file's ``forward_layer`` and
+``backward_layer`` groups); its output merges the two directions' (``merge_mode``: concat [B, T, 2C], sum, mul, ave);
+``h0``, ``c0``, ``hn_grad``, ``cn_grad`` are [2, B, C] (forward, backward).
+
+What a layer was made with (activations, use_bias, go_backwards, ...) is read from a model's configuration when
+the weights come from a ``.keras`` archive or a full-model HDF5 file (``KerasLayer.from_config``); otherwise
+Keras' defaults are assumed, and the summary says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .. import activations
+from ..errors import InvalidArgumentError
+from ..modules import MERGE_MODES, Module
+from ..recurrence import DirectionGrads, DirectionWeights
+from ..schedule import Schedule
+from .common import FrameworkOptions, Plan, as_bool_mask, cells, check_applicable, dtyped, rank, shaped, states
+
+PARAMETERS = ("kernel", "recurrent_kernel", "bias")
+# Keras name -> where files keep it (plain, Keras 3 weights file, older tf.keras HDF5)
+ALIASES = {
+    "kernel": ("kernel", "cell/vars/0", "lstm_cell/kernel", "lstm_cell/kernel:0"),
+    "recurrent_kernel": ("recurrent_kernel", "cell/vars/1", "lstm_cell/recurrent_kernel",
+                         "lstm_cell/recurrent_kernel:0"),
+    "bias": ("bias", "cell/vars/2", "lstm_cell/bias", "lstm_cell/bias:0"),
+}
+# A whole Bidirectional's two layers: Keras 3 keeps them at forward_layer/ and backward_layer/, tf.keras under the
+# layers' own names (forward_lstm/, backward_lstm/ by default).
+WRAPPED = {"forward": ("forward_layer", "forward_lstm"), "backward": ("backward_layer", "backward_lstm")}
+STATE_NAMES = ("x", "h0", "c0", "h_grad", "hn_grad", "cn_grad", "mask")
+
+
+def file_names() -> list[str]:
+    """Every name a Keras input or weights file may keep a layer's (or a Bidirectional's) tensors under."""
+    plain = [alias for aliases in ALIASES.values() for alias in aliases]
+    wrapped = [f"{group}/{alias}" for groups in WRAPPED.values() for group in groups for alias in plain[1:]
+               if "/" in alias]
+    return [*STATE_NAMES, *plain, *wrapped, *(f"{d}_{p}" for d in WRAPPED for p in PARAMETERS)]
+
+
+def tensors_of(held: dict) -> dict:
+    """The Keras names of what a file holds under its own spelling (a weights file's cell/vars/0, ...); a whole
+    Bidirectional's as forward_kernel, ..., backward_bias."""
+    out = {n: held[n] for n in STATE_NAMES if n in held}
+    for name, aliases in ALIASES.items():
+        value = next((held[a] for a in aliases if a in held), None)
+        if value is not None:
+            out[name] = value
+        for direction, groups in WRAPPED.items():
+            key = f"{direction}_{name}"
+            value = held.get(key)
+            if value is None:
+                value = next((held[f"{g}/{a}"] for g in groups for a in aliases if f"{g}/{a}" in held), None)
+            if value is not None:
+                out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class KerasLayer:
+    """What a Keras LSTM layer (or a Bidirectional of them) was made with, and where that was found."""
+
+    activation: str = "tanh"  # activations.ACTIVATIONS keys
+    recurrent_activation: str = "sigmoid"
+    use_bias: bool | None = None  # None: whether a bias is there
+    go_backwards: bool = False
+    reverse: bool = False  # a Bidirectional's backward layer
+    zero_output_for_mask: bool = False
+    return_sequences: bool | None = None  # None: from h_grad's rank
+    merge_mode: str | None = None  # a whole Bidirectional's
+    source: str = ""  # "": Keras' defaults, assumed; else where they were read ("m.keras config.json")
+    notes: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def from_config(cls, config: dict, *, keras_major: int = 3, source: str = "",
+                    wrapper: dict | None = None, backward: bool = False, inference: bool = False) -> KerasLayer:
+        """The options of an LSTM layer's config (``config["config"]`` of a serialised layer, or the dict itself),
+        inside a Bidirectional's config ``wrapper`` (its backward layer: ``backward``).  Options whose maths is not
+        implemented are refused by name."""
+        cfg = config.get("config", config) if isinstance(config, dict) else {}
+        name = cfg.get("name", "the layer")
+        kind = config.get("class_name", "LSTM") if isinstance(config, dict) else "LSTM"
+        if kind not in ("LSTM", "CuDNNLSTM"):
+            raise InvalidArgumentError(f"layer {name!r} is a {kind}, not an LSTM: lstmgrad computes LSTM layers")
+        notes = []
+        for option in ("dropout", "recurrent_dropout"):
+            rate = float(cfg.get(option) or 0)
+            if rate > 0 and not inference:
+                raise InvalidArgumentError(
+                    f"layer {name!r} has {option}={rate:g}: in training its random masks change the gradient, and "
+                    "lstmgrad cannot know them; if the gradient was taken in inference (training=False, where "
+                    "dropout does nothing), say so with --inference")
+            if rate > 0:
+                notes.append(f"{option}={rate:g} taken as inactive (--inference)")
+        if cfg.get("stateful"):
+            notes.append("stateful: the initial states are the last batch's; give them as h0, c0")
+        for option in ("time_major",):
+            if cfg.get(option):
+                raise InvalidArgumentError(f"layer {name!r} has {option}=True; use --time-major")
+        act = activations.resolve(cfg.get("activation", "tanh"), keras_major)
+        gate = activations.resolve(cfg.get("recurrent_activation", "sigmoid"), keras_major)
+        merge = None
+        go_backwards = bool(cfg.get("go_backwards", False))
+        if wrapper is not None:
+            wcfg = wrapper.get("config", wrapper)
+            merge = wcfg.get("merge_mode", "concat")
+            go_backwards = False  # the wrapper runs its backward layer backwards: that is ``reverse``
+        return cls(act, gate, cfg.get("use_bias"), go_backwards, backward,
+                   bool(cfg.get("zero_output_for_mask", False)), cfg.get("return_sequences"), merge, source,
+                   tuple(notes))
+
+    def assumed(self) -> str | None:
+        """Words for the summary: what was assumed (no configuration) or read."""
+        notes = "".join(f"; {n}" for n in self.notes)
+        if self.source:
+            acts = f"activation={self.activation}, recurrent_activation={self.recurrent_activation}"
+            return f"layer options from {self.source}: {acts}{notes}"
+        return ("no model configuration (a bare weights file): Keras' defaults assumed, activation=tanh, "
+                "recurrent_activation=sigmoid, no mask unless given (a .keras archive or full-model .h5 as --weights "
+                f"says what the layer was made with){notes}")
+
+
+class KerasPlan(Plan):
+    bidirectional: bool = False
+    with_bias: bool = True
+
+    def weight_grads(self, k, d, grads: DirectionGrads) -> dict:
+        I = grads.w_grad.shape[0] - self.module.layers[k][d].C  # noqa: E741
+        prefix = ("forward_", "backward_")[d] if self.bidirectional else ""
+        out = {f"{prefix}kernel_grad": grads.w_grad[:I], f"{prefix}recurrent_kernel_grad": grads.w_grad[I:]}
+        if self.with_bias:
+            out[f"{prefix}bias_grad"] = grads.b_grad
+        return out
+
+
+def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = None) -> KerasPlan:
+    """Check a Keras user's tensors and build what computes their gradients."""
+    check_applicable("keras", options)
+    layer = layer or KerasLayer()
+    if options.reverse and not layer.reverse:
+        layer = replace(layer, reverse=True)
+    if options.go_backwards:
+        layer = replace(layer, go_backwards=True)
+    bidirectional = "forward_kernel" in tensors or "backward_kernel" in tensors
+    prefixes = ("forward_", "backward_") if bidirectional else ("",)
+    needed = ["x", *(f"{p}{n}" for p in prefixes for n in ("kernel", "recurrent_kernel"))]
+    missing = [n for n in needed if tensors.get(n) is None]
+    if missing:
+        what = "a Keras Bidirectional needs x, forward_/backward_ kernel, recurrent_kernel" if bidirectional else (
+            "a Keras LSTM needs x, kernel, recurrent_kernel, h_grad; bias, h0, c0, hn_grad, cn_grad, mask are "
+            "optional")
+        raise InvalidArgumentError(f"missing tensor{'s' * (len(missing) > 1)} {', '.join(missing)} ({what})")
+    if bidirectional and (options.reverse or options.go_backwards):
+        raise InvalidArgumentError("--reverse and --go-backwards are for one layer; these are a whole "
+                                   "Bidirectional's weights (both directions), computed together")
+    arrays = dtyped(tensors)
+    batch_major = not options.time_major
+    x = rank("x", arrays["x"], 3, "[B, T, I]" if batch_major else "[T, B, I]")
+    x = np.swapaxes(x, 0, 1) if batch_major else x
+    T, B, I = x.shape  # noqa: E741
+    directions = []
+    with_bias = None
+    for p in prefixes:
+        kernel = rank(f"{p}kernel", arrays[f"{p}kernel"], 2, "[I, 4C]")
+        recurrent = rank(f"{p}recurrent_kernel", arrays[f"{p}recurrent_kernel"], 2, "[C, 4C]")
+        C = cells(f"{p}recurrent_kernel", recurrent.shape[1], recurrent.shape[0], "Keras")
+        shaped(f"{p}kernel", kernel, (I, 4 * C), "[I, 4C]")
+        shaped(f"{p}recurrent_kernel", recurrent, (C, 4 * C), "[C, 4C]")
+        bias = arrays.get(f"{p}bias")
+        with_bias = bias is not None
+        if layer.use_bias is not None and layer.use_bias != with_bias:
+            raise InvalidArgumentError(f"the layer was made with use_bias={layer.use_bias} but {p}bias is "
+                                       f"{'there' if with_bias else 'missing'}")
+        b = np.zeros(4 * C, x.dtype) if bias is None else shaped(f"{p}bias", bias, (4 * C,), "[4C]")
+        directions.append(DirectionWeights(np.concatenate([kernel, recurrent]), b, layer.activation,
+                                           layer.recurrent_activation))
+    C = directions[0].C
+    if bidirectional and directions[1].C != C:
+        raise InvalidArgumentError(f"the Bidirectional's two layers differ in size ({C} and {directions[1].C} units)")
+    mask = None if arrays.get("mask") is None else as_bool_mask(arrays["mask"], B, T)
+    if mask is not None and mask.all():
+        mask = None  # (every step used: the plain schedule, the same maths)
+    if bidirectional:
+        schedules = [_schedule(T, B, mask, False, False, layer), _schedule(T, B, mask, True, True, layer)]
+    else:
+        schedules = [_schedule(T, B, mask, layer.go_backwards or layer.reverse, layer.reverse, layer)]
+    merge = layer.merge_mode or "concat"
+    if merge not in MERGE_MODES:
+        raise InvalidArgumentError(f"a Bidirectional with merge_mode={merge!r} is not implemented (lstmgrad computes "
+                                   f"{', '.join(MERGE_MODES)})")
+    width = 2 * C if bidirectional and merge == "concat" else C
+    count = len(directions)
+    h_grad, last_grad = _output_grad(arrays.get("h_grad"), T, B, width, batch_major, layer, bidirectional, merge)
+    hn_grad = states("hn_grad", arrays.get("hn_grad"), count, B, C, None, "forward, backward")
+    cn_grad = states("cn_grad", arrays.get("cn_grad"), count, B, C, None, "forward, backward")
+    if h_grad is None and last_grad is None and hn_grad is None and cn_grad is None:
+        raise InvalidArgumentError("missing tensor h_grad: the gradient arriving at the layer's output (or hn_grad, "
+                                   "cn_grad: those at its final states, where the output is unused)")
+    result = KerasPlan(
+        "keras", Module([directions], schedules, merge), np.ascontiguousarray(x),
+        states("h0", arrays.get("h0"), count, B, C, x.dtype, "forward, backward"),
+        states("c0", arrays.get("c0"), count, B, C, x.dtype, "forward, backward"),
+        h_grad, last_grad, hn_grad, cn_grad, batch_major, (count, B, C) if count > 1 else (B, C), arrays,
+        notes=[n for n in (layer.assumed(),) if n],
+        description=_description(layer, bidirectional, merge, mask is not None or arrays.get("mask") is not None))
+    result.bidirectional, result.with_bias = bidirectional, bool(with_bias)
+    return result
+
+
+def _schedule(T: int, B: int, mask, backwards: bool, reverse: bool, layer: KerasLayer) -> Schedule:
+    """How a Keras layer runs: forwards, go_backwards (outputs in the order run) or as a Bidirectional's backward
+    layer (outputs put back into x's order); the output without return_sequences is the last one it made."""
+    if mask is None:
+        return Schedule.plain(T, B, reversed=backwards, outputs_in_run_order=backwards and not reverse, last=T - 1)
+    return Schedule.from_mask(mask, backwards=backwards, outputs_in_x_order=reverse,
+                              zero_output_for_mask=layer.zero_output_for_mask)
+
+
+def _output_grad(h_grad, T, B, width, batch_major, layer: KerasLayer, bidirectional, merge):
+    """(sequence, last) gradients at the output, time-major."""
+    if h_grad is None:
+        return None, None
+    h_grad = np.asarray(h_grad)
+    unit = "2C" if bidirectional and merge == "concat" else "C"
+    if h_grad.ndim == 2:
+        if layer.return_sequences:
+            raise InvalidArgumentError("h_grad is [B, C], the last output's gradient, but the layer was made with "
+                                       "return_sequences=True: give the gradient at the whole output sequence")
+        return None, shaped("h_grad", h_grad, (B, width), f"[B, {unit}]")
+    if layer.return_sequences is False:
+        raise InvalidArgumentError(f"h_grad has shape {list(h_grad.shape)}, a sequence, but the layer was made with "
+                                   f"return_sequences=False: give the gradient at its last output, [B, {unit}]")
+    label = f"[B, T, {unit}]" if batch_major else f"[T, B, {unit}]"
+    shape = (B, T, width) if batch_major else (T, B, width)
+    if h_grad.shape != shape:
+        raise InvalidArgumentError(f"h_grad has shape {list(h_grad.shape)}, expected {label} = {list(shape)} (or "
+                                   f"[B, {unit}], the last output's gradient)")
+    return (np.swapaxes(h_grad, 0, 1) if batch_major else h_grad), None
+
+
+def _description(layer: KerasLayer, bidirectional: bool, merge: str, masked: bool) -> str:
+    what = f"Keras Bidirectional(LSTM), merge_mode={merge}" if bidirectional else "Keras LSTM layer"
+    if not bidirectional and layer.reverse:
+        what += " (a Bidirectional's backward layer)"
+    elif not bidirectional and layer.go_backwards:
+        what += " (go_backwards)"
+    if (layer.activation, layer.recurrent_activation) != activations.DEFAULT:
+        what += f", activation={layer.activation}, recurrent_activation={layer.recurrent_activation}"
+    return what + (", masked" if masked else "")

@@ -1,0 +1,112 @@
+"""A Keras layer's options from the model configuration saved beside its weights.
+
+``model.save('m.keras')`` writes the configuration (config.json) and the weights (model.weights.h5, where Keras 3
+names each layer's group after its class: ``layers/lstm``, ``layers/lstm_1``, ``layers/bidirectional/
+backward_layer``, nested models' layers under ``layers/sequential/layers/...``).  A full-model HDF5 file
+(``model.save('m.h5')``) keeps the configuration in its ``model_config`` attribute and each layer's weights under
+its own name (``model_weights/<name>/<name>/...``).  ``layer_options`` finds the layer whose weights a group holds
+and reads what it was made with; ``layer_from_group`` says what a bare weights file's group name alone tells.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from ..errors import InvalidArgumentError
+from .common import FrameworkOptions
+from .keras import KerasLayer
+
+CONTAINERS = ("Functional", "Sequential", "Model")
+WRAPPER = "Bidirectional"
+
+
+def snake(class_name: str) -> str:
+    """Keras' own snake_case of a class name (LSTM -> lstm, InputLayer -> input_layer)."""
+    text = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", class_name)
+    return re.sub(r"([a-z])([A-Z])", r"\1_\2", text).lower()
+
+
+def _layers(config: dict) -> list:
+    inner = config.get("config", {}) if isinstance(config, dict) else {}
+    layers = inner.get("layers", []) if isinstance(inner, dict) else []
+    return [layer for layer in layers if isinstance(layer, dict)] if isinstance(layers, list) else []
+
+
+def _walk(config: dict, keras3_prefix: str, legacy_prefix: str | None, depth: int = 0) -> Iterator[tuple]:
+    """(Keras 3 group, legacy group, layer config, wrapper config or None, backward) for every LSTM layer and
+    Bidirectional wrapper (backward None for the whole wrapper) of a container's configuration."""
+    if depth > 50:
+        return
+    used: dict[str, int] = {}
+    sequential = config.get("class_name") == "Sequential"
+    for layer in _layers(config):
+        kind = layer.get("class_name", "")
+        if sequential and kind == "InputLayer":
+            continue  # a Sequential's layers (and so its weights file) leave its input out
+        base = snake(str(kind))
+        count = used.get(base, 0)
+        used[base] = count + 1
+        group = f"{keras3_prefix}layers/{base}" + (f"_{count}" if count else "")
+        name = str(layer.get("config", {}).get("name", layer.get("name", "")))
+        legacy = f"{legacy_prefix}{name}/{name}" if legacy_prefix == "model_weights/" else (
+            f"{legacy_prefix}{name}" if legacy_prefix is not None else None)
+        if kind in CONTAINERS:
+            yield from _walk(layer, group + "/", (legacy + "/") if legacy else None, depth + 1)
+        elif kind == WRAPPER:
+            wrapped = layer.get("config", {}).get("layer", {})
+            backward = layer.get("config", {}).get("backward_layer") or wrapped
+            inner = str(wrapped.get("config", {}).get("name", ""))
+            yield group, legacy, wrapped, layer, None
+            yield f"{group}/forward_layer", legacy and f"{legacy}/forward_{inner}", wrapped, layer, False
+            yield f"{group}/backward_layer", legacy and f"{legacy}/backward_{inner}", backward, layer, True
+        elif kind in ("LSTM", "CuDNNLSTM"):
+            yield group, legacy, layer, None, False
+
+
+def lstm_groups(model_config: dict) -> list[str]:
+    """Every LSTM layer's (and Bidirectional's) group a configuration describes (Keras 3 names)."""
+    return [found[0] for found in _walk(model_config, "", None)]
+
+
+def layer_options(model_config: dict, group: str, *, keras_version: str = "", source: str = "",
+                  inference: bool = False) -> KerasLayer:
+    """The options of the layer whose weights are at ``group`` (Keras 3 or legacy full-model layout)."""
+    from ..io.keras_archive import keras_major  # noqa: PLC0415 - (a version number's reading, kept with io)
+
+    wanted = group.strip("/")
+    for keras3, legacy, layer, wrapper, backward in _walk(model_config, "", "model_weights/"):
+        if wanted in (keras3, legacy):
+            options = KerasLayer.from_config(layer, keras_major=keras_major(keras_version), source=source,
+                                             wrapper=wrapper, backward=bool(backward), inference=inference)
+            if wrapper is not None and backward is None:  # the whole wrapper: both layers' options must agree
+                other = KerasLayer.from_config(wrapper.get("config", {}).get("backward_layer") or layer,
+                                               keras_major=keras_major(keras_version), inference=inference)
+                if (other.activation, other.recurrent_activation) != (options.activation,
+                                                                      options.recurrent_activation):
+                    raise InvalidArgumentError("the Bidirectional's two layers have different activations; give "
+                                               "each layer's group (forward_layer, backward_layer) on its own")
+            return options
+    groups = ", ".join(lstm_groups(model_config)) or "none"
+    if not wanted:
+        raise InvalidArgumentError(f"the model has several layers: name one with --weights-group (its LSTM layers' "
+                                   f"groups: {groups})")
+    raise InvalidArgumentError(f"the model configuration has no LSTM layer at {group!r} (its LSTM layers' groups: "
+                               f"{groups})")
+
+
+def layer_from_group(group: str, options: FrameworkOptions) -> KerasLayer | None:
+    """What a bare weights file's group name tells: a Bidirectional's backward layer runs backwards in time."""
+    last = group.strip("/").rsplit("/", 1)[-1]
+    backward = last == "backward_layer" or last.startswith("backward_lstm")
+    forward = last == "forward_layer" or last.startswith("forward_lstm")
+    if backward and options.go_backwards:
+        raise InvalidArgumentError(f"{group} is a Bidirectional's backward layer (it runs backwards, its outputs "
+                                   "put back into x's order), not a go_backwards layer: leave --go-backwards out")
+    if forward and options.reverse:
+        raise InvalidArgumentError(f"--reverse is a Bidirectional's backward layer, and {group} is its forward "
+                                   "layer: leave --reverse out, or name the backward_layer")
+    if backward:
+        return KerasLayer(reverse=True, notes=(f"{group} is a Bidirectional's backward layer: run backwards in "
+                                               "time, h_grad in x's time order",))
+    return None

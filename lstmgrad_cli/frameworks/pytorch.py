@@ -1,0 +1,232 @@
+"""PyTorch ``nn.LSTM`` modules as their users hold them: a state_dict, x, and the gradient at the module's output.
+
+An ``nn.LSTM(input_size, C, num_layers=L, bidirectional=...)`` has, for each layer K and direction (``_reverse``
+for the backward one), ``weight_ih_l{K}`` [4C, I] (I = input_size for layer 0, D*C above), ``weight_hh_l{K}``
+[4C, C] and, with bias=True, ``bias_ih_l{K}``/``bias_hh_l{K}`` [4C]; gates i, f, g, o (IFCO).  The number of
+layers and directions is read from the names.  ``x`` is [T, B, I] ([B, T, I] with batch_first), the module's
+output gradient ``h_grad`` [T, B, D*C] (or [B, D*C]: at ``out[-1]`` only), ``h0``, ``c0``, ``hn_grad``,
+``cn_grad`` [L*D, B, C] (PyTorch keeps states time-major even with batch_first), ``lengths`` [B] for a packed
+batch (pack_padded_sequence): each example runs its first lengths[b] steps, the reverse direction from its own
+last step, h_n and c_n at each example's last step, the outputs after it zero.
+
+``layer``/``reverse`` (``--layer``, ``--reverse``) pick one layer and direction instead: its own input as ``x``,
+its own output's gradient [T, B, C] as ``h_grad``, its states [B, C].
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+from ..modules import Module
+from ..recurrence import DirectionGrads, DirectionWeights
+from ..schedule import Schedule
+from .common import FrameworkOptions, Plan, as_lengths, cells, check_applicable, dtyped, rank, shaped, states
+
+WEIGHT = re.compile(r"^weight_ih_l(\d+)(_reverse)?$")
+PARAMETERS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+STATE_NAMES = ("x", "h0", "c0", "h_grad", "hn_grad", "cn_grad", "lengths")
+
+
+def suffix(layer: int, reverse: bool) -> str:
+    return f"_l{layer}" + ("_reverse" if reverse else "")
+
+
+def names(layer: int, reverse: bool) -> dict[str, str]:
+    """weight_ih, weight_hh, bias_ih, bias_hh -> their state_dict names for the layer and direction."""
+    sfx = suffix(layer, reverse)
+    return {n: f"{n}{sfx}" for n in PARAMETERS}
+
+
+def layers_in(keys) -> list[str]:
+    """The layer and direction suffixes of the nn.LSTM weights among ``keys`` ("_l0", "_l1_reverse", ...)."""
+    return sorted({f"_l{m.group(1)}{m.group(2) or ''}" for k in keys for m in [WEIGHT.match(k)] if m})
+
+
+def parameter_names(keys) -> list[str]:
+    """Every nn.LSTM parameter name of the layers and directions found among ``keys`` (for reading them)."""
+    found = []
+    for sfx in layers_in(keys):
+        found += [f"{n}{sfx}" for n in (*PARAMETERS, "weight_hr")]
+    return found
+
+
+def state_dict_layers(keys) -> list[dict]:
+    """The nn.LSTM layers and directions among a state_dict's keys, with their module prefix."""
+    found = []
+    for key in keys:
+        prefix, _, name = key.rpartition(".")
+        match = WEIGHT.match(name)
+        if match:
+            found.append({"prefix": prefix, "layer": int(match.group(1)), "reverse": bool(match.group(2)),
+                          "projection": f"{prefix + '.' if prefix else ''}weight_hr_l{match.group(1)}"
+                                        f"{match.group(2) or ''}" in keys})
+    return sorted(found, key=lambda d: (d["prefix"], d["layer"], d["reverse"]))
+
+
+CELL_KEYS = ("weight_ih", "weight_hh")
+
+
+def _refuse_other_modules(tensors: dict) -> None:
+    if all(k in tensors for k in CELL_KEYS):
+        raise InvalidArgumentError(
+            "weight_ih and weight_hh without a layer suffix are an nn.LSTMCell's (one step, called in a Python loop), "
+            "not an nn.LSTM's (weight_ih_l0, ...): lstmgrad computes whole nn.LSTM layers; copy the cell's weights "
+            "into an nn.LSTM(input_size, hidden_size) (weight_ih_l0 = cell.weight_ih, ...) and give the whole "
+            "sequence")
+
+
+class TorchPlan(Plan):
+    selected: tuple[int, bool] | None = None  # --layer / --reverse: the one layer-direction computed
+
+    def weight_grads(self, k, d, grads: DirectionGrads) -> dict:
+        layer, reverse = (k, bool(d)) if self.selected is None else self.selected
+        n = names(layer, reverse)
+        I = grads.w_grad.shape[0] - self.module.layers[k][d].C  # noqa: E741
+        out = {f"{n['weight_ih']}_grad": np.ascontiguousarray(grads.w_grad[:I].T),
+               f"{n['weight_hh']}_grad": np.ascontiguousarray(grads.w_grad[I:].T)}
+        if n["bias_ih"] in self.tensors:
+            out[f"{n['bias_ih']}_grad"] = grads.b_grad
+            out[f"{n['bias_hh']}_grad"] = grads.b_grad.copy()
+        return out
+
+
+def plan(tensors: dict, options: FrameworkOptions) -> TorchPlan:
+    """Check a PyTorch user's tensors and build what computes their gradients."""
+    check_applicable("torch", options)
+    _refuse_other_modules(tensors)
+    found = layers_in(tensors)
+    projections = [k for k in tensors if k.startswith("weight_hr_l")]
+    single = options.layer is not None or options.reverse
+    if single:
+        chosen = [(options.layer or 0, options.reverse)]
+    else:
+        count = 1 + max((int(s[2:].split("_")[0]) for s in found), default=0)
+        D = 2 if any(s.endswith("_reverse") for s in found) else 1
+        chosen = [(k, bool(d)) for k in range(count) for d in range(D)]
+    projection = [p for p in projections if p.removeprefix("weight_hr") in {suffix(*c) for c in chosen}]
+    if projection:
+        raise InvalidArgumentError(f"{projection[0]} is there: an nn.LSTM with proj_size > 0 projects h, which is "
+                                   "not the maths of these ops; lstmgrad does not compute it")
+    missing = [n for n in ("x", *(names(*c)[p] for c in chosen for p in ("weight_ih", "weight_hh")))
+               if tensors.get(n) is None]
+    if missing:
+        where = (f"layer {chosen[0][0]}{', reverse' if chosen[0][1] else ''} of an nn.LSTM; --layer and --reverse "
+                 "choose another" if single else "an nn.LSTM: weight_ih_l0, weight_hh_l0, ... for every layer")
+        hint = ""
+        if found and not {suffix(*c) for c in chosen} <= set(found):
+            hint = "; the weights here are of " + ", ".join(
+                f"{s} (--layer {s[2:].split('_')[0]}{' --reverse' if s.endswith('reverse') else ''})" for s in found)
+        raise InvalidArgumentError(f"missing tensor{'s' * (len(missing) > 1)} {', '.join(missing)} ({where})"
+                                   f"{hint}")
+    arrays = dtyped(tensors)
+    x = rank("x", arrays["x"], 3, "[B, T, I]" if options.batch_first else "[T, B, I]")
+    x = np.swapaxes(x, 0, 1) if options.batch_first else x
+    T, B, I = x.shape  # noqa: E741
+    D = 1 if single else (2 if chosen[-1][1] else 1)
+    layers = len(chosen) // D
+    w_hh = rank(names(*chosen[0])["weight_hh"], arrays[names(*chosen[0])["weight_hh"]], 2, "[4C, C]")
+    C = cells(names(*chosen[0])["weight_hh"], w_hh.shape[0], w_hh.shape[1], "PyTorch")
+    with_bias = names(*chosen[0])["bias_ih"] in arrays
+    module_layers = []
+    for k in range(layers):
+        directions = []
+        for d in range(D):
+            n = names(*chosen[k * D + d])
+            width = I if k == 0 else D * C
+            what = "[4C, I]" if k == 0 else f"[4C, {D}C] (the layer below's {'two directions' if D == 2 else 'output'})"
+            w_ih = shaped(n["weight_ih"], rank(n["weight_ih"], arrays[n["weight_ih"]], 2, "[4C, I]"), (4 * C, width),
+                          what)
+            w_hh = shaped(n["weight_hh"], rank(n["weight_hh"], arrays[n["weight_hh"]], 2, "[4C, C]"), (4 * C, C),
+                          "[4C, C]")
+            if (n["bias_ih"] in arrays) != (n["bias_hh"] in arrays) or (n["bias_ih"] in arrays) != with_bias:
+                raise InvalidArgumentError(f"{n['bias_ih']} and {n['bias_hh']} come together (bias=True) or not at all "
+                                           "(bias=False), in every layer")
+            b = np.zeros(4 * C, x.dtype)
+            if with_bias:
+                b = shaped(n["bias_ih"], arrays[n["bias_ih"]], (4 * C,), "[4C]") + shaped(
+                    n["bias_hh"], arrays[n["bias_hh"]], (4 * C,), "[4C]")
+            directions.append(DirectionWeights(np.concatenate([w_ih.T, w_hh.T]), b.astype(x.dtype)))
+        module_layers.append(directions)
+    lengths = None if arrays.get("lengths") is None else as_lengths(arrays["lengths"], B, T)
+    schedules = [_schedule(T, B, lengths, reverse) for reverse in
+                 ([options.reverse] if single else [False, True][:D])]
+    count = layers * D
+    width = D * C
+    h_grad, last_grad = _output_grad(arrays.get("h_grad"), T, B, width, lengths, options, single)
+    hn_grad = states("hn_grad", arrays.get("hn_grad"), count, B, C, None, "layers x directions")
+    cn_grad = states("cn_grad", arrays.get("cn_grad"), count, B, C, None, "layers x directions")
+    if h_grad is None and last_grad is None and hn_grad is None and cn_grad is None:
+        raise InvalidArgumentError("missing tensor h_grad: the gradient arriving at the module's output (or hn_grad, "
+                                   "cn_grad: those at its final states, where the output is unused)")
+    given_state = arrays.get("h0") if arrays.get("h0") is not None else arrays.get("c0")
+    state_shape = (count, B, C) if count > 1 or (given_state is not None and given_state.ndim == 3) else (B, C)
+    result = TorchPlan(
+        "torch", Module(module_layers, schedules), np.ascontiguousarray(x),
+        states("h0", arrays.get("h0"), count, B, C, x.dtype, "layers x directions"),
+        states("c0", arrays.get("c0"), count, B, C, x.dtype, "layers x directions"),
+        h_grad, last_grad, hn_grad, cn_grad, options.batch_first, state_shape, arrays,
+        description=_description(layers, D, single, chosen, lengths))
+    result.selected = chosen[0] if single else None
+    return result
+
+
+def _schedule(T: int, B: int, lengths, reverse: bool) -> Schedule:
+    if lengths is not None and not (lengths == T).all():
+        return Schedule.from_lengths(lengths, T, reversed=reverse)
+    # out[-1] is x's last step: for the reverse direction the first it runs (h_n is its last)
+    return Schedule.plain(T, B, reversed=reverse, last=0 if reverse else T - 1)
+
+
+def _output_grad(h_grad, T: int, B: int, width: int, lengths, options: FrameworkOptions, single: bool):
+    """(sequence, last) gradients at the output, time-major; a sequence shorter than x (pad_packed_sequence without
+    total_length stops at the longest length) is padded with zeros."""
+    if h_grad is None:
+        return None, None
+    h_grad = np.asarray(h_grad)
+    if h_grad.ndim == 2:
+        if lengths is not None:
+            raise InvalidArgumentError("h_grad is [B, C], the gradient at out[-1]; with lengths, out[-1] is padding "
+                                       "for every shorter example: give the whole out.grad sequence, or hn_grad")
+        if h_grad.shape != (B, width):
+            _wrong_width("h_grad", h_grad.shape, (B, width), "[B, C]" if single else "[B, D*C]", single, width)
+        return None, h_grad
+    label = "[B, T, C]" if options.batch_first else "[T, B, C]"
+    if not single:
+        label = label.replace("C]", "D*C]")
+    h_grad = rank("h_grad", h_grad, 3, label + " or [B, C]")
+    h_grad = np.swapaxes(h_grad, 0, 1) if options.batch_first else h_grad
+    steps = h_grad.shape[0]
+    shortest = int(lengths.max(initial=0)) if lengths is not None else T
+    if h_grad.shape[1:] != (B, width) or not shortest <= steps <= T:
+        shape = list(np.swapaxes(h_grad, 0, 1).shape if options.batch_first else h_grad.shape)
+        want = [B, T, width] if options.batch_first else [T, B, width]
+        if h_grad.shape[1:] == (B, width):
+            raise InvalidArgumentError(f"h_grad has {steps} time steps, expected {T}"
+                                       + (f" (or at least the longest length, {shortest})" if lengths is not None
+                                          else ""))
+        _wrong_width("h_grad", shape, want, label, single, width)
+    if steps < T:
+        h_grad = np.concatenate([h_grad, np.zeros((T - steps, B, width), h_grad.dtype)])
+    return h_grad, None
+
+
+def _wrong_width(name, shape, want, label, single, width):
+    hint = ""
+    if single and len(shape) >= 2 and shape[-1] == 2 * width:
+        hint = ("; its last axis is 2C, the whole bidirectional output's gradient: without --layer and --reverse "
+                "lstmgrad computes the whole module from it, or give this direction's half")
+    elif not single and len(shape) >= 2 and width % 2 == 0 and shape[-1] == width // 2:
+        hint = "; its last axis is C, one direction's: give the whole output's gradient, or --reverse/--layer"
+    raise InvalidArgumentError(f"{name} has shape {list(shape)}, expected {label} = {list(want)}{hint}")
+
+
+def _description(layers: int, D: int, single: bool, chosen, lengths) -> str:
+    if single:
+        layer, reverse = chosen[0]
+        what = f"PyTorch nn.LSTM layer {layer}{' reverse' if reverse else ''}"
+    else:
+        what = "PyTorch nn.LSTM" + (f", {layers} layers" if layers > 1 else "") + (", bidirectional" if D == 2 else "")
+    return what + (", per-example lengths" if lengths is not None else "")

@@ -1,0 +1,69 @@
+"""Where a Keras weights file keeps its LSTM layers: found by walking its groups, reading only datasets' shapes."""
+
+from __future__ import annotations
+
+KERAS_WALK_GROUPS = 10_000  # groups a weights file is searched through for LSTM layers, at most
+
+
+def keras_layers(path) -> list[dict]:
+    """The LSTM layers of a Keras weights file: for each, its group (what ``--weights-group`` takes), the layer's
+    own name and the shapes of kernel, recurrent_kernel and bias.  A Keras 3 file (``model.save_weights``) keeps a
+    layer's weights at ``<group>/cell/vars/0, 1, 2``, under ``layers/`` and inside nested models and wrappers
+    (``layers/bidirectional/backward_layer``); an older tf.keras or legacy ``.h5`` file at
+    ``<group>/lstm_cell/kernel[:0]``.  Only datasets' shapes are read; only hard links are followed, and at most
+    ``KERAS_WALK_GROUPS`` groups are looked at."""
+    from ..io import hdf5  # noqa: PLC0415 - h5py is imported when an HDF5 file is actually read
+
+    layers = []
+    with hdf5.open_hdf5(path) as (fh, h5py), hdf5.hdf5_errors(path):
+        pending, seen = [("", fh)], 0
+        while pending and seen < KERAS_WALK_GROUPS:
+            name, group = pending.pop()
+            seen += 1
+            layer = _keras_lstm(name, group, h5py)
+            if layer is not None:
+                layers.append(layer)
+                continue
+            children = [(f"{name}/{k}" if name else k, _hard_child(group, k, h5py)) for k in group.keys()]
+            pending.extend(reversed([(n, g) for n, g in children if isinstance(g, h5py.Group)]))
+    return layers
+
+
+def _keras_lstm(name: str, group, h5py) -> dict | None:
+    """The LSTM layer whose weights ``group`` holds (Keras 3 or older tf.keras layout), else None."""
+    cell = _hard_path(group, ("cell", "vars"), h5py)
+    if cell is not None:
+        shapes = [_dataset_shape(cell, str(k), h5py) for k in range(3)]
+    else:
+        cell = _hard_path(group, ("lstm_cell",), h5py)
+        if cell is None:
+            return None
+        shapes = [next((s for s in (_dataset_shape(cell, n, h5py), _dataset_shape(cell, f"{n}:0", h5py)) if s), None)
+                  for n in ("kernel", "recurrent_kernel", "bias")]
+    if None in shapes[:2] or len(shapes[0]) != 2 or len(shapes[1]) != 2:
+        return None
+    (I, G), (C, G2) = shapes[0], shapes[1]  # noqa: E741
+    if G != G2 or G != 4 * C:
+        return None  # a GRU or another cell: not an LSTM's weights
+    own = _hard_path(group, ("vars",), h5py)
+    label = own.attrs.get("name") if own is not None else None
+    label = label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label or name.rsplit("/", 1)[-1])
+    return {"group": name, "name": label, "kernel": [I, G], "recurrent_kernel": [C, G],
+            "bias": list(shapes[2]) if shapes[2] is not None else None, "input_size": I, "units": C}
+
+
+def _hard_child(group, name: str, h5py):
+    if not isinstance(group, h5py.Group) or name not in group:
+        return None
+    return group[name] if isinstance(group.get(name, getlink=True), h5py.HardLink) else None
+
+
+def _hard_path(group, parts, h5py):
+    for part in parts:
+        group = _hard_child(group, part, h5py)
+    return group if isinstance(group, h5py.Group) else None
+
+
+def _dataset_shape(group, name: str, h5py):
+    obj = _hard_child(group, name, h5py)
+    return tuple(obj.shape) if isinstance(obj, h5py.Dataset) and obj.shape is not None else None
