@@ -19,9 +19,9 @@ from .keras import KerasLayer
 from .weights_files import KERAS_WALK_GROUPS, keras_layers
 
 __all__ = [
-    "FRAMEWORKS", "KERAS_WALK_GROUPS", "FrameworkOptions", "keras", "keras_config", "pytorch", "KerasLSTMGradOutputs", "KerasLayer", "Plan",
-    "TorchLSTMGradOutputs", "check_applicable", "detect", "file_names", "keras_layers", "keras_lstm_grad", "plan",
-    "torch_lstm_grad", "torch_state_dict_layers",
+    "FRAMEWORKS", "KERAS_WALK_GROUPS", "FrameworkOptions", "KerasLSTMGradOutputs", "KerasLayer", "Plan",
+    "TorchLSTMGradOutputs", "check_applicable", "detect", "file_names", "keras", "keras_config", "keras_layers",
+    "keras_lstm_grad", "plan", "pytorch", "torch_lstm_grad", "torch_state_dict_layers",
 ]
 
 FRAMEWORKS = ("keras", "torch")
