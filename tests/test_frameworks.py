@@ -22,7 +22,9 @@ from lstmgrad_cli.cli import main
 KERAS = FIXTURES / "keras"
 TORCH = FIXTURES / "torch"
 KERAS_CASES = {c["name"]: c for c in json.loads((KERAS / "manifest.json").read_text())["cases"]}
-TORCH_CASES = {c["name"]: c for c in json.loads((TORCH / "manifest.json").read_text())}
+TORCH_MANIFEST = json.loads((TORCH / "manifest.json").read_text())
+TORCH_CASES = {c["name"]: c for c in TORCH_MANIFEST if "kind" not in c}  # one layer-direction each
+TORCH_MODULES = {c["name"]: c for c in TORCH_MANIFEST if c.get("kind") == "module"}  # whole nn.LSTM modules
 
 
 def npz(path):
@@ -101,6 +103,38 @@ def test_torch_layers_match_autograd(runner, tmp_path, name):
     if TORCH_CASES[name]["bias"]:
         sfx = next(k for k in got if k.startswith("bias_ih"))[len("bias_ih"):-len("_grad")]
         np.testing.assert_array_equal(got[f"bias_ih{sfx}_grad"], got[f"bias_hh{sfx}_grad"])
+
+
+def module_args(case):
+    args = ["--weights", str(TORCH / case["files"]["weights"])]
+    if case["weights_prefix"]:
+        args += ["--weights-group", case["weights_prefix"].rstrip(".")]
+    return args + (["--batch-first"] if case["batch_first"] else [])
+
+
+@pytest.mark.parametrize("name", list(TORCH_MODULES))
+def test_whole_torch_modules_match_autograd(runner, tmp_path, name):
+    """A state_dict of every layer and direction, x and the gradient at the module's output (and at h_n, c_n; per-
+    example lengths of a packed batch): every gradient autograd gives, under the state_dict's names."""
+    case = TORCH_MODULES[name]
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(TORCH / case["files"]["in"]), "-o", str(out), "--json", "--strict",
+                                  *module_args(case)])
+    assert result.exit_code == 0, result.stderr
+    got, expected = npz(out), npz(TORCH / case["files"]["expected"])
+    assert set(got) == set(expected)
+    assert_matches(got, expected)
+
+
+def test_a_whole_module_from_python():
+    case = TORCH_MODULES["torch_packed_bidir2_bf"]
+    from safetensors.numpy import load_file
+
+    state = {k.removeprefix(case["weights_prefix"]): v
+             for k, v in load_file(str(TORCH / case["files"]["weights"])).items()}
+    inputs = npz(TORCH / case["files"]["in"])
+    got = lg.torch_lstm_grad(inputs.pop("x"), state_dict=state, batch_first=True, **inputs)
+    assert_matches(got, npz(TORCH / case["files"]["expected"]))
 
 
 def test_the_summary_says_what_was_computed(runner, tmp_path):
