@@ -6,7 +6,8 @@ as a function of the pre-activation ``z`` and the value ``y``; at a kink the der
 gradient of the framework's own formula gives there (relu: 0 at 0; a clip passes the gradient at its bounds).
 
 Keras 2 (tf.keras) and Keras 3 mean different functions by ``hard_sigmoid``: ``clip(0.2 z + 0.5, 0, 1)`` and
-``clip(z / 6 + 0.5, 0, 1)``.  ``resolve`` turns a recorded name into the entry for the Keras version that wrote it.
+``clip(z / 6 + 0.5, 0, 1)``.  ``resolve`` turns a recorded name into the entry for the Keras version that wrote it
+(``hard_sigmoid_keras2`` for the older one).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ ACTIVATIONS: dict[str, Activation] = {
     "relu": Activation("relu", lambda z: np.maximum(z, 0), lambda z, y: (z > 0).astype(z.dtype)),
     "linear": Activation("linear", lambda z: z.copy(), lambda z, y: np.ones_like(z)),
     "hard_sigmoid": Activation("hard_sigmoid", _HARD_SIGMOID_3.function, _HARD_SIGMOID_3.derivative),
-    "hard_sigmoid (Keras 2)": Activation("hard_sigmoid (Keras 2)", _HARD_SIGMOID_2.function,
+    "hard_sigmoid_keras2": Activation("hard_sigmoid_keras2", _HARD_SIGMOID_2.function,
                                          _HARD_SIGMOID_2.derivative),
 }
 DEFAULT = ("tanh", "sigmoid")  # (activation, recurrent_activation): Keras' defaults, and what the TF ops compute
@@ -67,7 +68,7 @@ def resolve(name, keras_major: int = 3) -> str:
         raise InvalidArgumentError(f"activation {name!r} is not a name lstmgrad knows")
     key = name.strip().lower()
     if key == "hard_sigmoid" and keras_major < 3:
-        key = "hard_sigmoid (Keras 2)"
+        key = "hard_sigmoid_keras2"
     if key not in ACTIVATIONS:
         known = ", ".join(k for k in ACTIVATIONS if "(" not in k)
         raise InvalidArgumentError(f"activation {name!r} is not implemented (lstmgrad computes {known})")

@@ -171,7 +171,7 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
 
 
 # Keys that change a framework layer's maths: never ignored in silence where the op's own tensors are given.
-_FRAMEWORK_ONLY = {"lengths": "per-example lengths (a PyTorch packed batch)", "mask": "a Keras mask"}
+_FRAMEWORK_ONLY = {"lengths": "per-example lengths, as a PyTorch packed batch has", "mask": "a Keras mask"}
 
 
 def _refuse_unused(keys) -> None:

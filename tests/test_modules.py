@@ -1,0 +1,228 @@
+"""Whole modules, per-example lengths, Keras masks and other activations, against a reference written apart.
+
+The reference below runs each example on its own, step by step, in float64, exactly as the frameworks describe
+their layers (PyTorch's packed sequences, Keras' masking with its carried outputs, go_backwards, Bidirectional);
+its gradients are central finite differences of that forward pass.  lstmgrad's engine (schedule.py,
+recurrence.py, modules.py) must agree with it on random problems (hypothesis), for every activation it knows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import write_npz
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import lstmgrad_cli as lg
+from lstmgrad_cli.cli import main
+
+# -- the reference: one example, one step at a time, float64 -------------------------------------------------
+
+
+def act(name, z):
+    z = np.asarray(z, np.float64)
+    return {"tanh": np.tanh, "sigmoid": lambda v: 1 / (1 + np.exp(-v)), "relu": lambda v: np.maximum(v, 0),
+            "linear": lambda v: v, "hard_sigmoid": lambda v: np.clip(v / 6 + 0.5, 0, 1),
+            "hard_sigmoid_keras2": lambda v: np.clip(0.2 * v + 0.5, 0, 1)}[name](z)
+
+
+def cell(x, h, c, kernel, recurrent, bias, a="tanh", g="sigmoid"):
+    """One Keras LSTM step (gates i, f, c, o)."""
+    z = x @ kernel + h @ recurrent + bias
+    C = h.shape[-1]
+    i, f, ci, o = act(g, z[:C]), act(g, z[C:2 * C]), act(a, z[2 * C:3 * C]), act(g, z[3 * C:])
+    c = f * c + i * ci
+    return o * act(a, c), c
+
+
+def keras_layer(x, mask, kernel, recurrent, bias, h0, c0, *, go_backwards=False, zero_output=False, a="tanh",
+                g="sigmoid"):
+    """A Keras LSTM layer on one example x [T, I]: (outputs in the order returned, last output, h_n, c_n)."""
+    T = x.shape[0]
+    order = range(T - 1, -1, -1) if go_backwards else range(T)
+    h, c, prev = h0, c0, np.zeros_like(h0)
+    outs = []
+    for t in order:
+        if mask is None or mask[t]:
+            h, c = cell(x[t], h, c, kernel, recurrent, bias, a, g)
+            prev = h
+            outs.append(h)
+        else:
+            outs.append(np.zeros_like(h) if zero_output else prev)
+    return np.array(outs).reshape(T, h0.shape[0]), (outs[-1] if T else np.zeros_like(h0)), h, c
+
+
+def torch_direction(x, n, w_ih, w_hh, b, h0, c0, reverse):
+    """One direction of one nn.LSTM layer on one example of a packed batch (its first n steps of x)."""
+    T = x.shape[0]
+    out = np.zeros((T, h0.shape[0]))
+    h, c = h0, c0
+    for t in (range(n - 1, -1, -1) if reverse else range(n)):
+        h, c = cell(x[t], h, c, w_ih.T, w_hh.T, b)
+        out[t] = h
+    return out, h, c
+
+
+def torch_module(x, lengths, params, h0, c0, layers, D):
+    """A whole nn.LSTM on x [T, B, I] with per-example lengths: (out [T, B, D*C], h_n, c_n [L*D, B, C])."""
+    T, B, _ = x.shape
+    C = h0.shape[-1]
+    out = np.zeros((T, B, D * C))
+    hn, cn = np.zeros_like(h0), np.zeros_like(c0)
+    for b in range(B):
+        inputs = x[:, b]
+        for k in range(layers):
+            parts = []
+            for d in range(D):
+                s = f"_l{k}" + ("_reverse" if d else "")
+                o, hn[k * D + d, b], cn[k * D + d, b] = torch_direction(
+                    inputs, lengths[b], params["weight_ih" + s], params["weight_hh" + s],
+                    params["bias_ih" + s] + params["bias_hh" + s], h0[k * D + d, b], c0[k * D + d, b], bool(d))
+                parts.append(o)
+            inputs = np.concatenate(parts, axis=-1)
+        out[:, b] = inputs
+    return out, hn, cn
+
+
+def finite_differences(loss, arrays: dict, names, eps=1e-6) -> dict:
+    grads = {}
+    for name in names:
+        a = arrays[name]
+        g = np.zeros_like(a)
+        for index in np.ndindex(a.shape):
+            keep = a[index]
+            a[index] = keep + eps
+            up = loss()
+            a[index] = keep - eps
+            down = loss()
+            a[index] = keep
+            g[index] = (up - down) / (2 * eps)
+        grads[name] = g
+    return grads
+
+
+# -- PyTorch modules with lengths ----------------------------------------------------------------------------
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), layers=st.integers(1, 2), D=st.integers(1, 2), T=st.integers(1, 4),
+       B=st.integers(1, 3), packed=st.booleans(), batch_first=st.booleans())
+def test_torch_modules_with_lengths_match_the_reference(seed, layers, D, T, B, packed, batch_first):
+    rng = np.random.default_rng(seed)
+    I, C = 2, 2  # noqa: E741
+    params = {}
+    for k in range(layers):
+        for d in range(D):
+            s = f"_l{k}" + ("_reverse" if d else "")
+            params["weight_ih" + s] = rng.normal(0, 0.8, (4 * C, I if k == 0 else D * C))
+            params["weight_hh" + s] = rng.normal(0, 0.8, (4 * C, C))
+            params["bias_ih" + s] = rng.normal(0, 0.5, 4 * C)
+            params["bias_hh" + s] = rng.normal(0, 0.5, 4 * C)
+    x = rng.normal(size=(T, B, I))
+    lengths = rng.integers(0, T + 1, B) if packed else np.full(B, T)
+    h0, c0 = rng.normal(size=(2, layers * D, B, C))
+    h_grad = rng.normal(size=(T, B, D * C))
+    hn_grad, cn_grad = rng.normal(size=(2, layers * D, B, C))
+
+    arrays = {"x": x, "h0": h0, "c0": c0, **params}
+
+    def loss():
+        out, hn, cn = torch_module(x, lengths, params, h0, c0, layers, D)
+        return float((out * h_grad).sum() + (hn * hn_grad).sum() + (cn * cn_grad).sum())
+
+    want = finite_differences(loss, arrays, ["x", "h0", "c0", "weight_ih_l0", f"weight_hh_l{layers - 1}"])
+    tm = (lambda a: np.swapaxes(a, 0, 1)) if batch_first else (lambda a: a)
+    got = lg.torch_lstm_grad(tm(x), state_dict=params, lengths=lengths if packed else None, h_grad=tm(h_grad),
+                             h0=h0, c0=c0, hn_grad=hn_grad, cn_grad=cn_grad, batch_first=batch_first)
+    for name in want:
+        np.testing.assert_allclose(tm(got[f"{name}_grad"]) if name == "x" else got[f"{name}_grad"], want[name],
+                                   rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+# -- Keras layers with masks and activations -----------------------------------------------------------------
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), T=st.integers(0, 5), B=st.integers(1, 3), masked=st.booleans(),
+       direction=st.sampled_from(["forward", "go_backwards", "reverse"]), zero_output=st.booleans(),
+       last_only=st.booleans(), a=st.sampled_from(["tanh", "relu", "linear"]),
+       g=st.sampled_from(["sigmoid", "hard_sigmoid", "hard_sigmoid_keras2"]))
+def test_keras_layers_with_masks_and_activations_match_the_reference(seed, T, B, masked, direction, zero_output,
+                                                                    last_only, a, g):
+    rng = np.random.default_rng(seed)
+    I, C = 3, 2  # noqa: E741
+    kernel, recurrent = rng.normal(0, 0.7, (I, 4 * C)), rng.normal(0, 0.7, (C, 4 * C))
+    bias = rng.normal(0, 0.5, 4 * C)
+    x = rng.normal(size=(B, T, I))
+    mask = rng.random((B, T)) < 0.6 if masked else None
+    h0, c0 = rng.normal(size=(2, B, C))
+    h_grad = rng.normal(size=(B, C) if last_only else (B, T, C))
+    hn_grad, cn_grad = rng.normal(size=(2, B, C))
+    arrays = {"x": x, "kernel": kernel, "recurrent_kernel": recurrent, "bias": bias, "h0": h0, "c0": c0}
+    backwards = direction != "forward"
+
+    def loss():
+        total = 0.0
+        for b in range(B):
+            outs, last, h, c = keras_layer(x[b], None if mask is None else mask[b], kernel, recurrent, bias, h0[b],
+                                           c0[b], go_backwards=backwards, zero_output=zero_output, a=a, g=g)
+            if direction == "reverse":  # a Bidirectional puts its backward layer's outputs back into x's order
+                outs = outs[::-1]
+            total += float((last * h_grad[b]).sum() if last_only else (outs * h_grad[b]).sum())
+            total += float((h * hn_grad[b]).sum() + (c * cn_grad[b]).sum())
+        return total
+
+    want = finite_differences(loss, arrays, list(arrays))
+    got = lg.keras_lstm_grad(x, kernel, recurrent, bias, h_grad=h_grad, h0=h0, c0=c0, hn_grad=hn_grad,
+                             cn_grad=cn_grad, mask=mask, activation=a, recurrent_activation=g,
+                             zero_output_for_mask=zero_output, go_backwards=direction == "go_backwards",
+                             reverse=direction == "reverse")
+    for name, value in zip(("x", "kernel", "recurrent_kernel", "bias", "h0", "c0"), got, strict=True):
+        np.testing.assert_allclose(value, want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+# -- edges ---------------------------------------------------------------------------------------------------
+
+def test_no_steps_at_all_sends_the_final_gradients_to_the_initial_states(runner, tmp_path):
+    """T = 0: h_n is h0 and c_n is c0, so their gradients are hn_grad and cn_grad (an IndexError once)."""
+    rng = np.random.default_rng(3)
+    B, I, C = 2, 3, 4  # noqa: E741
+    hn_grad, cn_grad = rng.normal(size=(2, B, C)).astype(np.float32)
+    tensors = {"x": np.zeros((B, 0, I), np.float32), "kernel": rng.normal(size=(I, 4 * C)).astype(np.float32),
+               "recurrent_kernel": rng.normal(size=(C, 4 * C)).astype(np.float32), "hn_grad": hn_grad,
+               "cn_grad": cn_grad}
+    got = lg.keras_lstm_grad(**tensors)
+    np.testing.assert_array_equal(got.h0_grad, hn_grad)
+    np.testing.assert_array_equal(got.c0_grad, cn_grad)
+    assert got.x_grad.shape == (B, 0, I) and not got.kernel_grad.any()
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(write_npz(tmp_path / "in.npz", tensors)), "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    with np.load(out) as g:
+        np.testing.assert_array_equal(g["h0_grad"], hn_grad)
+
+
+@pytest.mark.parametrize(("lengths", "said"), [
+    ([1, 7], "lengths must be in [0, T] = [0, 4], found 1..7"),
+    ([1.5, 2], "lengths must be integers, found dtype float64"),
+    ([1, 2, 3], "lengths has shape [3], expected [B] = [2]"),
+])
+def test_bad_lengths_are_refused(runner, tmp_path, lengths, said):
+    rng = np.random.default_rng(0)
+    tensors = {"x": rng.normal(size=(4, 2, 3)).astype(np.float32), "h_grad": np.ones((4, 2, 2), np.float32),
+               "weight_ih_l0": np.ones((8, 3), np.float32), "weight_hh_l0": np.ones((8, 2), np.float32),
+               "lengths": np.array(lengths)}
+    result = runner.invoke(main, ["seq", str(write_npz(tmp_path / "in.npz", tensors)), "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 1 and said in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_lengths_or_a_mask_beside_the_ops_own_tensors_are_refused(runner, tmp_path):
+    from conftest import FIXTURES
+
+    with np.load(FIXTURES / "seq_v2_peep.in.npz") as data:
+        tensors = {k: data[k] for k in data.files}
+    for key, said in (("lengths", "per-example lengths, as a PyTorch packed batch has"), ("mask", "a Keras mask")):
+        bad = write_npz(tmp_path / f"{key}.npz", {**tensors, key: np.ones(3, np.int64)})
+        result = runner.invoke(main, ["seq", str(bad), "-o", str(tmp_path / "g.npz")])
+        assert result.exit_code == 1 and f"{key} is there ({said}), and the TF block-LSTM ops have none" in \
+            result.stderr, result.stderr
+    assert not (tmp_path / "g.npz").exists()
