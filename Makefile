@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test lint bench bench-batch bench-stream fuzz fixtures conformance docs clean
+.PHONY: demo test lint bench bench-batch bench-stream bench-lengths fuzz fixtures conformance docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ bench-batch: $(STAMP)
 # A streamed 2.6 GB HDF5 sequence against the in-memory compute of the same tensors, with peak memory.
 bench-stream: $(STAMP)
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(PY) benchmarks/out_of_core.py $(BENCH_ARGS)
+
+# An nn.LSTM's gradient with per-example lengths against the padded one, lstmgrad and PyTorch (.venv-torch) side by side.
+bench-lengths: $(STAMP)
+	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(PY) benchmarks/bench_lengths.py $(BENCH_ARGS)
 
 # The long fuzz run (hypothesis); `make test` runs a short one. LSTMGRAD_FUZZ_EXAMPLES sets the examples per test.
 fuzz: $(STAMP)
