@@ -79,6 +79,8 @@ class GradResult:
     notes: list[str] = field(default_factory=list)  # what else to say (tensors from --weights, the op a dump recorded)
     recorded_op: str | None = None  # the gradient op TensorFlow ran, when the input (a dump) records it
     framework: str | None = None  # "keras" or "torch": the gradients are in that framework's names
+    module: str | None = None  # what the framework's tensors are ("PyTorch nn.LSTM, 2 layers, bidirectional")
+    computed_as: str | None = None  # how a framework's module is computed, in words
     activations: dict | None = None  # what the stored activations fit (detect.ActivationFit.to_json)
     tensors: list[TensorSummary] = field(default_factory=list)
     nonfinite_inputs: dict[str, int] = field(default_factory=dict)  # input tensor -> NaN/Inf entries
@@ -119,7 +121,9 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
                       forget_bias=options.forget_bias, cell_clip=options.cell_clip,
                       framework=options.framework, input_format=fmt) as problem:
         result.op, result.layout, result.warnings = problem.op, problem.layout, problem.warnings
-        result.framework = problem.framework.framework if problem.framework else None
+        if problem.framework is not None:
+            result.framework = problem.framework.framework
+            result.module, result.computed_as = problem.framework.description, problem.framework.computed_as
         result.notes, result.recorded_op = problem.notes, problem.recorded_op
         result.activations = problem.fit.to_json() if problem.fit is not None else None
         if options.strict and problem.warnings:

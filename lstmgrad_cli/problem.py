@@ -151,7 +151,7 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
                 except InvalidArgumentError as err:
                     raise InvalidArgumentError(f"{path}: {err}") from None
             if name in frameworks.FRAMEWORKS:
-                plan = _framework_plan(path, loaded, name, framework, keys, group, weights, weights_group, extra)
+                plan = _framework_plan(path, loaded, name, framework, group, weights, weights_group, extra)
                 layout, use_peephole, kind = "ifco", False, "seq"
             if plan is not None and not plan.single:
                 problem = _module_problem(path, loaded, plan)
@@ -185,12 +185,12 @@ def _refuse_unused(keys) -> None:
             "...) or --framework; for the op's own, remove it")
 
 
-def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, keys, group, weights, weights_group,
+def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, group, weights, weights_group,
                     extra) -> frameworks.Plan:
     """What computes a Keras or PyTorch user's gradients (frameworks.py); a single layer-direction of the op's own
     maths replaces the input's tensors by the op's (its forward outputs are then recomputed)."""
     if name == "torch":
-        _read_torch_layers(path, loaded, keys, group, weights, weights_group, extra)
+        _read_torch_layers(path, loaded, group)
     held = {n: np.asarray(v[()]) for n, v in loaded.tensors.items()}  # (lazy datasets read whole)
     try:
         layer = _keras_layer(weights, weights_group, extra, options) if name == "keras" else None
@@ -204,13 +204,12 @@ def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, keys,
     return plan
 
 
-def _read_torch_layers(path: Path, loaded: io.LoadedFile, keys, group, weights, weights_group, extra) -> None:
-    """The parameters of every layer and direction of an nn.LSTM, once the names present say which there are."""
-    for source, source_group, source_keys in ((path, group, loaded.keys),
-                                              (weights, weights_group, extra.keys if extra else ())):
-        more = [n for n in frameworks.pytorch.parameter_names(source_keys) if n not in loaded.tensors]
-        if source is not None and more:
-            loaded.tensors.update(io.read_inputs(source, more, (), source_group).tensors)
+def _read_torch_layers(path: Path, loaded: io.LoadedFile, group) -> None:
+    """The parameters of every layer and direction of an nn.LSTM the input holds, once its names say which there
+    are (a ``--weights`` file's are read with the rest from it: ``_supplement``)."""
+    more = [n for n in frameworks.pytorch.parameter_names(loaded.keys) if n not in loaded.tensors]
+    if more:
+        loaded.tensors.update(io.read_inputs(path, more, (), group).tensors)
 
 
 def _keras_layer(weights, weights_group, extra, options) -> frameworks.KerasLayer | None:
@@ -263,6 +262,10 @@ def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) 
     tensors = [n for n in wanted if n not in loaded.tensors]
     params = [n for n in scalars if n not in loaded.scalars]
     extra = io.read_inputs(weights, tensors, params, weights_group)
+    layers = [n for n in frameworks.pytorch.parameter_names(extra.keys) if n not in extra.tensors
+              and n not in loaded.tensors]
+    if layers:  # an nn.LSTM's other layers and directions, now that the names say which there are
+        extra.tensors.update(io.read_inputs(weights, layers, (), weights_group).tensors)
     loaded.tensors.update(extra.tensors)
     loaded.scalars.update(extra.scalars)
     for name in [*extra.tensors, *extra.scalars]:

@@ -412,7 +412,7 @@ def render(console, result: GradResult) -> None:
         origin = result.sources.get("seq_len_max")
         how.append(f"seq_len_max={result.seq_len_max} ({SOURCE_WORDS.get(origin, origin)})")
     if result.framework:  # a Keras or PyTorch layer: the op is how it is computed, not what the user gave
-        what[0] = f"{FRAMEWORK_WORDS[result.framework]}, computed as {result.op} of the recomputed BlockLSTMV2"
+        what[0] = f"{result.module or FRAMEWORK_WORDS[result.framework]}, computed as {result.computed_as}"
         how = [shape]
     print_table(console, table, f"{source} -> {result.output}")
     say(console, separator(console).join(what))

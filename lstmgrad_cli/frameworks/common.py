@@ -72,6 +72,14 @@ class Plan:
         return len(self.module.layers) == 1 and self.module.directions == 1 and self.module.layers[0][0].standard
 
     @property
+    def computed_as(self) -> str:
+        """How the gradients are computed, in words for the summary."""
+        if not all(w.standard for layer in self.module.layers for w in layer):
+            return "the LSTM recurrence with the layer's activations, recomputed and differentiated (numpy)"
+        each = "" if self.single else " per layer and direction"
+        return f"BlockLSTMGradV2 of the recomputed BlockLSTMV2{each}"
+
+    @property
     def dims(self) -> tuple[int, int, int, int]:
         T, B, I = self.x.shape
         return T, B, I, self.module.C
