@@ -137,6 +137,50 @@ def test_a_whole_module_from_python():
     assert_matches(got, npz(TORCH / case["files"]["expected"]))
 
 
+def test_an_lstmcell_state_dict_is_named_for_what_it_is(runner, tmp_path):
+    data = npz(TORCH / "torch_seq.in.npz")
+    step = write_npz(tmp_path / "step.npz", {"x": data["x"], "h_grad": data["h_grad"]})
+    result = runner.invoke(main, ["seq", str(step), "--weights", str(TORCH / "torch_lstmcell.weights.safetensors"),
+                                  "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
+    assert "weight_ih and weight_hh without a layer suffix are an nn.LSTMCell's" in result.stderr
+    assert "missing tensors cs_prev" not in result.stderr
+
+
+@pytest.mark.parametrize(("group", "flags", "said"), [
+    ("layers/bidirectional/backward_layer", [], None),  # the group's name says it: computed as --reverse
+    ("layers/bidirectional/backward_layer", ["--reverse"], None),
+    ("layers/bidirectional/forward_layer", ["--reverse"], "is its forward layer: leave --reverse out"),
+    ("layers/bidirectional/backward_layer", ["--go-backwards"], "not a go_backwards layer"),
+])
+def test_a_bidirectionals_layers_are_computed_as_their_group_names_say(runner, tmp_path, group, flags, said):
+    case = "keras_bidirectional_backward" if "backward" in group else "keras_bidirectional_forward"
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(KERAS / f"{case}.in.npz"), "--weights",
+                                  str(KERAS / "keras_bidirectional.weights.h5"), "--weights-group", group,
+                                  "-o", str(out), "--json", *flags])
+    if said is None:
+        assert result.exit_code == 0, result.stderr
+        assert_matches(npz(out), npz(KERAS / f"{case}.expected.npz"))
+        if not flags:
+            assert any("backward layer" in n for n in json.loads(result.stdout)["results"][0]["notes"])
+    else:
+        assert result.exit_code == 1 and said in result.stderr and not out.exists(), result.output
+
+
+def test_one_layer_of_a_whole_module_with_layer(runner, tmp_path):
+    """--layer K: that layer alone, from its own input and its output's gradient; the module's are named as such."""
+    case = TORCH_MODULES["torch_module_bidir2"]
+    base = ["seq", str(TORCH / case["files"]["in"]), *module_args(case), "-o", str(tmp_path / "g.npz")]
+    result = runner.invoke(main, [*base, "--layer", "1"])
+    assert result.exit_code == 1, result.output
+    assert "with --layer 1, x is that layer's own input (the output of the layer below, 8 wide)" in result.stderr
+    result = runner.invoke(main, [*base, "--layer", "0"])  # layer 0 reads x, but h_grad is the top's two directions
+    assert result.exit_code == 1, result.output
+    assert ("its last axis is 2C, the whole bidirectional output's gradient: without --layer and --reverse lstmgrad "
+            "computes the whole module from it") in result.stderr
+
+
 def test_the_summary_says_what_was_computed(runner, tmp_path):
     result = runner.invoke(main, ["seq", str(KERAS / "keras_states.in.npz"), "-o", str(tmp_path / "g.npz")])
     text = " ".join(result.stdout.split())

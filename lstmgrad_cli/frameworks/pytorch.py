@@ -137,8 +137,14 @@ def plan(tensors: dict, options: FrameworkOptions) -> TorchPlan:
             n = names(*chosen[k * D + d])
             width = I if k == 0 else D * C
             what = "[4C, I]" if k == 0 else f"[4C, {D}C] (the layer below's {'two directions' if D == 2 else 'output'})"
-            w_ih = shaped(n["weight_ih"], rank(n["weight_ih"], arrays[n["weight_ih"]], 2, "[4C, I]"), (4 * C, width),
-                          what)
+            w_ih = rank(n["weight_ih"], arrays[n["weight_ih"]], 2, "[4C, I]")
+            if single and w_ih.shape != (4 * C, width) and chosen[0][0] > 0 and w_ih.shape[0] == 4 * C:
+                raise InvalidArgumentError(
+                    f"{n['weight_ih']} has shape {list(w_ih.shape)}, and x is {width} wide: with --layer "
+                    f"{chosen[0][0]}, x is that layer's own input (the output of the layer below, {w_ih.shape[1]} "
+                    "wide) and h_grad its output's gradient; without --layer lstmgrad computes the whole module "
+                    "from the module's x and output gradient")
+            w_ih = shaped(n["weight_ih"], w_ih, (4 * C, width), what)
             w_hh = shaped(n["weight_hh"], rank(n["weight_hh"], arrays[n["weight_hh"]], 2, "[4C, C]"), (4 * C, C),
                           "[4C, C]")
             if (n["bias_ih"] in arrays) != (n["bias_hh"] in arrays) or (n["bias_ih"] in arrays) != with_bias:
