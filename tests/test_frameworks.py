@@ -21,7 +21,9 @@ from lstmgrad_cli.cli import main
 
 KERAS = FIXTURES / "keras"
 TORCH = FIXTURES / "torch"
-KERAS_CASES = {c["name"]: c for c in json.loads((KERAS / "manifest.json").read_text())["cases"]}
+# Cases whose "needs" is non-empty are issue 32's (masks, .keras archives, other activations, whole Bidirectional
+# wrappers, refusals): they name what lstmgrad must implement before they can run here.
+KERAS_CASES = {c["name"]: c for c in json.loads((KERAS / "manifest.json").read_text())["cases"] if not c.get("needs")}
 TORCH_CASES = {c["name"]: c for c in json.loads((TORCH / "manifest.json").read_text())}
 
 
