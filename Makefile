@@ -69,6 +69,9 @@ fixtures:
 	.venv-tf/bin/python fixtures/make_fixtures.py
 	.venv-tf/bin/python fixtures/make_tfdbg_fixtures.py
 	.venv-tf/bin/python fixtures/make_keras_fixtures.py
+	$(PYTHON) -m venv .venv-tfkeras
+	.venv-tfkeras/bin/pip install --quiet -r fixtures/requirements-tfkeras.txt
+	.venv-tfkeras/bin/python fixtures/make_keras2_fixtures.py
 	$(PYTHON) -m venv .venv-torch
 	.venv-torch/bin/pip install --quiet -r fixtures/requirements-torch.txt
 	.venv-torch/bin/python fixtures/make_torch_fixtures.py
