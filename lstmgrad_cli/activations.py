@@ -3,10 +3,11 @@
 TF's block-LSTM ops know only tanh (cell input and output) and the logistic sigmoid (gates); a Keras layer can be
 made with others (``activation=``, ``recurrent_activation=``).  Each entry gives the function and its derivative
 as a function of the pre-activation ``z`` and the value ``y``; at a kink the derivative is the one TensorFlow's
-gradient of the framework's own formula gives there (relu: 0 at 0; a clip passes the gradient at its bounds).
+gradient of the framework's own formula gives there (relu and relu6: 0 at their kinks; a clip passes the gradient
+at its bounds).
 
-Keras 2 (tf.keras) and Keras 3 mean different functions by ``hard_sigmoid``: ``clip(0.2 z + 0.5, 0, 1)`` and
-``clip(z / 6 + 0.5, 0, 1)``.  ``resolve`` turns a recorded name into the entry for the Keras version that wrote it
+Keras 3 and Keras 2 (tf.keras) mean different functions by ``hard_sigmoid``: ``relu6(z + 3) / 6`` and
+``clip(0.2 z + 0.5, 0, 1)``.  ``resolve`` turns a recorded name into the entry for the Keras version that wrote it
 (``hard_sigmoid_keras2`` for the older one).
 """
 
@@ -28,28 +29,31 @@ class Activation:
     derivative: Callable[[np.ndarray, np.ndarray], np.ndarray]  # (z, y) -> dy/dz
 
 
-def _clip_slope(slope: float) -> Activation:
-    def function(z):
-        return np.clip(z * z.dtype.type(slope) + z.dtype.type(0.5), 0, 1)
-
-    def derivative(z, y):  # tf.clip_by_value's gradient passes where lo <= value <= hi
-        linear = z * z.dtype.type(slope) + z.dtype.type(0.5)
-        return np.where((linear >= 0) & (linear <= 1), z.dtype.type(slope), z.dtype.type(0))
-
-    return Activation("", function, derivative)
+def _relu6_hard_sigmoid(z):  # Keras 3: relu6(z + 3) / 6
+    return np.minimum(np.maximum(z + z.dtype.type(3), 0), 6) / z.dtype.type(6)
 
 
-_HARD_SIGMOID_3 = _clip_slope(1 / 6)
-_HARD_SIGMOID_2 = _clip_slope(0.2)
+def _relu6_hard_sigmoid_derivative(z, y):  # TF's relu6 gradient: 0 at both kinks
+    shifted = z + z.dtype.type(3)
+    return np.where((shifted > 0) & (shifted < 6), z.dtype.type(1 / 6), z.dtype.type(0))
+
+
+def _clip_hard_sigmoid(z):  # Keras 2 (tf.keras): clip(0.2 z + 0.5, 0, 1)
+    return np.clip(z * z.dtype.type(0.2) + z.dtype.type(0.5), 0, 1)
+
+
+def _clip_hard_sigmoid_derivative(z, y):  # tf.clip_by_value's gradient passes at its bounds too
+    linear = z * z.dtype.type(0.2) + z.dtype.type(0.5)
+    return np.where((linear >= 0) & (linear <= 1), z.dtype.type(0.2), z.dtype.type(0))
+
 
 ACTIVATIONS: dict[str, Activation] = {
     "tanh": Activation("tanh", np.tanh, lambda z, y: 1 - y * y),
     "sigmoid": Activation("sigmoid", sigmoid, lambda z, y: y * (1 - y)),
     "relu": Activation("relu", lambda z: np.maximum(z, 0), lambda z, y: (z > 0).astype(z.dtype)),
     "linear": Activation("linear", lambda z: z.copy(), lambda z, y: np.ones_like(z)),
-    "hard_sigmoid": Activation("hard_sigmoid", _HARD_SIGMOID_3.function, _HARD_SIGMOID_3.derivative),
-    "hard_sigmoid_keras2": Activation("hard_sigmoid_keras2", _HARD_SIGMOID_2.function,
-                                         _HARD_SIGMOID_2.derivative),
+    "hard_sigmoid": Activation("hard_sigmoid", _relu6_hard_sigmoid, _relu6_hard_sigmoid_derivative),
+    "hard_sigmoid_keras2": Activation("hard_sigmoid_keras2", _clip_hard_sigmoid, _clip_hard_sigmoid_derivative),
 }
 DEFAULT = ("tanh", "sigmoid")  # (activation, recurrent_activation): Keras' defaults, and what the TF ops compute
 

@@ -161,7 +161,10 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
         except InvalidArgumentError as err:
             if weights is None or weights_group is not None or supplied:
                 raise
-            raise InvalidArgumentError(f"{err}{_layers_in(weights, keys)}") from None
+            where, stacked = _layers_in(weights, keys)
+            if stacked:  # what was missing is beside the point: the cells are not layers
+                raise InvalidArgumentError(f"{path}: {weights} {where}") from None
+            raise InvalidArgumentError(f"{err}{where}") from None
         problem.notes = notes + problem.notes
         if plan is not None:
             problem.framework = plan
@@ -196,6 +199,10 @@ def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, group
         layer = _keras_layer(weights, weights_group, extra, options) if name == "keras" else None
         plan = frameworks.plan(name, held, options, layer)
     except InvalidArgumentError as err:
+        if name == "keras" and weights_group and extra is not None and extra.format == "hdf5" and any(
+                found["stacked"] and found["group"].startswith(weights_group.strip("/") + "/")
+                for found in frameworks.keras_layers(weights)):
+            raise InvalidArgumentError(f"{path}: {weights_group} is a {frameworks.weights_files.STACKED}") from None
         raise InvalidArgumentError(f"{path}: {err}") from None
     if plan.single:
         op, steps = plan.op_tensors()
@@ -237,20 +244,23 @@ def _module_problem(path: Path, loaded: io.LoadedFile, plan: frameworks.Plan) ->
     return problem
 
 
-def _layers_in(weights, keys) -> str:
+def _layers_in(weights, keys) -> tuple[str, bool]:
     """Where the LSTM layers of a ``--weights`` file that supplied nothing are (it holds them in groups), in words
-    to add to the error that followed; "" when it holds none."""
+    to add to the error that followed ("" when it holds none); True when all it holds are the cells of a
+    StackedRNNCells (words that replace the error)."""
     try:
         if io.sniff_format(weights) == "hdf5":
             groups = [layer["group"] for layer in frameworks.keras_layers(weights)]
         else:
             groups = list(dict.fromkeys(d["prefix"] for d in frameworks.torch_state_dict_layers(keys) if d["prefix"]))
     except LstmGradError:  # (it was read a moment ago: what is wrong with it now is for the next run to say)
-        return ""
+        return "", False
     if not groups:
-        return ""
-    return (f"; {weights} holds LSTM layers at {', '.join(groups[:6])}{', ...' if len(groups) > 6 else ''}: name "
-            "one with --weights-group")
+        return "", False
+    if all("/cells/" in g for g in groups):
+        return f"holds the LSTM cells of a {frameworks.weights_files.STACKED}", True
+    return ((f"; {weights} holds LSTM layers at {', '.join(groups[:6])}{', ...' if len(groups) > 6 else ''}: name "
+            "one with --weights-group"), False)
 
 
 def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) -> tuple:

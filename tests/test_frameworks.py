@@ -5,6 +5,7 @@ none, --weights from a second file, safetensors in and out."""
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import subprocess
@@ -180,6 +181,79 @@ def test_one_layer_of_a_whole_module_with_layer(runner, tmp_path):
     assert result.exit_code == 1, result.output
     assert ("its last axis is 2C, the whole bidirectional output's gradient: without --layer and --reverse lstmgrad "
             "computes the whole module from it") in result.stderr
+
+
+KERAS_OPTIONS = {c["name"]: c for c in KERAS_MANIFEST if c.get("needs") and "refusal" not in c["needs"]}
+KERAS2_CASES = {c["name"]: c for c in json.loads((KERAS / "manifest_keras2.json").read_text())["cases"]}
+
+
+def keras_model_args(case):
+    files = case["files"]
+    if files.get("model"):  # a .keras archive or full-model .h5: it says how the layer was made
+        return ["--weights", str(KERAS / files["model"]), "--weights-group", case["weights_group"]]
+    wrapped = "bidirectional" in (case.get("weights_group") or "")  # (its group's name says how it runs)
+    args = ["--go-backwards"] if case.get("go_backwards") and not wrapped else []  # bare tensors: the user says it
+    return args + (["--weights", str(KERAS / files["weights"]), "--weights-group", case["weights_group"]]
+                   if files.get("weights") else [])
+
+
+@pytest.mark.parametrize("name", [*KERAS_OPTIONS, *KERAS2_CASES])
+def test_keras_layers_with_their_options_match_gradient_tape(runner, tmp_path, name):
+    """Masks (Embedding(mask_zero=True), Masking, mask=), layer options read from a .keras archive or a full-model
+    .h5 (Keras 3's and tf_keras' hard_sigmoid, relu, linear, use_bias=False), whole Bidirectional wrappers with each
+    merge mode, Keras' own bidirectional_test input: what GradientTape gives, under Keras' names."""
+    case = KERAS_OPTIONS.get(name) or KERAS2_CASES[name]
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(KERAS / case["files"]["in"]), "-o", str(out), "--json", "--strict",
+                                  *keras_model_args(case)])
+    assert result.exit_code == 0, result.stderr
+    got, expected = npz(out), npz(KERAS / case["files"]["expected"])
+    assert set(expected) <= set(got), (set(got), set(expected))
+    assert_matches({k: got[k] for k in expected}, expected)
+
+
+@pytest.mark.parametrize(("weights", "flags", "said"), [
+    ("keras_dropout.keras", [], "layer 'lstm' has dropout=0.2: in training its random masks change the gradient"),
+    ("keras_unknown_activation.keras", [], "activation 'selu' is not implemented (lstmgrad computes tanh"),
+    ("keras_stacked_cells.weights.h5", ["--weights-group", "layers/rnn"],
+     "layers/rnn is a keras.layers.RNN over StackedRNNCells: lstmgrad computes LSTM layers, not cells"),
+    ("keras_stacked_cells.weights.h5", [], "holds the LSTM cells of a keras.layers.RNN over StackedRNNCells"),
+])
+def test_keras_layers_lstmgrad_cannot_compute_are_refused_by_name(runner, tmp_path, weights, flags, said):
+    group = ["--weights-group", "layers/lstm"] if weights.endswith(".keras") else []
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(KERAS / "keras_dropout.in.npz"), "--weights", str(KERAS / weights),
+                                  *group, *flags, "-o", str(out)])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
+    assert said in result.stderr and "missing tensors" not in result.stderr and not out.exists()
+
+
+def test_a_layer_with_dropout_is_computed_when_the_gradient_was_taken_in_inference(runner, tmp_path):
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(KERAS / "keras_dropout.in.npz"), "--weights",
+                                  str(KERAS / "keras_dropout.keras"), "--weights-group", "layers/lstm", "--inference",
+                                  "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.stderr
+    notes = json.loads(result.stdout)["results"][0]["notes"]
+    assert any("dropout=0.2 taken as inactive (--inference)" in n for n in notes), notes
+    inputs = npz(KERAS / "keras_dropout.in.npz")  # dropout inactive: the maths of the layer without it
+    want = lg.keras_lstm_grad(inputs["x"], *_weights_in_archive("keras_dropout.keras"), h_grad=inputs["h_grad"])
+    np.testing.assert_allclose(npz(out)["x_grad"], want.x_grad, rtol=1e-6, atol=1e-7)
+
+
+def _weights_in_archive(name):
+    """kernel, recurrent_kernel, bias of the archive's layers/lstm, read with h5py from the zip itself."""
+    with zipfile.ZipFile(KERAS / name) as zf, h5py.File(io.BytesIO(zf.read("model.weights.h5"))) as fh:
+        return [fh[f"layers/lstm/cell/vars/{k}"][()] for k in range(3)]
+
+
+def test_a_bare_weights_file_says_what_was_assumed(runner, tmp_path):
+    result = runner.invoke(main, ["seq", str(KERAS / "keras_two_layers.in.npz"), "--weights",
+                                  str(KERAS / "keras_two_layers.weights.h5"), "--weights-group", "layers/lstm_1",
+                                  "-q", "-o", str(tmp_path / "g.npz"), "--json"])
+    notes = json.loads(result.stdout)["results"][0]["notes"]
+    assert any("Keras' defaults assumed, activation=tanh, recurrent_activation=sigmoid, no mask unless given" in n
+               for n in notes), notes
 
 
 def test_the_summary_says_what_was_computed(runner, tmp_path):

@@ -23,7 +23,7 @@ from lstmgrad_cli.cli import main
 def act(name, z):
     z = np.asarray(z, np.float64)
     return {"tanh": np.tanh, "sigmoid": lambda v: 1 / (1 + np.exp(-v)), "relu": lambda v: np.maximum(v, 0),
-            "linear": lambda v: v, "hard_sigmoid": lambda v: np.clip(v / 6 + 0.5, 0, 1),
+            "linear": lambda v: v, "hard_sigmoid": lambda v: np.minimum(np.maximum(v + 3, 0), 6) / 6,
             "hard_sigmoid_keras2": lambda v: np.clip(0.2 * v + 0.5, 0, 1)}[name](z)
 
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import keras, keras_config, pytorch
+from . import keras, keras_config, pytorch, weights_files
 from .common import FrameworkOptions, Plan, check_applicable
 from .keras import KerasLayer
 from .weights_files import KERAS_WALK_GROUPS, keras_layers
@@ -21,7 +21,7 @@ from .weights_files import KERAS_WALK_GROUPS, keras_layers
 __all__ = [
     "FRAMEWORKS", "KERAS_WALK_GROUPS", "FrameworkOptions", "KerasLSTMGradOutputs", "KerasLayer", "Plan",
     "TorchLSTMGradOutputs", "check_applicable", "detect", "file_names", "keras", "keras_config", "keras_layers",
-    "keras_lstm_grad", "plan", "pytorch", "torch_lstm_grad", "torch_state_dict_layers",
+    "keras_lstm_grad", "plan", "pytorch", "torch_lstm_grad", "torch_state_dict_layers", "weights_files",
 ]
 
 FRAMEWORKS = ("keras", "torch")

@@ -79,7 +79,9 @@ class KerasLayer:
     use_bias: bool | None = None  # None: whether a bias is there
     go_backwards: bool = False
     reverse: bool = False  # a Bidirectional's backward layer
-    zero_output_for_mask: bool = False
+    zero_output_for_mask: bool | None = None  # None: Keras' default, True inside a Bidirectional returning sequences
+    wrapped: bool = False  # one of a Bidirectional's two layers
+    unroll: bool = False
     return_sequences: bool | None = None  # None: from h_grad's rank
     merge_mode: str | None = None  # a whole Bidirectional's
     source: str = ""  # "": Keras' defaults, assumed; else where they were read ("m.keras config.json")
@@ -119,9 +121,10 @@ class KerasLayer:
             wcfg = wrapper.get("config", wrapper)
             merge = wcfg.get("merge_mode", "concat")
             go_backwards = False  # the wrapper runs its backward layer backwards: that is ``reverse``
+        zero_output = cfg.get("zero_output_for_mask")
         return cls(act, gate, cfg.get("use_bias"), go_backwards, backward,
-                   bool(cfg.get("zero_output_for_mask", False)), cfg.get("return_sequences"), merge, source,
-                   tuple(notes))
+                   None if zero_output is None else bool(zero_output), wrapper is not None,
+                   bool(cfg.get("unroll", False)), cfg.get("return_sequences"), merge, source, tuple(notes))
 
     def assumed(self) -> str | None:
         """Words for the summary: what was assumed (no configuration) or read."""
@@ -194,6 +197,15 @@ def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = No
     mask = None if arrays.get("mask") is None else as_bool_mask(arrays["mask"], B, T)
     if mask is not None and mask.all():
         mask = None  # (every step used: the plain schedule, the same maths)
+    sequence = layer.return_sequences if layer.return_sequences is not None else (
+        arrays.get("h_grad") is not None and np.ndim(arrays["h_grad"]) == 3)
+    if layer.zero_output_for_mask is None:  # a Bidirectional sets it to return_sequences on both its layers
+        layer = replace(layer, zero_output_for_mask=sequence and (bidirectional or layer.wrapped))
+    if mask is not None and layer.unroll and layer.zero_output_for_mask and (layer.reverse or layer.go_backwards
+                                                                             or bidirectional):
+        raise InvalidArgumentError("the layer was made with unroll=True, and masked it runs backwards with "
+                                   "zero_output_for_mask: Keras' unrolled loop then zeroes outputs by the mask not "
+                                   "reversed (unlike its loop without unroll), which lstmgrad does not reproduce")
     if bidirectional:
         schedules = [_schedule(T, B, mask, False, False, layer), _schedule(T, B, mask, True, True, layer)]
     else:

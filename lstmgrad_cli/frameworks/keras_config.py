@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError
 from .common import FrameworkOptions
@@ -33,40 +34,57 @@ def _layers(config: dict) -> list:
     return [layer for layer in layers if isinstance(layer, dict)] if isinstance(layers, list) else []
 
 
-def _walk(config: dict, keras3_prefix: str, legacy_prefix: str | None, depth: int = 0) -> Iterator[tuple]:
-    """(Keras 3 group, legacy group, layer config, wrapper config or None, backward) for every LSTM layer and
-    Bidirectional wrapper (backward None for the whole wrapper) of a container's configuration."""
+@dataclass(frozen=True)
+class Found:
+    """An LSTM layer, or a Bidirectional wrapper (``backward`` None) or one of its two layers, of a configuration."""
+
+    group: str  # where model.save_weights / a .keras archive keeps its weights (Keras 3)
+    names: tuple[str, ...]  # the layers' own names from the top container down (legacy files go by these)
+    layer: dict  # the LSTM's serialised config (a wrapper's forward layer for the whole wrapper)
+    wrapper: dict | None
+    backward: bool | None
+
+    def legacy_match(self, parts: list[str]) -> bool:
+        """Whether a legacy full-model file's group (``model_weights/<name>/.../<name>``) holds this layer."""
+        if len(parts) < 2 or parts[0] != self.names[0]:
+            return False
+        last = parts[-1]
+        if self.wrapper is not None and self.backward is not None:
+            return len(parts) > 2 and last.startswith("backward_" if self.backward else "forward_")
+        return last == self.names[-1]
+
+
+def _walk(config: dict, prefix: str = "", names: tuple = (), depth: int = 0) -> Iterator[Found]:
+    """Every LSTM layer and Bidirectional wrapper (and its two layers) of a container's configuration."""
     if depth > 50:
         return
     used: dict[str, int] = {}
     sequential = config.get("class_name") == "Sequential"
     for layer in _layers(config):
-        kind = layer.get("class_name", "")
+        kind = str(layer.get("class_name", ""))
         if sequential and kind == "InputLayer":
             continue  # a Sequential's layers (and so its weights file) leave its input out
-        base = snake(str(kind))
+        base = snake(kind)
         count = used.get(base, 0)
         used[base] = count + 1
-        group = f"{keras3_prefix}layers/{base}" + (f"_{count}" if count else "")
-        name = str(layer.get("config", {}).get("name", layer.get("name", "")))
-        legacy = f"{legacy_prefix}{name}/{name}" if legacy_prefix == "model_weights/" else (
-            f"{legacy_prefix}{name}" if legacy_prefix is not None else None)
+        group = f"{prefix}layers/{base}" + (f"_{count}" if count else "")
+        inner = layer.get("config", {}) if isinstance(layer.get("config"), dict) else {}
+        path = (*names, str(inner.get("name", layer.get("name", ""))))
         if kind in CONTAINERS:
-            yield from _walk(layer, group + "/", (legacy + "/") if legacy else None, depth + 1)
+            yield from _walk(layer, group + "/", path, depth + 1)
         elif kind == WRAPPER:
-            wrapped = layer.get("config", {}).get("layer", {})
-            backward = layer.get("config", {}).get("backward_layer") or wrapped
-            inner = str(wrapped.get("config", {}).get("name", ""))
-            yield group, legacy, wrapped, layer, None
-            yield f"{group}/forward_layer", legacy and f"{legacy}/forward_{inner}", wrapped, layer, False
-            yield f"{group}/backward_layer", legacy and f"{legacy}/backward_{inner}", backward, layer, True
+            wrapped = inner.get("layer", {})
+            backward = inner.get("backward_layer") or wrapped
+            yield Found(group, path, wrapped, layer, None)
+            yield Found(f"{group}/forward_layer", path, wrapped, layer, False)
+            yield Found(f"{group}/backward_layer", path, backward, layer, True)
         elif kind in ("LSTM", "CuDNNLSTM"):
-            yield group, legacy, layer, None, False
+            yield Found(group, path, layer, None, False)
 
 
 def lstm_groups(model_config: dict) -> list[str]:
     """Every LSTM layer's (and Bidirectional's) group a configuration describes (Keras 3 names)."""
-    return [found[0] for found in _walk(model_config, "", None)]
+    return [found.group for found in _walk(model_config)]
 
 
 def layer_options(model_config: dict, group: str, *, keras_version: str = "", source: str = "",
@@ -75,13 +93,16 @@ def layer_options(model_config: dict, group: str, *, keras_version: str = "", so
     from ..io.keras_archive import keras_major  # noqa: PLC0415 - (a version number's reading, kept with io)
 
     wanted = group.strip("/")
-    for keras3, legacy, layer, wrapper, backward in _walk(model_config, "", "model_weights/"):
-        if wanted in (keras3, legacy):
-            options = KerasLayer.from_config(layer, keras_major=keras_major(keras_version), source=source,
-                                             wrapper=wrapper, backward=bool(backward), inference=inference)
-            if wrapper is not None and backward is None:  # the whole wrapper: both layers' options must agree
-                other = KerasLayer.from_config(wrapper.get("config", {}).get("backward_layer") or layer,
-                                               keras_major=keras_major(keras_version), inference=inference)
+    parts = wanted.split("/")
+    legacy = parts[0] == "model_weights"
+    major = keras_major(keras_version)
+    for found in _walk(model_config):
+        if (found.legacy_match(parts[1:]) if legacy else wanted == found.group):
+            options = KerasLayer.from_config(found.layer, keras_major=major, source=source, wrapper=found.wrapper,
+                                             backward=bool(found.backward), inference=inference)
+            if found.wrapper is not None and found.backward is None:  # the whole wrapper: both layers must agree
+                other = KerasLayer.from_config(found.wrapper.get("config", {}).get("backward_layer") or found.layer,
+                                               keras_major=major, inference=inference)
                 if (other.activation, other.recurrent_activation) != (options.activation,
                                                                       options.recurrent_activation):
                     raise InvalidArgumentError("the Bidirectional's two layers have different activations; give "
@@ -107,6 +128,8 @@ def layer_from_group(group: str, options: FrameworkOptions) -> KerasLayer | None
         raise InvalidArgumentError(f"--reverse is a Bidirectional's backward layer, and {group} is its forward "
                                    "layer: leave --reverse out, or name the backward_layer")
     if backward:
-        return KerasLayer(reverse=True, notes=(f"{group} is a Bidirectional's backward layer: run backwards in "
-                                               "time, h_grad in x's time order",))
+        return KerasLayer(reverse=True, wrapped=True, notes=(f"{group} is a Bidirectional's backward layer: run "
+                                                             "backwards in time, h_grad in x's time order",))
+    if forward:
+        return KerasLayer(wrapped=True)
     return None

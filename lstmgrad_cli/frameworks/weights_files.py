@@ -30,8 +30,12 @@ def keras_layers(path) -> list[dict]:
 
 
 def _keras_lstm(name: str, group, h5py) -> dict | None:
-    """The LSTM layer whose weights ``group`` holds (Keras 3 or older tf.keras layout), else None."""
+    """The LSTM layer whose weights ``group`` holds (Keras 3 or older tf.keras layout), else None; an LSTMCell of a
+    StackedRNNCells (``<rnn>/cell/cells/lstm_cell[_N]/vars``) is listed with ``"stacked": True``."""
     cell = _hard_path(group, ("cell", "vars"), h5py)
+    stacked = "/cells/" in f"/{name}" and cell is None
+    if stacked:
+        cell = _hard_path(group, ("vars",), h5py)
     if cell is not None:
         shapes = [_dataset_shape(cell, str(k), h5py) for k in range(3)]
     else:
@@ -49,7 +53,13 @@ def _keras_lstm(name: str, group, h5py) -> dict | None:
     label = own.attrs.get("name") if own is not None else None
     label = label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label or name.rsplit("/", 1)[-1])
     return {"group": name, "name": label, "kernel": [I, G], "recurrent_kernel": [C, G],
-            "bias": list(shapes[2]) if shapes[2] is not None else None, "input_size": I, "units": C}
+            "bias": list(shapes[2]) if shapes[2] is not None else None, "input_size": I, "units": C,
+            "stacked": stacked}
+
+
+STACKED = ("keras.layers.RNN over StackedRNNCells: lstmgrad computes LSTM layers, not cells stacked in one RNN (the "
+           "same maths as LSTM layers with return_sequences=True one after another: build that model, copy each "
+           "cell's weights into its layer, and save it)")
 
 
 def _hard_child(group, name: str, h5py):
