@@ -241,6 +241,7 @@ def _module_problem(path: Path, loaded: io.LoadedFile, plan: frameworks.Plan) ->
     T, B, I, C = plan.dims  # noqa: E741
     arrays = {n: v for n, v in plan.tensors.items() if np.asarray(v).dtype.kind == "f"}
     problem = Problem(str(path), "seq", "ifco", arrays, validation.Dims(T, B, I, C), T, False, keys=list(loaded.keys))
+    problem.sources["seq_len_max"] = plan.framework
     return problem
 
 

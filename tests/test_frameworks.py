@@ -595,3 +595,16 @@ def test_keras_time_major_and_the_older_tf_keras_weights_layout(runner, tmp_path
                                   "--weights-group", "model_weights/lstm/lstm"])
     assert result.exit_code == 0, result.stderr
     assert_matches(npz(tmp_path / "legacy.npz"), expected)
+
+
+def test_check_compares_a_whole_module_and_says_what_needs_one_op(runner, tmp_path):
+    case = TORCH_MODULES["torch_module_bidir2"]
+    args = [str(TORCH / case["files"]["in"]), *module_args(case)]
+    result = runner.invoke(main, ["check", *args, "-r", str(TORCH / case["files"]["expected"]), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)["result"]
+    assert doc["passed"] and len(doc["comparisons"]) == len(npz(TORCH / case["files"]["expected"]))
+    for command in (["check", *args, "--gradcheck"], ["seq", *args, "--per-step", "-o", str(tmp_path / "g.npz")]):
+        result = runner.invoke(main, command)
+        assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
+        assert "several layers or directions: give --layer (and --reverse) for one of them" in result.stderr

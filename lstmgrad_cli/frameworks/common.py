@@ -72,6 +72,14 @@ class Plan:
         return len(self.module.layers) == 1 and self.module.directions == 1 and self.module.layers[0][0].standard
 
     @property
+    def not_one_op(self) -> str:
+        """Why this plan is not one op's problem (for what needs one: per-step norms, the op's gradient check)."""
+        if len(self.module.layers) > 1 or self.module.directions > 1:
+            return (f"this is {self.description}, several layers or directions: give --layer (and --reverse) for "
+                    "one of them")
+        return f"this is {self.description}, whose activations are not the op's (tanh, sigmoid)"
+
+    @property
     def computed_as(self) -> str:
         """How the gradients are computed, in words for the summary."""
         if not all(w.standard for layer in self.module.layers for w in layer):
