@@ -608,3 +608,14 @@ def test_check_compares_a_whole_module_and_says_what_needs_one_op(runner, tmp_pa
         result = runner.invoke(main, command)
         assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
         assert "several layers or directions: give --layer (and --reverse) for one of them" in result.stderr
+
+
+def test_a_whole_bidirectional_from_python():
+    case = next(c for c in KERAS_MANIFEST if c["name"] == "keras_bidir_mul")
+    with zipfile.ZipFile(KERAS / case["files"]["model"]) as zf, \
+            h5py.File(io.BytesIO(zf.read("model.weights.h5"))) as fh:
+        weights = {f"{d}_{name}": fh[f"layers/bidirectional/{d}_layer/cell/vars/{k}"][()]
+                   for d in ("forward", "backward") for k, name in enumerate(("kernel", "recurrent_kernel", "bias"))}
+    inputs = npz(KERAS / case["files"]["in"])
+    got = lg.keras_lstm_grad(inputs["x"], weights=weights, merge_mode="mul", h_grad=inputs["h_grad"])
+    assert_matches(got, npz(KERAS / case["files"]["expected"]))

@@ -84,10 +84,10 @@ def plan(framework: str, tensors: dict, options: FrameworkOptions, layer: KerasL
 
 # -- the Python API ---------------------------------------------------------------------------------------
 
-def keras_lstm_grad(x, kernel, recurrent_kernel, bias=None, *, h_grad=None, h0=None, c0=None, hn_grad=None,
-                    cn_grad=None, mask=None, activation="tanh", recurrent_activation="sigmoid",
-                    zero_output_for_mask=False, time_major=False, go_backwards=False, reverse=False, backend=None,
-                    compute_dtype=None) -> KerasLSTMGradOutputs:
+def keras_lstm_grad(x, kernel=None, recurrent_kernel=None, bias=None, *, weights=None, merge_mode="concat",
+                    h_grad=None, h0=None, c0=None, hn_grad=None, cn_grad=None, mask=None, activation="tanh",
+                    recurrent_activation="sigmoid", zero_output_for_mask=None, time_major=False, go_backwards=False,
+                    reverse=False, backend=None, compute_dtype=None):
     """The gradients of a Keras ``LSTM`` layer, as GradientTape gives them.
 
     ``h_grad`` is the gradient at the layer's output: [B, T, C] with return_sequences, else [B, C];
@@ -97,14 +97,28 @@ def keras_lstm_grad(x, kernel, recurrent_kernel, bias=None, *, h_grad=None, h0=N
     layer was made (tanh, sigmoid, hard_sigmoid, relu, linear).  ``go_backwards``: the layer was made with
     go_backwards=True (``h_grad`` in the order it returns its outputs, last step of x first); ``reverse``: it is the
     backward layer of a ``Bidirectional`` (``h_grad``, its half of the wrapper's output gradient, in x's time order).
+    ``zero_output_for_mask`` None: Keras' default (False; a Bidirectional returning sequences sets it).
+
+    With ``weights``, a dict of a whole ``Bidirectional``'s (``forward_kernel``, ``forward_recurrent_kernel``,
+    ``forward_bias``, ``backward_...``): both layers, merged by ``merge_mode``; ``h_grad`` is the gradient at the
+    merged output, h0, c0, hn_grad, cn_grad are [2, B, C] (forward, backward); returns a dict of every gradient
+    (``forward_kernel_grad``, ..., ``x_grad``, ``h0_grad``, ``c0_grad``).
     """
     options = FrameworkOptions("keras", time_major=time_major, go_backwards=go_backwards, reverse=reverse)
     layer = KerasLayer(keras_activation(activation), keras_activation(recurrent_activation),
-                       zero_output_for_mask=zero_output_for_mask, source="the arguments")
-    tensors = dict(x=x, kernel=kernel, recurrent_kernel=recurrent_kernel, bias=bias, h0=h0, c0=c0, h_grad=h_grad,
-                   hn_grad=hn_grad, cn_grad=cn_grad, mask=mask)
+                       zero_output_for_mask=zero_output_for_mask, merge_mode=merge_mode if weights else None,
+                       source="the arguments")
+    given = dict(kernel=kernel, recurrent_kernel=recurrent_kernel, bias=bias)
+    if weights is not None:
+        if any(v is not None for v in given.values()):
+            raise TypeError("keras_lstm_grad takes a Bidirectional's weights dict or kernel/recurrent_kernel/bias, "
+                            "not both")
+        given = {k: _numpy(v) for k, v in weights.items()}
+    tensors = dict(x=x, **given, h0=h0, c0=c0, h_grad=h_grad, hn_grad=hn_grad, cn_grad=cn_grad, mask=mask)
     out = keras.plan({n: v for n, v in tensors.items() if v is not None}, options, layer).gradients(
         backend, compute_dtype)
+    if weights is not None:
+        return out
     return KerasLSTMGradOutputs(out["x_grad"], out["kernel_grad"], out["recurrent_kernel_grad"], out.get("bias_grad"),
                                 out["h0_grad"], out["c0_grad"])
 
