@@ -129,33 +129,8 @@ def plan(tensors: dict, options: FrameworkOptions) -> TorchPlan:
     layers = len(chosen) // D
     w_hh = rank(names(*chosen[0])["weight_hh"], arrays[names(*chosen[0])["weight_hh"]], 2, "[4C, C]")
     C = cells(names(*chosen[0])["weight_hh"], w_hh.shape[0], w_hh.shape[1], "PyTorch")
-    with_bias = names(*chosen[0])["bias_ih"] in arrays
-    module_layers = []
-    for k in range(layers):
-        directions = []
-        for d in range(D):
-            n = names(*chosen[k * D + d])
-            width = I if k == 0 else D * C
-            what = "[4C, I]" if k == 0 else f"[4C, {D}C] (the layer below's {'two directions' if D == 2 else 'output'})"
-            w_ih = rank(n["weight_ih"], arrays[n["weight_ih"]], 2, "[4C, I]")
-            if single and w_ih.shape != (4 * C, width) and chosen[0][0] > 0 and w_ih.shape[0] == 4 * C:
-                raise InvalidArgumentError(
-                    f"{n['weight_ih']} has shape {list(w_ih.shape)}, and x is {width} wide: with --layer "
-                    f"{chosen[0][0]}, x is that layer's own input (the output of the layer below, {w_ih.shape[1]} "
-                    "wide) and h_grad its output's gradient; without --layer lstmgrad computes the whole module "
-                    "from the module's x and output gradient")
-            w_ih = shaped(n["weight_ih"], w_ih, (4 * C, width), what)
-            w_hh = shaped(n["weight_hh"], rank(n["weight_hh"], arrays[n["weight_hh"]], 2, "[4C, C]"), (4 * C, C),
-                          "[4C, C]")
-            if (n["bias_ih"] in arrays) != (n["bias_hh"] in arrays) or (n["bias_ih"] in arrays) != with_bias:
-                raise InvalidArgumentError(f"{n['bias_ih']} and {n['bias_hh']} come together (bias=True) or not at all "
-                                           "(bias=False), in every layer")
-            b = np.zeros(4 * C, x.dtype)
-            if with_bias:
-                b = shaped(n["bias_ih"], arrays[n["bias_ih"]], (4 * C,), "[4C]") + shaped(
-                    n["bias_hh"], arrays[n["bias_hh"]], (4 * C,), "[4C]")
-            directions.append(DirectionWeights(np.concatenate([w_ih.T, w_hh.T]), b.astype(x.dtype)))
-        module_layers.append(directions)
+    module_layers = [[_direction(arrays, chosen, k, d, D, I, C, single, x.dtype) for d in range(D)]
+                     for k in range(layers)]
     lengths = None if arrays.get("lengths") is None else as_lengths(arrays["lengths"], B, T)
     schedules = [_schedule(T, B, lengths, reverse) for reverse in
                  ([options.reverse] if single else [False, True][:D])]
@@ -177,6 +152,31 @@ def plan(tensors: dict, options: FrameworkOptions) -> TorchPlan:
         description=_description(layers, D, single, chosen, lengths))
     result.selected = chosen[0] if single else None
     return result
+
+
+def _direction(arrays: dict, chosen, k: int, d: int, D: int, I: int, C: int, single: bool,  # noqa: E741
+               dtype) -> DirectionWeights:
+    """Layer k, direction d's weights in the op's layout (w = [weight_ih.T; weight_hh.T], b = bias_ih + bias_hh)."""
+    n = names(*chosen[k * D + d])
+    width = I if k == 0 else D * C
+    what = "[4C, I]" if k == 0 else f"[4C, {D}C] (the layer below's {'two directions' if D == 2 else 'output'})"
+    w_ih = rank(n["weight_ih"], arrays[n["weight_ih"]], 2, "[4C, I]")
+    if single and w_ih.shape != (4 * C, width) and chosen[0][0] > 0 and w_ih.shape[0] == 4 * C:
+        raise InvalidArgumentError(
+            f"{n['weight_ih']} has shape {list(w_ih.shape)}, and x is {width} wide: with --layer {chosen[0][0]}, x is "
+            f"that layer's own input (the output of the layer below, {w_ih.shape[1]} wide) and h_grad its output's "
+            "gradient; without --layer lstmgrad computes the whole module from the module's x and output gradient")
+    w_ih = shaped(n["weight_ih"], w_ih, (4 * C, width), what)
+    w_hh = shaped(n["weight_hh"], rank(n["weight_hh"], arrays[n["weight_hh"]], 2, "[4C, C]"), (4 * C, C), "[4C, C]")
+    with_bias = names(*chosen[0])["bias_ih"] in arrays
+    if (n["bias_ih"] in arrays) != (n["bias_hh"] in arrays) or (n["bias_ih"] in arrays) != with_bias:
+        raise InvalidArgumentError(f"{n['bias_ih']} and {n['bias_hh']} come together (bias=True) or not at all "
+                                   "(bias=False), in every layer")
+    b = np.zeros(4 * C, dtype)
+    if with_bias:
+        b = shaped(n["bias_ih"], arrays[n["bias_ih"]], (4 * C,), "[4C]") + shaped(
+            n["bias_hh"], arrays[n["bias_hh"]], (4 * C,), "[4C]")
+    return DirectionWeights(np.concatenate([w_ih.T, w_hh.T]), b.astype(dtype))
 
 
 def _schedule(T: int, B: int, lengths, reverse: bool) -> Schedule:
