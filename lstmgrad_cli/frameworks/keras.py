@@ -175,22 +175,8 @@ def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = No
     x = rank("x", arrays["x"], 3, "[B, T, I]" if batch_major else "[T, B, I]")
     x = np.swapaxes(x, 0, 1) if batch_major else x
     T, B, I = x.shape  # noqa: E741
-    directions = []
-    with_bias = None
-    for p in prefixes:
-        kernel = rank(f"{p}kernel", arrays[f"{p}kernel"], 2, "[I, 4C]")
-        recurrent = rank(f"{p}recurrent_kernel", arrays[f"{p}recurrent_kernel"], 2, "[C, 4C]")
-        C = cells(f"{p}recurrent_kernel", recurrent.shape[1], recurrent.shape[0], "Keras")
-        shaped(f"{p}kernel", kernel, (I, 4 * C), "[I, 4C]")
-        shaped(f"{p}recurrent_kernel", recurrent, (C, 4 * C), "[C, 4C]")
-        bias = arrays.get(f"{p}bias")
-        with_bias = bias is not None
-        if layer.use_bias is not None and layer.use_bias != with_bias:
-            raise InvalidArgumentError(f"the layer was made with use_bias={layer.use_bias} but {p}bias is "
-                                       f"{'there' if with_bias else 'missing'}")
-        b = np.zeros(4 * C, x.dtype) if bias is None else shaped(f"{p}bias", bias, (4 * C,), "[4C]")
-        directions.append(DirectionWeights(np.concatenate([kernel, recurrent]), b, layer.activation,
-                                           layer.recurrent_activation))
+    directions = [_direction(arrays, p, I, layer, x.dtype) for p in prefixes]
+    with_bias = f"{prefixes[-1]}bias" in arrays
     C = directions[0].C
     if bidirectional and directions[1].C != C:
         raise InvalidArgumentError(f"the Bidirectional's two layers differ in size ({C} and {directions[1].C} units)")
@@ -231,6 +217,21 @@ def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = No
         description=_description(layer, bidirectional, merge, mask is not None or arrays.get("mask") is not None))
     result.bidirectional, result.with_bias = bidirectional, bool(with_bias)
     return result
+
+
+def _direction(arrays: dict, prefix: str, I: int, layer: KerasLayer, dtype) -> DirectionWeights:  # noqa: E741
+    """One layer's weights in the op's layout (w = [kernel; recurrent_kernel]) with its activations."""
+    kernel = rank(f"{prefix}kernel", arrays[f"{prefix}kernel"], 2, "[I, 4C]")
+    recurrent = rank(f"{prefix}recurrent_kernel", arrays[f"{prefix}recurrent_kernel"], 2, "[C, 4C]")
+    C = cells(f"{prefix}recurrent_kernel", recurrent.shape[1], recurrent.shape[0], "Keras")
+    shaped(f"{prefix}kernel", kernel, (I, 4 * C), "[I, 4C]")
+    shaped(f"{prefix}recurrent_kernel", recurrent, (C, 4 * C), "[C, 4C]")
+    bias = arrays.get(f"{prefix}bias")
+    if layer.use_bias is not None and layer.use_bias != (bias is not None):
+        raise InvalidArgumentError(f"the layer was made with use_bias={layer.use_bias} but {prefix}bias is "
+                                   f"{'missing' if bias is None else 'there'}")
+    b = np.zeros(4 * C, dtype) if bias is None else shaped(f"{prefix}bias", bias, (4 * C,), "[4C]")
+    return DirectionWeights(np.concatenate([kernel, recurrent]), b, layer.activation, layer.recurrent_activation)
 
 
 def _schedule(T: int, B: int, mask, backwards: bool, reverse: bool, layer: KerasLayer) -> Schedule:
