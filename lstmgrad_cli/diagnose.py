@@ -31,12 +31,11 @@ from .detect import LAYOUT_OPS
 from .errors import InputFileError, InvalidArgumentError, LstmGradError
 from .forward import gate_slices
 from .frameworks import FrameworkOptions
-from .ops import BlockLSTMGradOutputs, LSTMBlockCellGradFullOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full
-from .problem import OPS, Problem, load_problem, peephole_origin
+from .ops import BlockLSTMGradOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full
+from .problem import Problem, load_problem, peephole_origin
+from .spec import ACTIVATIONS, CELL_GRADS_FULL, OPS, PEEPHOLES, SEQ_GRADS
 from .summary import json_safe
 
-SEQ_GRADS = BlockLSTMGradOutputs._fields
-CELL_GRADS = LSTMBlockCellGradFullOutputs._fields
 # (rtol, atol): passes when max|ours - ref| <= atol + rtol * max|ref|.  float32 and float16 as the
 # fixtures' README recommends against TF CPU; float64 is for references computed in double.
 TOLERANCES = {"float16": (1e-2, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-10, 1e-12)}
@@ -48,7 +47,7 @@ MAX_SEQ_LEN_CANDIDATES = 16
 def load_reference(path, kind: str, group: str | None = None, names=None) -> tuple[dict, list[str]]:
     """The gradient tensors of a reference file (snake_case or camelCase names; ``names``: those of a Keras or
     PyTorch layer) and its other keys."""
-    names = names or (SEQ_GRADS if kind == "seq" else CELL_GRADS)
+    names = names or (SEQ_GRADS if kind == "seq" else CELL_GRADS_FULL)
     loaded = io.read_inputs(path, names, (), group)  # camelCase spellings are found too
     grads = dict(loaded.tensors)
     if not grads:
@@ -117,7 +116,7 @@ def _double_counted(problem: Problem, arrays: dict, setting: Setting) -> dict[st
     for t in reversed(range(L)):
         cs_prev = a["cs_prev"] if t == 0 else a["cs"][t - 1]
         h_prev = a["h_prev"] if t == 0 else a["h"][t - 1]
-        i, cs, f, o, ci, co = (a[n][t] for n in ("i", "cs", "f", "o", "ci", "co"))
+        i, cs, f, o, ci, co = (a[n][t] for n in ACTIVATIONS[:-1])
         dc, dh = carried_cs + a["cs_grad"][t], carried_h + a["h_grad"][t]
         do = o * (1 - o) * dh * co
         dcs = (1 - co * co) * dh * o + dc
@@ -144,7 +143,7 @@ def _double_counted(problem: Problem, arrays: dict, setting: Setting) -> dict[st
                  wcf_grad=wcf_grad, wco_grad=wco_grad, b_grad=b_grad)
     if problem.kind == "cell":
         grads["x_grad"] = x_grad[0]
-        grads = {n: (dicfo if n == "dicfo" else grads[n]) for n in CELL_GRADS}
+        grads = {n: (dicfo if n == "dicfo" else grads[n]) for n in CELL_GRADS_FULL}
     return grads
 
 
@@ -241,7 +240,7 @@ def _variants(problem: Problem, base: Setting, reference: dict) -> list[tuple[st
     out: list[tuple[str, dict]] = []
     if problem.kind == "seq":
         out.append(("layout", {"layout": "icfo" if base.layout == "ifco" else "ifco"}))
-    peepholes_zero = all(not np.any(problem.arrays[n]) for n in validation.PEEPHOLES)
+    peepholes_zero = all(not np.any(problem.arrays[n]) for n in PEEPHOLES)
     if base.use_peephole or not peepholes_zero:
         out.append(("peephole", {"use_peephole": not base.use_peephole}))
     if problem.kind == "seq":

@@ -16,6 +16,7 @@ from . import detect, gradcheck
 from .errors import LstmGradError
 from .io import tfdbg
 from .io._common import describe_keys
+from .spec import ACTIVATIONS, FORWARD_OPS, SIGNATURES
 from .summary import json_safe
 
 
@@ -120,7 +121,7 @@ def _infer(index: tfdbg.DumpIndex, execution: tfdbg.OpExecution, info: Execution
 
     kind, layout = tfdbg.OPS[execution.forward_op if execution.is_gradient and execution.forward_op in tfdbg.OPS
                              else execution.op_type][:2]
-    names = [*tfdbg.OPS["BlockLSTM" if kind == "seq" else "LSTMBlockCell"][3], "i", "cs", "f", "o", "ci", "co", "h"]
+    names = [*SIGNATURES[FORWARD_OPS[kind, layout]].inputs, *ACTIVATIONS]
     try:
         loaded = tfdbg.load_execution(index, execution, names, [])
         arrays = validation.as_float_arrays({n: v for n, v in loaded.tensors.items() if n != "seq_len_max"})

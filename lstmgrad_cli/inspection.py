@@ -25,14 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from . import detect, frameworks, gradcheck, io, validation
-from .diagnose import CELL_GRADS, SEQ_GRADS
 from .errors import LstmGradError
 from .io import npydir
-from .problem import FORWARD_OPS, OPS
+from .spec import FORWARD_INPUTS, FORWARD_OPS, GRADIENT_NAMES, OPS, RANKS
 from .summary import json_safe
 
 SCALARS = ("seq_len_max", "use_peephole")
-GRAD_NAMES = tuple(dict.fromkeys((*SEQ_GRADS, *CELL_GRADS)))
+GRAD_NAMES = GRADIENT_NAMES
 KNOWN = (*validation.SEQ_TENSORS, *SCALARS, *GRAD_NAMES)
 ALIASES = {io.camel(name): name for name in KNOWN if io.camel(name) != name}
 FLOAT_KINDS = {np.dtype(t) for t in validation.FLOAT_DTYPES}
@@ -210,7 +209,7 @@ def inspect_file(path, group: str | None = None) -> InspectReport:
     peephole = _use_peephole(by_name, report)
     if forward_only:
         report.kind = "forward-seq" if seq else "forward-cell"
-        names = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
+        names = FORWARD_INPUTS
         report.notes.append(f"no forward outputs: an input for `lstmgrad forward {'seq' if seq else 'cell'}`")
         report.op = "BlockLSTMV2 / BlockLSTM" if seq else "LSTMBlockCell"
     else:
@@ -318,8 +317,7 @@ def _use_peephole(by_name, report) -> bool:
 
 def _check_shapes(by_name, names, seq, report) -> validation.Dims | None:
     """dtype, rank and shape of every tensor present; returns the sizes when they can be told."""
-    ranks = {"x": 3 if seq else 2, "cs_prev": 2, "h_prev": 2, "w": 2, "wci": 1, "wcf": 1, "wco": 1, "b": 1}
-    ranks.update({n: 3 if seq else 2 for n in (*validation.ACTIVATIONS, "cs_grad", "h_grad")})
+    ranks = RANKS["seq" if seq else "cell"]
     x_dtype = by_name["x"].dtype
     rank_ok = {}
     for name in names:

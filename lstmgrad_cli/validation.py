@@ -14,7 +14,16 @@ import numpy as np
 
 from .errors import InvalidArgumentError
 from .io import LazyDataset
-from .spec import ACTIVATIONS, CELL_TENSORS, PEEPHOLES, SEQ_TENSORS, WEIGHTS  # noqa: F401 - (re-exported)
+from .spec import (  # noqa: F401 - (re-exported)
+    ACTIVATIONS,
+    CELL_TENSORS,
+    FORWARD_INPUTS,
+    OUTPUT_GRADIENTS,
+    PEEPHOLES,
+    RANKS,
+    SEQ_TENSORS,
+    WEIGHTS,
+)
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 COMPUTE_DTYPES = ("float16", "float32", "float64")
@@ -139,21 +148,19 @@ def _check_common(arrays: Mapping[str, np.ndarray], dims: Dims, step_names: tupl
 
 def check_block_lstm_grad(arrays: Mapping[str, np.ndarray]) -> Dims:
     """Ranks and shapes of the BlockLSTMGrad/BlockLSTMGradV2 tensors (x is [T, B, I])."""
-    _check_ranks(arrays, {"x": 3, "cs_prev": 2, "h_prev": 2, "w": 2, "wci": 1, "wcf": 1, "wco": 1, "b": 1,
-                          **{name: 3 for name in (*ACTIVATIONS, "cs_grad", "h_grad")}})
+    _check_ranks(arrays, {name: RANKS["seq"][name] for name in SEQ_TENSORS})
     T, B, I = arrays["x"].shape
     C = _cell_size_from_w(arrays["w"], allow_zero=False)
     dims = Dims(T, B, I, C)
-    _check_common(arrays, dims, (*ACTIVATIONS, "cs_grad", "h_grad"),
+    _check_common(arrays, dims, (*ACTIVATIONS, *OUTPUT_GRADIENTS),
                   {"timelen": T, "batch_size": B, "cell_size": C})
     return dims
 
 
 def check_lstm_block_cell_grad(arrays: Mapping[str, np.ndarray]) -> Dims:
     """Ranks and shapes of the LSTMBlockCellGrad tensors (x is [B, I]); C = 0 is allowed, as in TF."""
-    step = (*ACTIVATIONS[:-1], "cs_grad", "h_grad")
-    _check_ranks(arrays, {"x": 2, "cs_prev": 2, "h_prev": 2, "w": 2, "wci": 1, "wcf": 1, "wco": 1, "b": 1,
-                          **{name: 2 for name in step}})
+    step = [name for name in CELL_TENSORS if name in ACTIVATIONS or name in OUTPUT_GRADIENTS]
+    _check_ranks(arrays, {name: RANKS["cell"][name] for name in CELL_TENSORS})
     B, I = arrays["x"].shape
     C = _cell_size_from_w(arrays["w"], allow_zero=True)
     dims = Dims(1, B, I, C)
@@ -177,8 +184,7 @@ def check_forward(arrays: Mapping[str, np.ndarray], sequence: bool) -> Dims:
 
     BlockLSTM accepts empty batch and cell sizes; LSTMBlockCell rejects them (docs/semantics.md).
     """
-    _check_ranks(arrays, {"x": 3 if sequence else 2, "cs_prev": 2, "h_prev": 2, "w": 2,
-                          "wci": 1, "wcf": 1, "wco": 1, "b": 1})
+    _check_ranks(arrays, {name: RANKS["seq" if sequence else "cell"][name] for name in FORWARD_INPUTS})
     if sequence:
         T, B, I = arrays["x"].shape
     else:

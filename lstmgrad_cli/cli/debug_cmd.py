@@ -368,10 +368,6 @@ def _render_check(report: CheckReport) -> None:
     console.print("[bold green]PASS[/]" if report.passed else "[bold red]FAIL[/]")
 
 
-def _causes(variant) -> str:
-    return " + ".join(CAUSES[c] for c in variant.causes)
-
-
 # Axis names of each gradient, for "where the difference is" (x_grad of a cell is [b, i]).
 _AXES = {"x_grad": ("t", "b", "i"), "cs_prev_grad": ("b", "c"), "h_prev_grad": ("b", "c"), "w_grad": ("row", "col"),
          "b_grad": ("col",), "wci_grad": ("c",), "wcf_grad": ("c",), "wco_grad": ("c",), "dicfo": ("b", "col")}
