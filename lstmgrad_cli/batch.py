@@ -22,6 +22,7 @@ from .dask_executor import NotStarted, SchedulerLost, dask_executor
 from .errors import LstmGradError, OutputExistsError, OutputFileError
 from .io import npydir, tfdbg
 from .jobs import GradOptions, GradResult, existing_output, run_grad_file
+from .messages import one_line
 from .provenance import output_difference, request_of
 
 
@@ -112,7 +113,7 @@ def _targets(path: Path, output: Path | None,
         index = tfdbg.index_dump(path)
         chosen = tfdbg.select_executions(index, dumps.kind, dumps.group, dumps.op, dumps.execution)
     except LstmGradError as err:  # the dump's own failure, reported when its turn comes
-        return [(None, output or path.with_name(path.name + ".grads.npz"), " ".join(str(err).split()), fmt)]
+        return [(None, output or path.with_name(path.name + ".grads.npz"), one_line(err), fmt)]
     return [(e.member, output or path.with_name(f"{path.name}.{tfdbg.member_slug(e.member)}.grads.npz"), None, fmt)
             for e in chosen]
 
@@ -128,7 +129,7 @@ def run_task(task: Task, options: GradOptions, blas_threads: int | None = None) 
         with limits:
             return run_grad_file(task.input, task.output, options, input_format=task.input_format)
     except LstmGradError as err:
-        return failed(task, options, " ".join(str(err).split()))
+        return failed(task, options, one_line(err))
     except MemoryError:
         return failed(task, options, f"{task.input}: out of memory")
     except OSError as err:  # an I/O failure nothing above foresaw: still this file's failure, not a traceback
@@ -512,9 +513,9 @@ def _as_published(error: BaseException | None, task: Task, options: GradOptions,
         try:
             return existing_output(result, Path(result.output), request_of(options, task.input))
         except LstmGradError as err:
-            return failed(task, options, " ".join(str(err).split()))
+            return failed(task, options, one_line(err))
     if isinstance(error, LstmGradError):
-        return failed(task, options, " ".join(str(error).split()))
+        return failed(task, options, one_line(error))
     if isinstance(error, Exception):  # an fsync or rename failing as nothing foresaw: still only this file's
         return failed(task, options, f"{task.output}: cannot write ({type(error).__name__}: {error}); nothing was "
                                      "written")

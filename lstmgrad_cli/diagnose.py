@@ -27,13 +27,13 @@ import numpy as np
 from . import gradcheck, io, validation
 from .backends import get_backend, resolve_name
 from .batch import WorkerFailure, run_each
-from .detect import LAYOUT_OPS
 from .errors import InputFileError, InvalidArgumentError, LstmGradError
 from .forward import gate_slices
 from .frameworks import FrameworkOptions
+from .messages import one_line
 from .ops import BlockLSTMGradOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full
 from .problem import Problem, load_problem, peephole_origin
-from .spec import ACTIVATIONS, CELL_GRADS_FULL, OPS, PEEPHOLES, SEQ_GRADS
+from .spec import ACTIVATIONS, CELL_GRADS_FULL, LAYOUT_OPS, OPS, PEEPHOLES, SEQ_GRADS
 from .summary import json_safe
 
 # (rtol, atol): passes when max|ours - ref| <= atol + rtol * max|ref|.  float32 and float16 as the
@@ -563,7 +563,7 @@ def check_one(job: tuple) -> CheckReport | str:
     try:
         return run_check(source, reference, options)
     except LstmGradError as err:
-        return " ".join(str(err).split())
+        return one_line(err)
     except MemoryError:
         return f"{source} [{options.group}]: out of memory"
 

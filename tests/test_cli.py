@@ -496,6 +496,10 @@ import numpy as np
 from lstmgrad_cli.allocator import keep_heap_top
 if sys.argv[1] == "keep":
     assert keep_heap_top()
+else:  # glibc's own thresholds (128 KiB), which a block freed while importing may have slid up, by chance of layout
+    import ctypes
+    mallopt = ctypes.CDLL(None).mallopt
+    assert mallopt(-1, 128 * 1024) and mallopt(-3, 128 * 1024)  # M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(200):
     if sys.argv[2] == "small":  # a batch's per-file pattern: the same few hundred KiB allocated and freed

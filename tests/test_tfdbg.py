@@ -13,7 +13,7 @@ import tracemalloc
 import numpy as np
 import pytest
 from conftest import FIXTURES, consistent_inputs
-from tfdbg_builder import graph_training_dump
+from tfdbg_builder import eager_gradient_dump, graph_training_dump
 
 import lstmgrad_cli as lg
 from lstmgrad_cli import io
@@ -152,6 +152,43 @@ def test_an_unrecorded_function_argument_is_named_and_can_be_supplied(runner, tm
     assert f"note: from {supplied}: x" in " ".join(result.stdout.split())
     for key, want in npz(DUMPS / "missing_arg.expected.npz").items():
         assert_close(npz(tmp_path / "g.npz")[key.split("/")[1]], want, "float32", key)
+
+
+# Inputs an eager gradient op read from tf.Variables under a GradientTape: the dump records none of them, for one
+# reason, said once (it was said per tensor: one line of 2,000 characters).
+UNRECORDED = ("x", "cs_prev", "h_prev", "w", "b")
+
+
+@pytest.fixture
+def eager_unrecorded(tmp_path):
+    run = {**npz(FIXTURES / "seq_v2_peep.in.npz"), **npz(FIXTURES / "seq_v2_peep.expected.npz")}
+    run["seq_len_max"] = np.asarray(run["seq_len_max"], np.int64)
+    np.savez(tmp_path / "weights.npz", **{n: run[n] for n in UNRECORDED})
+    return eager_gradient_dump(tmp_path / "dump", run, unrecorded=UNRECORDED)
+
+
+def test_unrecorded_inputs_are_one_clause_per_cause_in_every_command(runner, tmp_path, eager_unrecorded):
+    cause = tfdbg.index_dump(eager_unrecorded).executions[0].missing["x"].why
+    clause = f"no recorded values for {', '.join(UNRECORDED)} ({cause}); give a file holding them with --weights FILE"
+    for command in (["seq", "-o", str(tmp_path / "g.npz")], ["check"], ["inspect"]):
+        result = runner.invoke(main, [command[0], str(eager_unrecorded), *command[1:]])
+        assert result.exit_code == 1, command
+        said = result.stderr if command[0] != "inspect" else result.stdout
+        (line,) = [ln for ln in said.splitlines() if "no recorded value" in ln and "seq_len_max" not in ln]
+        assert clause in line and line.count(cause) == 1, line
+        assert len(line) < len(clause) + len(str(eager_unrecorded)) + 60, line  # the path, the member, a label
+    assert not (tmp_path / "g.npz").exists()
+
+
+def test_the_python_api_gets_the_facts_and_its_own_parameter(tmp_path, eager_unrecorded):
+    with pytest.raises(lg.UnrecordedTensorsError) as caught:
+        lg.load(eager_unrecorded)
+    error = caught.value
+    assert error.tensors == list(UNRECORDED) and list(error.causes.values()) == [list(UNRECORDED)]
+    assert "give a file holding them with the weights argument" in str(error) and "--" not in str(error)
+    inputs = lg.load(eager_unrecorded, weights=tmp_path / "weights.npz")  # the parameter the message names
+    for key, want in npz(FIXTURES / "seq_v2_peep.expected.npz").items():
+        assert_close(getattr(inputs.gradients(), key), want, "float32", key)
 
 
 def test_a_dump_without_values_says_how_to_make_one(runner, tmp_path):

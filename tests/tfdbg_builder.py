@@ -107,3 +107,22 @@ def graph_training_dump(folder: Path, runs: list[dict], grad_op: str = "BlockLST
         traces += [trace(gid, "grad", k, run[name]) for k, name in enumerate(GRADS)]
         traces += [trace(gid, f"dense_{k}/MatMul", 0, run["h_prev"]) for k in range(other_ops)]
     return write_dump(folder, {"graphs": graphs, "graph_execution_traces": traces})
+
+
+def eager_gradient_dump(folder: Path, run: dict, unrecorded=(), grad_op: str = "BlockLSTMGradV2") -> Path:
+    """An eager gradient-op execution whose inputs were each made by an eager op the dump recorded (a Snapshot),
+    except those named in ``unrecorded``: they come from no recorded execution (read from a tf.Variable under a
+    GradientTape, made by tf.constant...).  ``run`` holds the inputs under TF's names and the gradient op's
+    outputs."""
+    names = (*SEQ_INPUTS, *ACTS, "cs_grad", "h_grad")
+    executions, ids = [], []
+    for k, name in enumerate(names):
+        tensor_id = 100 + k
+        ids.append(tensor_id)
+        if name not in unrecorded:
+            executions.append(event(9, field(1, "Snapshot") + packed(5, [tensor_id]) + field(6, 7)
+                                    + field(7, tensor_proto(run[name]))))
+    outputs = [200 + k for k in range(len(GRADS))]
+    executions.append(event(9, field(1, grad_op) + packed(4, ids) + packed(5, outputs) + field(6, 7)
+                            + b"".join(field(7, tensor_proto(run[name])) for name in GRADS)))
+    return write_dump(folder, {"execution": executions})

@@ -36,6 +36,7 @@ from ._common import (
     silence_closed_stdout,
     stdout_console,
 )
+from ._words import words
 from .grad_cmd import SOURCE_WORDS
 
 
@@ -175,7 +176,7 @@ def _render_forward(result: ForwardResult) -> None:
     parts.append(f"grads={result.grads}")
     say(console, separator(console).join(parts))
     for note in result.defaults:
-        say(console, f"default used: {note}", style="dim")
+        say(console, f"default used: {words(note)}", style="dim")
     say(console, f"next: {result.next_command}")
 
 
@@ -349,18 +350,18 @@ def _render_check(report: CheckReport) -> None:
         say(console, where)
     say(console, separator(console).join([*head, f"rtol={report.rtol:g} atol={report.atol:g}"]))
     for note in report.notes:
-        say(console, f"note: {note}")
+        say(console, f"note: {words(note)}")
     for warning in report.warnings:
-        say(console, f"warning: {warning}", style="yellow")
+        say(console, f"warning: {words(warning)}", style="yellow")
     for c in report.comparisons:
         if c.note:
-            say(console, f"{c.name}: {c.note}")
+            say(console, f"{c.name}: {words(c.note)}")
         elif not c.passed and c.worst_index is not None:
             say(console, f"{c.name}: {_where(c, report.kind)}")
     if report.not_in_reference:
         say(console, f"not in the reference (not compared): {', '.join(report.not_in_reference)}", style="dim")
     for note in report.defaults:
-        say(console, f"default used: {note}", style="dim")
+        say(console, f"default used: {words(note)}", style="dim")
     if report.reference is not None:
         _render_explanation(console, report)
     if report.forward is not None:
@@ -413,7 +414,7 @@ def _render_explanation(console, report: CheckReport) -> None:
     if report.explanations:
         console.print("[bold]Why they differ[/]")
         for text in report.explanations:
-            say(console, f"  {text}")
+            say(console, f"  {words(text)}")
         return
     singles = list(dict.fromkeys(CAUSES[v.causes[0]] for v in report.variants if len(v.causes) == 1))
     pairs = any(len(v.causes) > 1 for v in report.variants)
@@ -525,9 +526,9 @@ def _render_dump(report: DumpReport) -> None:
         if e.peephole_note and e.peephole_note != "inferred from the activations":
             say(console, f"{e.member}: use_peephole {e.peephole_note}", style="dim")
     for problem in report.errors:
-        say(console, f"error: {problem}", style="bold red")
+        say(console, f"error: {words(problem)}", style="bold red")
     for problem in report.warnings:
-        say(console, f"warning: {problem}", style="yellow")
+        say(console, f"warning: {words(problem)}", style="yellow")
     gradients = [e for e in report.executions if e.right_op]
     if gradients:
         say(console, "next: lstmgrad check " + report.path + "   (recompute each gradient and compare with TF's)")
@@ -574,8 +575,8 @@ def _render_inspect(report: InspectReport) -> None:
         say(console, f"unused: {', '.join(report.unused)}")
     for p in report.problems:
         style = "bold red" if p.severity == "error" else "yellow"
-        say(console, f"{p.severity}: {p.message}", style=style)
+        say(console, f"{p.severity}: {words(p.message)}", style=style)
     for note in report.notes:
-        say(console, f"note: {note}", style="dim")
+        say(console, f"note: {words(note)}", style="dim")
     n_err, n_warn = len(report.errors), len(report.problems) - len(report.errors)
     say(console, f"{n_err} error{'s' * (n_err != 1)}, {n_warn} warning{'s' * (n_warn != 1)}")

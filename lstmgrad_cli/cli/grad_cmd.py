@@ -19,6 +19,7 @@ from ..errors import InvalidOptionError, LstmGradError
 from ..frameworks import FrameworkOptions
 from ..io import npydir
 from ..jobs import GradOptions, GradResult
+from ..messages import prefixed
 from ..perstep import ASCII_SPARK, SPARK, check_plot_path, save_plot, sparkline
 from ._common import (
     check_output_extension,
@@ -36,6 +37,7 @@ from ._common import (
     stdout_console,
     unicode_console,
 )
+from ._words import words
 
 INPUT_SUFFIXES = (".h5", ".hdf5", ".npz")
 # How the summary says where a parameter came from.
@@ -250,14 +252,14 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
         def on_result(task, result: GradResult) -> None:
             source = f"{result.input} [{result.member}]" if result.member else result.input
             for warning in result.warnings:
-                click.echo(f"Warning: {one_line(f'{source}: {warning}')}", err=True)
+                click.echo(f"Warning: {one_line(prefixed(source, warning))}", err=True)
             if result.status == "failed":
                 click.echo(f"Error: {one_line(result.error)}", err=True)
             with _closed_stdout_noted(stdout_closed):
                 if result.status == "ok" and not (as_json or quiet):
                     render(console, result)
                 elif result.status == "skipped" and result.notes and not (as_json or quiet):  # found complete
-                    say(console, f"{source} -> {result.output}: {result.notes[0]}")
+                    say(console, f"{source} -> {result.output}: {words(result.notes[0])}")
             if result.status == "ok" and plot is not None and result.per_step is not None:
                 try:
                     save_plot(result.per_step, plot, f"{result.op}: {Path(result.input).name}")
@@ -415,9 +417,9 @@ def render(console, result: GradResult) -> None:
     say(console, separator(console).join(what))
     say(console, separator(console).join(how))
     for note in result.notes:
-        say(console, f"note: {note}")
+        say(console, f"note: {words(note)}")
     for note in result.defaults:
-        say(console, f"default used: {note}", style="dim")
+        say(console, f"default used: {words(note)}", style="dim")
     if result.per_step is not None:
         render_per_step(console, result.per_step)
 
