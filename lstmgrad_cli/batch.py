@@ -22,7 +22,7 @@ from .dask_executor import NotStarted, SchedulerLost, dask_executor
 from .errors import LstmGradError, OutputExistsError, OutputFileError
 from .io import npydir, tfdbg
 from .jobs import GradOptions, GradResult, existing_output, run_grad_file
-from .messages import one_line
+from .messages import Message, Param, one_line
 from .provenance import output_difference, request_of
 
 
@@ -68,13 +68,15 @@ def plan_tasks(inputs: Sequence[Path], output: Path | None, out_dir: Path | None
                 target = out_dir / target.name
             other = targets.setdefault(resolve(target), path)
             if other is not path:
-                raise OutputFileError(f"{other} and {path} would both write {target}; give them separate --out-dir "
-                                      "runs")
+                raise OutputFileError(Message.format("{} and {} would both write {}; give them separate {} runs",
+                                                     other, path, target, Param("out_dir")))
             tasks.append(Task(path, target, group, error, fmt))
     if output is not None and len(tasks) > 1:
-        raise OutputFileError(f"-o names one output, but {inputs[0]} holds {len(tasks)} executions to run ("
-                              f"{io.describe_keys([t.group for t in tasks], limit=5)}); use --out-dir, or choose one "
-                              "with --group, --op or --execution")
+        members = [t.group or "" for t in tasks]  # (whole: they are what --group takes)
+        raise OutputFileError(Message.format(
+            "{} names one output, but {} holds {} executions to run ({}); use {}, or choose one with {}, {} or {}",
+            Param("output"), inputs[0], len(tasks), io.describe_keys(members, limit=5, width=max(map(len, members))),
+            Param("out_dir"), Param("group"), Param("op"), Param("execution")))
     return tasks
 
 
@@ -390,8 +392,8 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
                                          status="skipped"))
                 continue
             if not options.force:
-                finish(index, failed(task, options, f"{task.output}: exists but {difference}; use --force to "
-                                                    "replace it"))
+                finish(index, failed(task, options, Message.format("{}: exists but {}; use {} to replace it",
+                                                                   task.output, difference, Param("force", True))))
                 if not keep_going:
                     return results
                 continue

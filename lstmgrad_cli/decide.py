@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass, field
 
 from . import detect, validation
+from .errors import InvalidArgumentError
 from .messages import Message, Param
 from .spec import ACTIVATIONS, DEFAULT_LAYOUT, LAYOUT_OPS, OPS
 
@@ -116,6 +117,14 @@ def recorded_op_note(recorded: str | None, forward: str | None, right: str | Non
     tape = " (TF's GradientTape gradient of BlockLSTMV2 runs the V1 kernel, ICFO)" if (
         recorded == "BlockLSTMGrad" and forward == "BlockLSTMV2") else ""
     return f"TensorFlow ran {recorded} on activations {forward} made; the gradient of {forward} is {right}{tape}"
+
+
+def forget_bias_allowed(op: str, forget_bias) -> None:
+    """A forward op's forget_bias: BlockLSTMV2 has none (its kernel adds 0), so another value is refused."""
+    if op == "BlockLSTMV2" and forget_bias not in (None, 0.0):
+        raise InvalidArgumentError(Message.format(
+            "BlockLSTMV2 has no forget_bias (its kernel adds 0): use {} (BlockLSTM) for a forget bias, or add it to "
+            "the f block of b", Param("layout", "icfo")))
 
 
 def seq_len_max(T: int, given: Given | None, arrays=None) -> Decision:

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, io, validation
+from . import __version__, decide, io, validation
 from .errors import InvalidArgumentError
+from .messages import Message, Param
 from .ops import block_lstm, block_lstm_v2, lstm_block_cell
 from .problem import fill_absent_peepholes, resolve_param
 from .spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OUTPUT_GRADIENTS
@@ -37,7 +38,8 @@ def parse_grads(spec: str | None) -> tuple[str | None, int]:
         return None, 0
     match = _GRADS_RE.match(spec.strip().lower())
     if not match or (match.group(2) is not None and match.group(1) != "random"):
-        raise InvalidArgumentError(f"--grads must be zeros, ones, random[:SEED] or file, got {spec!r}")
+        raise InvalidArgumentError(Message.format("{} must be zeros, ones, random[:SEED] or file, got {}",
+                                                  Param("grads"), repr(spec)))
     return match.group(1), int(match.group(2) or 0)
 
 
@@ -94,10 +96,7 @@ def run_forward_file(input_path: str | Path, output_path: str | Path, options: F
     result = ForwardResult(str(input_path), None, op, layout)
     mode, seed = parse_grads(options.grads)
     fb_default, clip_default = FORWARD_DEFAULTS[op]
-    if op == "BlockLSTMV2" and options.forget_bias not in (None, 0.0):
-        raise InvalidArgumentError(
-            "BlockLSTMV2 has no forget_bias attribute (its kernel adds 0); use --layout icfo (BlockLSTM) "
-            "for a forget bias, or add it to the f block of b")
+    decide.forget_bias_allowed(op, options.forget_bias)
     io.check_output(out, options.force, [input_path])
 
     scalars = ("seq_len_max", "use_peephole") if options.kind == "seq" else ("use_peephole",)
@@ -180,7 +179,8 @@ def _output_grads(mode, seed, loaded: io.LoadedFile, shape, dtype, result: Forwa
     if mode == "file":
         if len(present) < 2:
             absent = [n for n in OUTPUT_GRADIENTS if n not in present]
-            raise InvalidArgumentError(f"--grads file: {' and '.join(absent)} not in the file")
+            raise InvalidArgumentError(Message.format("{}: {} not in the file", Param("grads", "file"),
+                                                      " and ".join(absent)))
         grads = validation.as_float_arrays({n: loaded.tensors[n] for n in OUTPUT_GRADIENTS})
         for name, value in grads.items():
             if value.shape != tuple(shape):

@@ -189,12 +189,13 @@ def inspect_file(path, group: str | None = None) -> InspectReport:
         grads = [n for n in GRADIENT_NAMES if n in by_name]
         if grads:
             report.kind = "gradients"
-            report.notes.append(f"a gradient file ({', '.join(grads)}): a --reference for lstmgrad check")
+            report.notes.append(Message.format("a gradient file ({}): a {} for lstmgrad check", ", ".join(grads),
+                                               Param("reference")))
             _roles(report, set(grads))
         else:
             report.missing.append("x")
-            report.error("x", "no x: cannot tell which op the file is for"
-                         + (f" (groups here: {', '.join(report.groups)}; use --group)" if report.groups else ""))
+            report.error("x", Message("no x: cannot tell which op the file is for", Message.format(
+                " (groups here: {}; use {})", ", ".join(report.groups), Param("group")) if report.groups else ""))
             _roles(report, set())
         return report
 

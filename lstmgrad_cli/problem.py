@@ -329,10 +329,7 @@ def _recompute_activations(problem: Problem, loaded: io.LoadedFile, layout_given
     use_peephole = problem.use_peephole
     fb = _attribute("forget_bias", forget_bias, loaded, default_fb, problem)
     clip = _attribute("cell_clip", cell_clip, loaded, default_clip, problem)
-    if op == "BlockLSTMV2" and fb:
-        raise InvalidArgumentError(Message.format(
-            "BlockLSTMV2 has no forget_bias (its kernel adds 0): use {} (BlockLSTM) for a forget bias, or add it to "
-            "the f block of b", Param("layout", "icfo")))
+    decide.forget_bias_allowed(op, fb)
     common = dict(cell_clip=clip, use_peephole=use_peephole)
     if op == "BlockLSTMV2":
         outputs = ops.block_lstm_v2(problem.seq_len_max, **inputs, **common)

@@ -282,6 +282,23 @@ def test_crc32c_matches_the_c_library_and_tfs_check_value():
         assert tfrecord.crc32c_python(data) == google_crc32c.value(data) == tfrecord.crc32c(data)
 
 
+def test_execution_names_the_user_must_type_are_never_cut(runner, tmp_path):
+    """The lists that say what to give --group (an error, inspect's table in a narrow terminal) show each
+    execution's whole name: they were cut to 60 characters."""
+    run = consistent_inputs(T=3, B=2, I=3, C=2, seed=1)
+    tensors = {**run, **lg.block_lstm_grad_v2(3, **run, use_peephole=True)._asdict(), "seq_len_max": np.int64(3)}
+    scope = "/".join(["while", "body", "sequential", "bidirectional", "backward_lstm", "gradient_tape"] * 2)
+    dump = graph_training_dump(tmp_path / "dump", [tensors] * 2, grad_name=f"{scope}/BlockLSTMGradV2")
+    members = [e.member for e in tfdbg.index_dump(dump).executions if e.is_gradient]
+    assert len(members) == 2 and min(map(len, members)) > 100
+    result = runner.invoke(main, ["seq", str(dump), "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 2 and all(m in result.stderr for m in members), result.stderr
+    narrow = runner.invoke(main, ["inspect", str(dump)], env={"COLUMNS": "80"})
+    cells = [line.split("│")[1].strip() for line in narrow.stdout.splitlines() if line.startswith("│")]
+    every = [e.member for e in tfdbg.index_dump(dump).executions]  # (the forward runs too)
+    assert "".join(cells) == "".join(every)  # each folded over lines of the first column, whole
+
+
 def test_many_runs_stream_through_bounded_memory(tmp_path):
     """A training loop of 100 runs of a tf.function, 0.5 MB of values a run: indexing keeps no values, and one
     execution is read at a time, so memory stays near one run's tensors, not the dump's 50 MB."""

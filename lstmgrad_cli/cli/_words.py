@@ -12,7 +12,7 @@ from ..messages import Message, Param, message_of
 # belongs to another command.
 _FLAGS = {"use_peephole": ("--peephole", "--no-peephole"), "weights": "--weights FILE",
           "weights_group": "--weights-group PATH", "group": "--group PATH", "kind": "--kind",
-          "seq_len_max": "--seq-len-max", "gradcheck": "`lstmgrad check --gradcheck`"}
+          "seq_len_max": "--seq-len-max", "output": "-o", "gradcheck": "`lstmgrad check --gradcheck`"}
 
 
 def flag(param: Param) -> str:

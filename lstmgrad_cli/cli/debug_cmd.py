@@ -58,7 +58,7 @@ def _check_grads(ctx, param, value):
     try:
         parse_grads(value)
     except InvalidArgumentError as err:
-        raise click.BadParameter(one_line(str(err).removeprefix("--grads ")), ctx=ctx, param=param) from None
+        raise click.BadParameter(one_line(words(err).removeprefix("--grads ")), ctx=ctx, param=param) from None
     return value
 
 
@@ -306,7 +306,7 @@ def _check_dump(dump: Path, reference, options: CheckOptions, op, execution, wor
 def _render_dump_summary(console, index, members: list[str], reports: list) -> None:
     table = Table()
     for name in ("execution", "TF ran", "on activations of", "right op", "result"):
-        table.add_column(name)
+        table.add_column(name, overflow="fold" if name == "execution" else "ellipsis")  # (--group takes it whole)
     executions = {e.member: e for e in index.executions}
     for member, report in zip(members, reports, strict=True):
         e = executions[member]
@@ -357,7 +357,7 @@ def _render_check(report: CheckReport) -> None:
         if c.note:
             say(console, f"{c.name}: {words(c.note)}")
         elif not c.passed and c.worst_index is not None:
-            say(console, f"{c.name}: {_where(c, report.kind)}")
+            say(console, f"{c.name}: {_where(c)}")
     if report.not_in_reference:
         say(console, f"not in the reference (not compared): {', '.join(report.not_in_reference)}", style="dim")
     for note in report.defaults:
@@ -369,18 +369,9 @@ def _render_check(report: CheckReport) -> None:
     console.print("[bold green]PASS[/]" if report.passed else "[bold red]FAIL[/]")
 
 
-# Axis names of each gradient, for "where the difference is" (x_grad of a cell is [b, i]).
-_AXES = {"x_grad": ("t", "b", "i"), "cs_prev_grad": ("b", "c"), "h_prev_grad": ("b", "c"), "w_grad": ("row", "col"),
-         "b_grad": ("col",), "wci_grad": ("c",), "wcf_grad": ("c",), "wco_grad": ("c",), "dicfo": ("b", "col")}
-
-
-def _where(c, kind: str) -> str:
+def _where(c) -> str:
     """Where a tensor's difference is: how many elements, the worst one, the first failing step."""
-    axes = _AXES.get(c.name, ())
-    if c.name == "x_grad" and kind == "cell":
-        axes = ("b", "i")
-    if len(axes) != len(c.worst_index):
-        axes = tuple(f"axis{k}" for k in range(len(c.worst_index)))
+    axes = c.axes or [f"axis{k}" for k in range(len(c.worst_index))]
     index = ", ".join(f"{a}={k}" for a, k in zip(axes, c.worst_index, strict=True))
     total = int(np.prod(c.shape)) if c.shape else 1
     text = (f"{c.out_of_tolerance} of {total} elements out of tolerance; the worst at [{index}]: "
@@ -506,7 +497,7 @@ def _render_dump(report: DumpReport) -> None:
     table = Table()
     for name in ("execution", "op", "where", "run", "dtype", "sizes", "inputs recorded", "activations of",
                  "use_peephole"):
-        table.add_column(name)
+        table.add_column(name, overflow="fold" if name == "execution" else "ellipsis")  # (--group takes it whole)
     for e in report.executions:
         recorded = f"{len(e.recorded)} of {len(e.recorded) + len(e.missing)}"
         if e.missing:
