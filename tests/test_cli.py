@@ -371,7 +371,9 @@ def test_help_texts_say_what_the_options_take(runner):
         assert "LSTMBlockCell's 1" in text and "LSTMBlockCell's 3" in text, command
         assert "BlockLSTM " not in text and "BlockLSTMV2" not in text, command
     text = help_of(runner, "forward", "seq")
-    assert "BlockLSTMV2 has none" in text and "0 for BlockLSTMV2, 3.0 for BlockLSTM" in text
+    assert "BlockLSTMV2 has none" in text and "3 for BlockLSTM (--layout icfo), 0 for BlockLSTMV2" in text
+    # the gradient commands' words for the same defaults: one table (spec.FORWARD_DEFAULTS), the same words
+    assert "3 for BlockLSTM (--layout icfo), 0 for BlockLSTMV2" in help_of(runner, "seq")
     assert "LSTMBlockCell" not in text.split("--forget-bias", 1)[1]
 
 
