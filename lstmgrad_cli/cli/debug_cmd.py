@@ -19,6 +19,7 @@ from ..forward_job import ForwardOptions, parse_grads, run_forward_file
 from ..frameworks import FrameworkOptions
 from ..inspection import inspect_file
 from ..io import npydir, tfdbg
+from . import _options as opt
 from . import render
 from ._common import (
     check_output_extension,
@@ -30,24 +31,6 @@ from ._common import (
     say,
     silence_closed_stdout,
     stdout_console,
-)
-from ._options import (
-    COMPUTE_DTYPES,
-    FORWARD_LAYOUTS,
-    LAYOUT_CHOICE,
-    backend_option,
-    dump_selection_options,
-    force_option,
-    forward_default_words,
-    framework_options,
-    group_option,
-    json_option,
-    layout_option,
-    options,
-    peephole_option,
-    quiet_option,
-    seq_len_max_option,
-    weights_options,
 )
 from ._words import words
 
@@ -67,24 +50,24 @@ def _check_output_extension(ctx, param, value):
 
 
 def _forward_options(kind: str):
-    forget_bias_default, cell_clip_default = forward_default_words(kind, from_file=False)
-    return options(
+    forget_bias_default, cell_clip_default = opt.forward_default_words(kind, from_file=False)
+    return opt.options(
         click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path)),
         click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
                      callback=_check_output_extension, help="Output file (.npz, .h5, .hdf5, .safetensors)."),
         click.option("--forget-bias", type=float, help=f"Added to the forget gate (default: {forget_bias_default})."),
         click.option("--cell-clip", type=float,
                      help=f"Clip cs to +-CLIP; <= 0 means no clipping (default: {cell_clip_default})."),
-        peephole_option("Use the peepholes wci, wcf, wco (default: from the file, else off)."),
+        opt.peephole_option("Use the peepholes wci, wcf, wco (default: from the file, else off)."),
         click.option("--grads", metavar="zeros|ones|random[:SEED]|file", callback=_check_grads,
                      help="Output gradients cs_grad/h_grad to store (default: the input file's if it has "
                           "both, else ones)."),
-        group_option(None),
-        click.option("--compute-dtype", type=COMPUTE_DTYPES,
+        opt.group_option(None),
+        click.option("--compute-dtype", type=opt.COMPUTE_DTYPES,
                      help="Arithmetic precision (float16 inputs default to float32, rounded once)."),
-        json_option("a table"),
-        quiet_option(),
-        force_option("an existing output file"),
+        opt.json_option("a table"),
+        opt.quiet_option(),
+        opt.force_option("an existing output file"),
     )
 
 
@@ -105,8 +88,8 @@ def forward_command() -> None:
 
 @forward_command.command("seq")
 @_forward_options("seq")
-@click.option("--layout", type=LAYOUT_CHOICE, default="ifco", show_default=True,
-              help=f"Gate layout: {FORWARD_LAYOUTS}.")
+@click.option("--layout", type=opt.LAYOUT_CHOICE, default="ifco", show_default=True,
+              help=f"Gate layout: {opt.FORWARD_LAYOUTS}.")
 @click.option("--seq-len-max", type=click.IntRange(min=0), help="Steps to run (default: from the file, else T).")
 @handle_errors
 def forward_seq_command(input_path, output, forget_bias, cell_clip, use_peephole, grads, group, compute_dtype,
@@ -148,18 +131,18 @@ def _forward(input_path, output, options: ForwardOptions, as_json: bool, quiet: 
 @click.option("-r", "--reference", type=click.Path(path_type=Path),
               help="Gradients to compare with (HDF5 or NPZ, TF's output names), e.g. dumped from TensorFlow.")
 @click.option("--kind", type=click.Choice(["seq", "cell"]), help="Op family (default: from the rank of x).")
-@layout_option("seq gate layout")
-@peephole_option()
-@seq_len_max_option()
-@group_option("check")
+@opt.layout_option("seq gate layout")
+@opt.peephole_option()
+@opt.seq_len_max_option()
+@opt.group_option("check")
 @click.option("--reference-group", metavar="PATH", help="HDF5 group (or NPZ key prefix) of the reference tensors.")
-@weights_options("INPUT lacks")
-@dump_selection_options("check")
+@opt.weights_options("INPUT lacks")
+@opt.dump_selection_options("check")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="TensorFlow debug dumps: check executions in N local processes.")
-@framework_options("INPUT and the reference use")
-@backend_option()
-@click.option("--compute-dtype", type=COMPUTE_DTYPES,
+@opt.framework_options("INPUT and the reference use")
+@opt.backend_option()
+@click.option("--compute-dtype", type=opt.COMPUTE_DTYPES,
               help="Arithmetic precision (float16: TF CPU's per-step half rounding).")
 @click.option("--rtol", type=click.FloatRange(min=0), help="Relative tolerance, times max|reference| "
               "(default by dtype: float16 1e-2, float32 1e-5, float64 1e-10).")
@@ -172,7 +155,7 @@ def _forward(input_path, output, options: ForwardOptions, as_json: bool, quiet: 
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for choosing those entries.")
 @click.option("--forget-bias", type=float, help="Forward forget_bias for --gradcheck (default: inferred from f).")
 @click.option("--cell-clip", type=float, help="Forward cell_clip for --gradcheck (default: inferred from cs).")
-@json_option()
+@opt.json_option()
 @handle_errors
 def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max, group, reference_group, weights,
                   weights_group, dump_op, dump_execution, workers, framework, time_major, batch_first, torch_layer,
@@ -249,8 +232,8 @@ def _check_dump(dump: Path, reference, options: CheckOptions, op, execution, wor
 
 @click.command("inspect")
 @click.argument("input_path", metavar="FILE", type=click.Path(path_type=Path))
-@group_option("inspect", " (default: a table of them all)")
-@json_option()
+@opt.group_option("inspect", " (default: a table of them all)")
+@opt.json_option()
 @handle_errors
 def inspect_command(input_path, group, as_json):
     """What is in FILE, which op it fits, and every problem with it (no gradients computed).

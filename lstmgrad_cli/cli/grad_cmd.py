@@ -20,6 +20,7 @@ from ..io import npydir
 from ..jobs import GradOptions, GradResult
 from ..messages import prefixed
 from ..perstep import check_plot_path, save_plot
+from . import _options as opt
 from . import render
 from ._common import (
     check_output_extension,
@@ -32,48 +33,32 @@ from ._common import (
     silence_closed_stdout,
     stdout_console,
 )
-from ._options import (
-    COMPUTE_DTYPES,
-    backend_option,
-    dump_selection_options,
-    force_option,
-    framework_options,
-    group_option,
-    json_option,
-    layout_option,
-    options,
-    peephole_option,
-    quiet_option,
-    recompute_attribute_options,
-    seq_len_max_option,
-    weights_options,
-)
 from ._words import words
 
 INPUT_SUFFIXES = (".h5", ".hdf5", ".npz")
 
 
 def _shared_options(kind: str):
-    return options(
+    return opt.options(
         click.argument("inputs", nargs=-1, required=True, metavar="INPUT..."),
         click.option("-o", "--output", type=click.Path(path_type=Path),
                      help="Output file (.npz, .h5, .hdf5, .safetensors); only with a single INPUT. "
                           "Default: <input stem>.grads.<input format> beside the input."),
         click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path),
                      help="Write each output here as <input stem>.grads.<ext> (made, with its parents, when missing)."),
-        backend_option(),
-        peephole_option(),
-        group_option("run"),
-        weights_options("an INPUT lacks", ", e.g. weights from a model file, or a tf.function argument a debug dump "
-                                          "has no value for"),
-        recompute_attribute_options(kind),
-        dump_selection_options("run"),
-        click.option("--compute-dtype", type=COMPUTE_DTYPES,
+        opt.backend_option(),
+        opt.peephole_option(),
+        opt.group_option("run"),
+        opt.weights_options("an INPUT lacks", ", e.g. weights from a model file, or a tf.function argument a debug "
+                                              "dump has no value for"),
+        opt.recompute_attribute_options(kind),
+        opt.dump_selection_options("run"),
+        click.option("--compute-dtype", type=opt.COMPUTE_DTYPES,
                      help="Arithmetic precision. float16 inputs default to float32 (rounded once); "
                           "float16 reproduces TF CPU's per-step half rounding."),
-        json_option(),
-        quiet_option(),
-        force_option(),
+        opt.json_option(),
+        opt.quiet_option(),
+        opt.force_option(),
         click.option("--keep-going", is_flag=True,
                      help="Report a bad file and go on with the rest (exit 1 at the end)."),
         click.option("--skip-existing", is_flag=True,
@@ -89,11 +74,11 @@ def _shared_options(kind: str):
 
 @click.command("seq")
 @_shared_options("seq")
-@layout_option()
-@seq_len_max_option()
+@opt.layout_option()
+@opt.seq_len_max_option()
 @click.option("--chunk-steps", type=click.IntRange(min=1),
               help="Time steps per batched matrix product (default: from a 64 MiB budget).")
-@framework_options()
+@opt.framework_options()
 @click.option("--per-step", is_flag=True,
               help="Add the gradient norms of every time step, a chart and the fastest growth/decay in words.")
 @click.option("--plot", type=click.Path(path_type=Path),
