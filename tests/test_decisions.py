@@ -129,3 +129,17 @@ def test_a_dump_is_judged_as_seq_judges_it(runner, tmp_path):
     (execution,) = [e for e in inspected["executions"] if e["member"] == seq["member"]]
     assert seq["sources"]["use_peephole"] == "activations"
     assert execution["use_peephole"] == seq["use_peephole"] and execution["dims"]["T"] == seq["dims"]["T"]
+
+
+def test_messages_crossing_worker_processes_are_still_spelt_as_flags(runner, tmp_path):
+    """A warning made in a worker process is pickled back with the parameters it names, so the command line
+    says --layout icfo where the Python API says layout='icfo'."""
+    paths = [write_npz(tmp_path / f"{name}.npz", load_case(name)[0]) for name in ("seq_v2_peep", "seq_v2_nopeep")]
+    args = ["seq", *map(str, paths), "--layout", "icfo", "--out-dir", str(tmp_path / "out"), "--workers", "2"]
+    result = runner.invoke(main, [*args, "-q"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("not icfo as asked (--layout icfo)") == 2, result.stderr
+    doc = json.loads(runner.invoke(main, [*args, "--json", "--force"]).stdout)
+    assert all(any("as asked (--layout icfo)" in w for w in r["warnings"]) for r in doc["results"])
+    (warning,) = lg.load(paths[0], layout="icfo").warnings
+    assert "as asked (layout='icfo')" in warning and "--" not in warning
