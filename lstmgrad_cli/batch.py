@@ -22,6 +22,7 @@ from .dask_executor import NotStarted, SchedulerLost, dask_executor
 from .errors import LstmGradError, OutputExistsError, OutputFileError
 from .io import npydir, tfdbg
 from .jobs import GradOptions, GradResult, existing_output, run_grad_file
+from .messages import Message, Param, one_line
 from .provenance import output_difference, request_of
 
 
@@ -67,13 +68,15 @@ def plan_tasks(inputs: Sequence[Path], output: Path | None, out_dir: Path | None
                 target = out_dir / target.name
             other = targets.setdefault(resolve(target), path)
             if other is not path:
-                raise OutputFileError(f"{other} and {path} would both write {target}; give them separate --out-dir "
-                                      "runs")
+                raise OutputFileError(Message.format("{} and {} would both write {}; give them separate {} runs",
+                                                     other, path, target, Param("out_dir")))
             tasks.append(Task(path, target, group, error, fmt))
     if output is not None and len(tasks) > 1:
-        raise OutputFileError(f"-o names one output, but {inputs[0]} holds {len(tasks)} executions to run ("
-                              f"{io.describe_keys([t.group for t in tasks], limit=5)}); use --out-dir, or choose one "
-                              "with --group, --op or --execution")
+        members = [t.group or "" for t in tasks]  # (whole: they are what --group takes)
+        raise OutputFileError(Message.format(
+            "{} names one output, but {} holds {} executions to run ({}); use {}, or choose one with {}, {} or {}",
+            Param("output"), inputs[0], len(tasks), io.describe_keys(members, limit=5, width=max(map(len, members))),
+            Param("out_dir"), Param("group"), Param("op"), Param("execution")))
     return tasks
 
 
@@ -112,7 +115,7 @@ def _targets(path: Path, output: Path | None,
         index = tfdbg.index_dump(path)
         chosen = tfdbg.select_executions(index, dumps.kind, dumps.group, dumps.op, dumps.execution)
     except LstmGradError as err:  # the dump's own failure, reported when its turn comes
-        return [(None, output or path.with_name(path.name + ".grads.npz"), " ".join(str(err).split()), fmt)]
+        return [(None, output or path.with_name(path.name + ".grads.npz"), one_line(err), fmt)]
     return [(e.member, output or path.with_name(f"{path.name}.{tfdbg.member_slug(e.member)}.grads.npz"), None, fmt)
             for e in chosen]
 
@@ -128,7 +131,7 @@ def run_task(task: Task, options: GradOptions, blas_threads: int | None = None) 
         with limits:
             return run_grad_file(task.input, task.output, options, input_format=task.input_format)
     except LstmGradError as err:
-        return failed(task, options, " ".join(str(err).split()))
+        return failed(task, options, one_line(err))
     except MemoryError:
         return failed(task, options, f"{task.input}: out of memory")
     except OSError as err:  # an I/O failure nothing above foresaw: still this file's failure, not a traceback
@@ -389,8 +392,8 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
                                          status="skipped"))
                 continue
             if not options.force:
-                finish(index, failed(task, options, f"{task.output}: exists but {difference}; use --force to "
-                                                    "replace it"))
+                finish(index, failed(task, options, Message.format("{}: exists but {}; use {} to replace it",
+                                                                   task.output, difference, Param("force", True))))
                 if not keep_going:
                     return results
                 continue
@@ -512,9 +515,9 @@ def _as_published(error: BaseException | None, task: Task, options: GradOptions,
         try:
             return existing_output(result, Path(result.output), request_of(options, task.input))
         except LstmGradError as err:
-            return failed(task, options, " ".join(str(err).split()))
+            return failed(task, options, one_line(err))
     if isinstance(error, LstmGradError):
-        return failed(task, options, " ".join(str(error).split()))
+        return failed(task, options, one_line(error))
     if isinstance(error, Exception):  # an fsync or rename failing as nothing foresaw: still only this file's
         return failed(task, options, f"{task.output}: cannot write ({type(error).__name__}: {error}); nothing was "
                                      "written")

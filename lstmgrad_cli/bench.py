@@ -155,7 +155,7 @@ def _gemm_limit_call(shape, dtype, matmul=None):
 
 
 def _backend_call(backend, inputs, use_peephole):
-    from .backends._xp import SeqTensors
+    from .spec import SeqTensors
     from .validation import resolve_compute_dtype
 
     T = inputs["x"].shape[0]

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from functools import partial
 
 from .errors import InvalidOptionError, LstmGradError
+from .messages import Message, Param
 
 TIMEOUT_VARIABLE = "LSTMGRAD_DASK_TIMEOUT"
 DEFAULT_TIMEOUT = "10s"
@@ -52,16 +53,20 @@ def check_address(address: str) -> None:
         registry.get_backend(scheme)
     except ValueError:
         known = ", ".join(f"{name}://" for name in sorted(registry.backends))
-        raise InvalidOptionError(f"--dask {address}: unknown protocol {scheme!r}; use one of {known}") from None
+        raise InvalidOptionError(Message.format("{}: unknown protocol {}; use one of {}", Param("dask", address),
+                                                repr(scheme), known)) from None
     if scheme in ("tcp", "tls", "ws", "wss"):
         try:
             host, port = parse_host_port(location, 8786)
         except ValueError:
-            raise InvalidOptionError(f"--dask {address}: the port must be a number, as in tcp://host:8786") from None
+            raise InvalidOptionError(Message.format("{}: the port must be a number, as in tcp://host:8786",
+                                                    Param("dask", address))) from None
         if not host:
-            raise InvalidOptionError(f"--dask {address}: no host; give one, as in tcp://host:8786")
+            raise InvalidOptionError(Message.format("{}: no host; give one, as in tcp://host:8786",
+                                                    Param("dask", address)))
         if not 0 < port < 65536:
-            raise InvalidOptionError(f"--dask {address}: port {port} is out of range (1 to 65535)")
+            raise InvalidOptionError(Message.format("{}: port {} is out of range (1 to 65535)", Param("dask", address),
+                                                    port))
 
 
 def connect_timeout() -> float:
@@ -84,7 +89,8 @@ def check_options(address: str) -> float:
     try:
         import distributed  # noqa: F401, PLC0415 - optional (the dask extra)
     except ImportError:
-        raise LstmGradError("--dask needs the distributed package: pip install 'lstmgrad[dask]'") from None
+        raise LstmGradError(Message.format("{} needs the distributed package: pip install 'lstmgrad[dask]'",
+                                           Param("dask"))) from None
     check_address(address)
     return connect_timeout()
 

@@ -20,6 +20,7 @@ consistency and finite-difference checks.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -27,16 +28,15 @@ import numpy as np
 from . import gradcheck, io, validation
 from .backends import get_backend, resolve_name
 from .batch import WorkerFailure, run_each
-from .detect import LAYOUT_OPS
 from .errors import InputFileError, InvalidArgumentError, LstmGradError
 from .forward import gate_slices
 from .frameworks import FrameworkOptions
-from .ops import BlockLSTMGradOutputs, LSTMBlockCellGradFullOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full
-from .problem import OPS, Problem, load_problem, peephole_origin
+from .messages import Message, Param, one_line
+from .ops import BlockLSTMGradOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full
+from .problem import Problem, load_problem, peephole_origin
+from .spec import ACTIVATIONS, CELL_GRADS_FULL, LAYOUT_OPS, OPS, PEEPHOLES, SEQ_GRADS
 from .summary import json_safe
 
-SEQ_GRADS = BlockLSTMGradOutputs._fields
-CELL_GRADS = LSTMBlockCellGradFullOutputs._fields
 # (rtol, atol): passes when max|ours - ref| <= atol + rtol * max|ref|.  float32 and float16 as the
 # fixtures' README recommends against TF CPU; float64 is for references computed in double.
 TOLERANCES = {"float16": (1e-2, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-10, 1e-12)}
@@ -48,7 +48,7 @@ MAX_SEQ_LEN_CANDIDATES = 16
 def load_reference(path, kind: str, group: str | None = None, names=None) -> tuple[dict, list[str]]:
     """The gradient tensors of a reference file (snake_case or camelCase names; ``names``: those of a Keras or
     PyTorch layer) and its other keys."""
-    names = names or (SEQ_GRADS if kind == "seq" else CELL_GRADS)
+    names = names or (SEQ_GRADS if kind == "seq" else CELL_GRADS_FULL)
     loaded = io.read_inputs(path, names, (), group)  # camelCase spellings are found too
     grads = dict(loaded.tensors)
     if not grads:
@@ -123,7 +123,7 @@ def _double_counted(problem: Problem, arrays: dict, setting: Setting) -> dict[st
     for t in reversed(range(L)):
         cs_prev = a["cs_prev"] if t == 0 else a["cs"][t - 1]
         h_prev = a["h_prev"] if t == 0 else a["h"][t - 1]
-        i, cs, f, o, ci, co = (a[n][t] for n in ("i", "cs", "f", "o", "ci", "co"))
+        i, cs, f, o, ci, co = (a[n][t] for n in ACTIVATIONS[:-1])
         dc, dh = carried_cs + a["cs_grad"][t], carried_h + a["h_grad"][t]
         do = o * (1 - o) * dh * co
         dcs = (1 - co * co) * dh * o + dc
@@ -150,7 +150,7 @@ def _double_counted(problem: Problem, arrays: dict, setting: Setting) -> dict[st
                  wcf_grad=wcf_grad, wco_grad=wco_grad, b_grad=b_grad)
     if problem.kind == "cell":
         grads["x_grad"] = x_grad[0]
-        grads = {n: (dicfo if n == "dicfo" else grads[n]) for n in CELL_GRADS}
+        grads = {n: (dicfo if n == "dicfo" else grads[n]) for n in CELL_GRADS_FULL}
     return grads
 
 
@@ -173,12 +173,47 @@ class Comparison:
     worst_ours: float | None = None
     worst_reference: float | None = None
     first_bad_step: int | None = None  # tensors with a time axis (x_grad of a sequence): first step out of tolerance
+    axes: list[str] | None = None  # what each axis is, in the layout the input gave ("t", "b", "i", "c", ...)
 
 
-def compare(ours: dict, reference: dict, rtol: float, atol: float, dtype, time_major=()) -> list[Comparison]:
+# What each axis of the op's gradients is ("col": one of the 4C gate columns).
+OP_AXES = {"x_grad": ("t", "b", "i"), "cs_prev_grad": ("b", "c"), "h_prev_grad": ("b", "c"), "w_grad": ("row", "col"),
+           "b_grad": ("col",), "wci_grad": ("c",), "wcf_grad": ("c",), "wco_grad": ("c",), "dicfo": ("b", "col")}
+
+
+# A Keras or PyTorch gradient's axes, by its name: Keras' [I, 4C] and [C, 4C], PyTorch's [4C, I] and [4C, C].
+FRAMEWORK_AXES = ((re.compile(r"((forward|backward)_)?kernel_grad"), ("i", "col")),
+                  (re.compile(r"((forward|backward)_)?recurrent_kernel_grad"), ("c", "col")),
+                  (re.compile(r"((forward|backward)_)?bias_grad"), ("col",)),
+                  (re.compile(r"weight_ih_l\d+(_reverse)?_grad"), ("col", "i")),
+                  (re.compile(r"weight_hh_l\d+(_reverse)?_grad"), ("col", "c")),
+                  (re.compile(r"bias_(ih|hh)_l\d+(_reverse)?_grad"), ("col",)))
+
+
+def gradient_axes(problem: Problem, names=()) -> dict[str, tuple[str, ...]]:
+    """What each axis of each gradient of ``problem`` (a framework's: of those ``names``) is, in the layout its
+    input gave: a cell's x_grad is [b, i]; a Keras layer's batch-first (unless time_major) and a PyTorch one's with
+    batch_first are [b, t, i]; a module's states [n, b, c], n its layers and directions."""
+    axes = dict(OP_AXES)
+    if problem.kind == "cell":
+        axes["x_grad"] = ("b", "i")
+    plan = problem.framework
+    if plan is not None:  # its own names, in the layout the user gave (frameworks.Plan says which)
+        state = ("b", "c") if len(plan.state_shape) == 2 else ("n", "b", "c")
+        axes = {"x_grad": ("b", "t", "i") if plan.batch_major else ("t", "b", "i"), "h0_grad": state,
+                "c0_grad": state}
+        for name in names:
+            found = [ax for pattern, ax in FRAMEWORK_AXES if pattern.fullmatch(name)]
+            if found:
+                axes[name] = found[0]
+    return axes
+
+
+def compare(ours: dict, reference: dict, rtol: float, atol: float, dtype, axes=None) -> list[Comparison]:
     """Per tensor in both: max absolute/relative error, error in ulps, pass/fail against the tolerance, and
-    where the difference is (the worst element, how many are out of tolerance, for the tensors named in
-    ``time_major`` the first step out of tolerance)."""
+    where the difference is (the worst element, how many are out of tolerance, for a tensor whose ``axes``
+    (name -> what each axis is) has a time axis "t", the first step out of tolerance)."""
+    axes = axes or {}
     eps = float(np.finfo(np.dtype(dtype)).eps)
     results = []
     for name, ref in reference.items():
@@ -211,6 +246,9 @@ def compare(ours: dict, reference: dict, rtol: float, atol: float, dtype, time_m
         ulps = rel / eps if np.isfinite(rel) else None
         comparison = Comparison(name, list(mine.shape), list(ref64.shape), err, rel, ulps, scale, tol,
                                 err <= tol and not note, note)
+        labels = axes.get(name)
+        if labels is not None and len(labels) == mine.ndim:
+            comparison.axes = list(labels)
         if both.any() and err > 0:
             diff = np.where(both, np.abs(mine - ref64), -1.0)
             worst = np.unravel_index(int(np.argmax(diff)), diff.shape)
@@ -218,8 +256,9 @@ def compare(ours: dict, reference: dict, rtol: float, atol: float, dtype, time_m
             comparison.worst_ours, comparison.worst_reference = float(mine[worst]), float(ref64[worst])
             beyond = diff > tol
             comparison.out_of_tolerance = int(beyond.sum())
-            if name in time_major and beyond.any():
-                comparison.first_bad_step = int(np.argmax(beyond.reshape(beyond.shape[0], -1).any(axis=1)))
+            if comparison.axes and "t" in comparison.axes and beyond.any():
+                per_step = np.moveaxis(beyond, comparison.axes.index("t"), 0)
+                comparison.first_bad_step = int(np.argmax(per_step.reshape(per_step.shape[0], -1).any(axis=1)))
         results.append(comparison)
     return results
 
@@ -247,7 +286,7 @@ def _variants(problem: Problem, base: Setting, reference: dict) -> list[tuple[st
     out: list[tuple[str, dict]] = []
     if problem.kind == "seq":
         out.append(("layout", {"layout": "icfo" if base.layout == "ifco" else "ifco"}))
-    peepholes_zero = all(not np.any(problem.arrays[n]) for n in validation.PEEPHOLES)
+    peepholes_zero = all(not np.any(problem.arrays[n]) for n in PEEPHOLES)
     if base.use_peephole or not peepholes_zero:
         out.append(("peephole", {"use_peephole": not base.use_peephole}))
     if problem.kind == "seq":
@@ -291,7 +330,7 @@ CAUSES = {
 }
 
 
-def _explain(causes: list[str], problem: Problem, base: Setting, changes: dict) -> str:
+def _explain(causes: list[str], problem: Problem, base: Setting, changes: dict) -> Message:
     texts = []
     for cause in causes:
         if cause == "layout":
@@ -299,74 +338,79 @@ def _explain(causes: list[str], problem: Problem, base: Setting, changes: dict) 
         elif cause == "peephole":
             texts.append(_peephole_explanation(problem, base.use_peephole, changes["use_peephole"]))
         elif cause == "seq_len_max":
-            texts.append(
-                f"The reference was computed with seq_len_max={changes['seq_len_max']}, here it is "
-                f"{base.seq_len_max} ({problem.sources.get('seq_len_max', 'flag')}); steps from seq_len_max on "
-                f"contribute nothing. Use --seq-len-max {changes['seq_len_max']}.")
+            texts.append(Message.format(
+                "The reference was computed with seq_len_max={}, here it is {} ({}); steps from seq_len_max on "
+                "contribute nothing. Use {}.", changes["seq_len_max"], base.seq_len_max,
+                problem.sources.get("seq_len_max", "flag"), Param("seq_len_max", changes["seq_len_max"])))
         elif cause == "gpu_double_count":
             texts.append(
                 "The reference has TensorFlow's GPU LSTMBlockCellGrad peephole bug: cs_prev_grad counts the "
                 "peephole term twice, dcs*f + 2*(di*wci + df*wcf) (tensorflow/tensorflow#34171; "
                 "docs/semantics.md). TF's CPU kernel, BlockLSTMGrad and lstmgrad are correct.")
         elif cause == "half_op_by_op":
-            texts.append(
+            texts.append(Message.format(
                 "The reference was computed in half precision op by op, as TF's CPU float16 kernels do "
                 "(every step rounded to half); lstmgrad computes float16 inputs in float32 and rounds once, "
-                "which is more accurate. Use --compute-dtype float16 to reproduce TF CPU.")
+                "which is more accurate. Use {} to reproduce TF CPU.", Param("compute_dtype", "float16")))
         elif cause == "float32_once":
-            texts.append(
+            texts.append(Message.format(
                 "The reference was computed in float32 and rounded to half once (lstmgrad's default, or a "
-                "GPU), not op by op in half; drop --compute-dtype float16.")
+                "GPU), not op by op in half; drop {}.", Param("compute_dtype", "float16")))
         elif cause == "mixed_precision":
             texts.append(
                 "The reference was computed in half precision from these float32 tensors, as TensorFlow's "
                 "automatic mixed precision does with these ops on GPU (docs/semantics.md); the difference "
                 "is half-precision rounding, not a bug in either result.")
-    return " ".join(texts)
+    return Message.join(" ", texts)
 
 
-def _layout_explanation(problem: Problem, ours: str, theirs: str) -> str:
+def _layout_explanation(problem: Problem, ours: str, theirs: str) -> Message:
     """Why the reference matches the other layout, from what the activations fit (not from what was asked)."""
     found = problem.fit.layout if problem.fit is not None else None
     op_ours, op_theirs = OPS[("seq", ours)], OPS[("seq", theirs)]
     if found == ours and theirs == "icfo":
-        return ("The reference is BlockLSTMGrad, TensorFlow's V1 kernel with the ICFO gate layout, run on activations "
-                "that BlockLSTMV2 made (they fit the IFCO layout only). That is what tf.GradientTape returns for "
-                "BlockLSTMV2: TensorFlow registers the V1 gradient for both ops (docs/semantics.md), so the c and f "
-                "gate blocks are swapped and the x, cs_prev, h_prev, w and b gradients are wrong. lstmgrad's "
-                "BlockLSTMGradV2 result is the true gradient; to reproduce TF's tape anyway, use --layout icfo.")
+        return Message.format(
+            "The reference is BlockLSTMGrad, TensorFlow's V1 kernel with the ICFO gate layout, run on activations "
+            "that BlockLSTMV2 made (they fit the IFCO layout only). That is what tf.GradientTape returns for "
+            "BlockLSTMV2: TensorFlow registers the V1 gradient for both ops (docs/semantics.md), so the c and f "
+            "gate blocks are swapped and the x, cs_prev, h_prev, w and b gradients are wrong. lstmgrad's "
+            "BlockLSTMGradV2 result is the true gradient; to reproduce TF's tape anyway, use {}.",
+            Param("layout", "icfo"))
     if found == ours:
-        return ("The reference is BlockLSTMGradV2 (IFCO gate layout) run on activations that BlockLSTM (V1) made "
-                "(they fit the ICFO layout only): the c and f gate blocks are swapped, so it is not their gradient. "
-                "lstmgrad's BlockLSTMGrad result is; --layout ifco reproduces the reference.")
+        return Message.format(
+            "The reference is BlockLSTMGradV2 (IFCO gate layout) run on activations that BlockLSTM (V1) made "
+            "(they fit the ICFO layout only): the c and f gate blocks are swapped, so it is not their gradient. "
+            "lstmgrad's BlockLSTMGrad result is; {} reproduces the reference.", Param("layout", "ifco"))
     if found == theirs:
-        return (f"The reference is {op_theirs} (layout {theirs}), the gradient of the op that made these activations "
-                f"(they fit layout {theirs}); here {op_ours} was computed as asked (--layout {ours}). Drop "
-                f"--layout {ours}.")
-    return (f"The reference matches {op_theirs} (layout {theirs}); here {op_ours} (layout {ours}) was computed, and "
-            f"the activations cannot tell which op made them. If they come from {LAYOUT_OPS[theirs]}, use --layout "
-            f"{theirs}; if from BlockLSTMV2 and the reference is BlockLSTMGrad, it is TF's GradientTape gradient of "
-            "BlockLSTMV2, which runs the V1 kernel (docs/semantics.md).")
+        return Message.format(
+            "The reference is {} (layout {}), the gradient of the op that made these activations (they fit layout "
+            "{}); here {} was computed as asked ({}). Drop {}.", op_theirs, theirs, theirs, op_ours,
+            Param("layout", ours), Param("layout", ours))
+    return Message.format(
+        "The reference matches {} (layout {}); here {} (layout {}) was computed, and the activations cannot tell "
+        "which op made them. If they come from {}, use {}; if from BlockLSTMV2 and the reference is BlockLSTMGrad, "
+        "it is TF's GradientTape gradient of BlockLSTMV2, which runs the V1 kernel (docs/semantics.md).", op_theirs,
+        theirs, op_ours, ours, LAYOUT_OPS[theirs], Param("layout", theirs))
 
 
-def _peephole_explanation(problem: Problem, ours: bool, theirs: bool) -> str:
+def _peephole_explanation(problem: Problem, ours: bool, theirs: bool) -> Message:
     """Why the reference matches the other use_peephole, from what the activations fit."""
     fit = problem.fit
     found = None
     if fit is not None and fit.fitting:
         settings = {h.use_peephole for h in fit.fitting if h.layout == problem.layout}
         found = settings.pop() if len(settings) == 1 else None
-    flag = f"--{'' if theirs else 'no-'}peephole"
+    flag = Param("use_peephole", theirs)
     ref, here = f"use_peephole={str(theirs).lower()}", f"use_peephole={str(ours).lower()}"
     source = peephole_origin(problem)
     if found == theirs:
-        return (f"The reference was computed with {ref}, which the activations were computed with too; here {here} "
-                f"({source}). Use {flag}.")
+        return Message.format("The reference was computed with {}, which the activations were computed with too; "
+                              "here {} ({}). Use {}.", ref, here, source, flag)
     if found == ours:
-        return (f"The reference was computed with {ref}, but the activations were computed with {here}: the "
-                "reference is not the gradient of the op that made them (the gradient op was run with another "
-                f"use_peephole than the forward op). {flag} reproduces it.")
-    return f"The reference was computed with {ref}, here it is {here} ({source}); use {flag}."
+        return Message.format("The reference was computed with {}, but the activations were computed with {}: the "
+                              "reference is not the gradient of the op that made them (the gradient op was run with "
+                              "another use_peephole than the forward op). {} reproduces it.", ref, here, flag)
+    return Message.format("The reference was computed with {}, here it is {} ({}); use {}.", ref, here, source, flag)
 
 
 def _relative_errors(comps: list[Comparison]) -> float:
@@ -533,8 +577,7 @@ def run_check(input_path, reference_path, options: CheckOptions) -> CheckReport:
     if reference_path is not None:
         reference, others = load_reference(reference_path, problem.kind, options.reference_group,
                                            list(ours) if problem.framework else None)
-        time_major = ("x_grad",) if problem.kind == "seq" else ()
-        report.comparisons = compare(ours, reference, rtol, atol, problem.dtype, time_major)
+        report.comparisons = compare(ours, reference, rtol, atol, problem.dtype, gradient_axes(problem, ours))
         report.not_in_reference = [n for n in ours if n not in reference]
         report.other_reference_keys = others
         if report.not_in_reference and io.sniff_format(reference_path) == "tfdbg2":
@@ -572,7 +615,7 @@ def check_one(job: tuple) -> CheckReport | str:
     try:
         return run_check(source, reference, options)
     except LstmGradError as err:
-        return " ".join(str(err).split())
+        return one_line(err)
     except MemoryError:
         return f"{source} [{options.group}]: out of memory"
 

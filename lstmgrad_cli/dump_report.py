@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from . import detect, gradcheck
-from .errors import LstmGradError
+from . import decide, gradcheck
+from .decide import Given
+from .errors import LstmGradError, UnrecordedTensorsError
 from .io import tfdbg
-from .io._common import describe_keys
+from .messages import Message, Param, one_line, prefixed
+from .spec import ACTIVATIONS, FORWARD_OPS, SIGNATURES
 from .summary import json_safe
 
 
@@ -72,25 +74,25 @@ def inspect_dump(path) -> DumpReport:
         if execution.mode != tfdbg.FULL_TENSOR:
             report.errors.append(tfdbg.mode_error(where, tfdbg.MODES.get(execution.mode, str(execution.mode))))
             continue
-        # seq_len_max is found from the activations when it was not recorded (problem.py): only the rest is needed
+        # seq_len_max is found from the activations when it was not recorded (decide.py): only the rest is needed
         needed = {n: why for n, why in info.missing.items() if n != "seq_len_max"}
         if "seq_len_max" in info.missing and execution.is_gradient:
-            report.warnings.append(f"{where}: no recorded value for seq_len_max ({info.missing['seq_len_max']}); "
-                                   "the gradient commands take T, or the step from which the recorded cs and h are "
-                                   "zero (--seq-len-max N says it)")
+            report.warnings.append(Message.format(
+                "{}: no recorded value for seq_len_max ({}); the gradient commands take T, or the step from which "
+                "the recorded cs and h are zero ({} says it)", where, info.missing["seq_len_max"],
+                Param("seq_len_max")))
         if needed and execution.is_gradient:
-            report.errors.append(f"{where}: no recorded value for {describe_keys(needed)} "
-                                 f"({'; '.join(needed.values())}); --weights FILE can supply it")
-        if execution.is_gradient and info.right_op and info.right_op != execution.op_type:
-            info.verdict = (f"TensorFlow ran {execution.op_type} on activations {info.forward_op} made: its gradient "
-                            f"is {info.right_op}; lstmgrad seq/cell computes that")
+            report.errors.append(UnrecordedTensorsError(needed).prefixed(where).args[0])
+        wrong = decide.recorded_op_note(execution.op_type, info.forward_op, info.right_op)
+        if execution.is_gradient and wrong:
+            info.verdict = f"{wrong}; lstmgrad seq/cell computes that"
             report.warnings.append(f"{where}: {info.verdict}")
         elif execution.is_gradient and info.right_op:
             info.verdict = "the right gradient op for its forward op"
         if not needed:
-            problem = _infer(index, execution, info)
+            problem = _infer(index, execution, info, report)
             if problem:
-                report.errors.append(f"{where}: {problem}")
+                report.errors.append(prefixed(where, problem))
     return report
 
 
@@ -113,44 +115,46 @@ def _info(execution: tfdbg.OpExecution) -> ExecutionInfo:
         execution.forward_op, execution.forward_member, execution.right_op)
 
 
-def _infer(index: tfdbg.DumpIndex, execution: tfdbg.OpExecution, info: ExecutionInfo) -> str | None:
-    """use_peephole (and forget_bias, cell_clip for forward ops) from this execution's recorded values; what
-    went wrong reading them, if anything."""
+def _infer(index: tfdbg.DumpIndex, execution: tfdbg.OpExecution, info: ExecutionInfo, report: DumpReport):
+    """What the gradient commands would decide for this execution from its recorded values (decide.py: the
+    seq_len_max, the layout against the forward op recorded, use_peephole), and for forward ops forget_bias
+    and cell_clip; their warnings go to ``report``.  Returns what went wrong reading the values, if anything."""
     from . import validation  # noqa: PLC0415 - validation imports io; io must not import it back
 
-    kind, layout = tfdbg.OPS[execution.forward_op if execution.is_gradient and execution.forward_op in tfdbg.OPS
-                             else execution.op_type][:2]
-    names = [*tfdbg.OPS["BlockLSTM" if kind == "seq" else "LSTMBlockCell"][3], "i", "cs", "f", "o", "ci", "co", "h"]
+    signature = SIGNATURES[execution.forward_op if execution.is_gradient and execution.forward_op in SIGNATURES
+                           else execution.op_type]
+    kind = signature.kind
+    names = [*SIGNATURES[FORWARD_OPS[kind, signature.layout]].inputs, *ACTIVATIONS]
     try:
         loaded = tfdbg.load_execution(index, execution, names, [])
         arrays = validation.as_float_arrays({n: v for n, v in loaded.tensors.items() if n != "seq_len_max"})
-        T = arrays["x"].shape[0] if kind == "seq" else 1
-        length = 1
-        if kind == "seq":  # not recorded: found as the gradient commands find it (problem.py)
-            length = loaded.tensors.get("seq_len_max")
-            if length is None:
-                length = detect.seq_len_max_stopped(arrays, T)
-            length = validation.check_seq_len_max(T if length is None else length, T)
         if kind == "seq":
             validation.check_forward(arrays, sequence=True)
-        fit = detect.fit_activations(arrays, kind, length, layouts=(layout,))
+        recorded = loaded.tensors.get("seq_len_max")
+        decisions = decide.decide(kind, arrays, arrays["x"].shape[0] if kind == "seq" else 1,
+                                  layout_given=Given(signature.layout, "dump"),
+                                  seq_len_max_given=None if recorded is None else Given(recorded, "tensor"))
     except LstmGradError as err:
-        return " ".join(str(err).removeprefix(f"{index.path}: ").split())
+        text = one_line(err)  # (the dump's path is the report's heading)
+        return Message(text.removeprefix(f"{index.path}: ")) if not isinstance(text, Message) else text
     except (KeyError, ValueError, TypeError, IndexError) as err:
         return f"its recorded values do not make a {execution.op_type} problem ({err})"
+    for warning in decisions.all_warnings:
+        report.warnings.append(prefixed(info.member, warning))
+    fit, peephole = decisions.fit, decisions.use_peephole
     if fit is None:
         info.peephole_note = "no step to recompute"
         return None
-    info.use_peephole = fit.use_peephole
+    info.use_peephole = peephole.value if peephole.source == "activations" else None
     if fit.peephole_weights_zero:
         info.peephole_note = "irrelevant: the peephole weights are all zero"
-    elif fit.use_peephole is None:
+    elif info.use_peephole is None:
         info.peephole_note = "cannot tell: " + fit.why_peephole_unknown()
     else:
         info.peephole_note = "inferred from the activations"
     if not execution.is_gradient and info.use_peephole is not None:
-        forward = gradcheck.forward_consistency(arrays, kind, layout=layout, use_peephole=info.use_peephole,
-                                                seq_len_max=length)
+        forward = gradcheck.forward_consistency(arrays, kind, layout=decisions.layout.value,
+                                                use_peephole=info.use_peephole, seq_len_max=decisions.seq_len_max.value)
         info.forget_bias = forward.forget_bias
         info.cell_clip = forward.cell_clip if forward.cell_clip_source == "inferred" else None
         clip = f"cell_clip={info.cell_clip:g}" if info.cell_clip is not None else "no cs reached a cell_clip"

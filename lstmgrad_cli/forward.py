@@ -37,11 +37,15 @@ def gate_slices(C: int, layout: str) -> dict[str, slice]:
 
 
 def block_lstm_forward(seq_len_max: int, x, cs_prev, h_prev, w, wci, wcf, wco, b, *, forget_bias: float,
-                       cell_clip: float, use_peephole: bool, layout: str, compute_dtype) -> tuple:
+                       cell_clip: float, use_peephole: bool, layout: str, compute_dtype, clip_offsets=None,
+                       offsets_out=None) -> tuple:
     """The BlockLSTM recurrence on validated numpy arrays; returns (i, cs, f, o, ci, co, h) as [T, B, C].
 
     The state carried from one step to the next is the stored (output-dtype) ``cs``/``h``, so the
-    outputs are exactly consistent with each other, as TF's are.
+    outputs are exactly consistent with each other, as TF's are.  ``offsets_out`` ([T, B, C]), when
+    given, receives each step's clip offset ``clip(cs_raw) - cs_raw``; with ``clip_offsets`` given,
+    ``cs = cs_raw + clip_offsets[t]`` instead of clipping: the straight-through function whose
+    gradient the ops compute (gradcheck.py's finite differences).
     """
     out_dtype = x.dtype
     cdt = np.dtype(compute_dtype)
@@ -64,9 +68,15 @@ def block_lstm_forward(seq_len_max: int, x, cs_prev, h_prev, w, wci, wcf, wco, b
                 zi = zi + cs_t * wci
                 zf = zf + cs_t * wcf
             i, ci, f = sigmoid(zi), np.tanh(zc), sigmoid(zf)
-            cs = i * ci + f * cs_t
-            if cell_clip > 0:
-                cs = np.clip(cs, -cdt.type(cell_clip), cdt.type(cell_clip))
+            raw = i * ci + f * cs_t
+            if clip_offsets is not None:
+                cs = raw + clip_offsets[t]
+            elif cell_clip > 0:
+                cs = np.clip(raw, -cdt.type(cell_clip), cdt.type(cell_clip))
+            else:
+                cs = raw
+            if offsets_out is not None and clip_offsets is None:
+                offsets_out[t] = cs - raw
             co = np.tanh(cs)
             o = sigmoid(zo + cs * wco) if use_peephole else sigmoid(zo)
             h = o * co

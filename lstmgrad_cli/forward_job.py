@@ -19,16 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, io, validation
+from . import __version__, decide, io, validation
 from .errors import InvalidArgumentError
+from .messages import Message, Param
 from .ops import block_lstm, block_lstm_v2, lstm_block_cell
-from .problem import FORWARD_DEFAULTS, FORWARD_OPS, fill_absent_peepholes, resolve_param
+from .problem import fill_absent_peepholes, resolve_param
+from .spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OUTPUT_GRADIENTS
 from .summary import TensorSummary, summarise
 
 GRAD_COMMAND = {"BlockLSTMV2": "lstmgrad seq", "BlockLSTM": "lstmgrad seq --layout icfo",
                 "LSTMBlockCell": "lstmgrad cell"}
-INPUTS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
-GRADS_MODES = ("zeros", "ones", "random", "file")
 _GRADS_RE = re.compile(r"^(zeros|ones|file|random)(?::(\d+))?$")
 
 
@@ -38,7 +38,8 @@ def parse_grads(spec: str | None) -> tuple[str | None, int]:
         return None, 0
     match = _GRADS_RE.match(spec.strip().lower())
     if not match or (match.group(2) is not None and match.group(1) != "random"):
-        raise InvalidArgumentError(f"--grads must be zeros, ones, random[:SEED] or file, got {spec!r}")
+        raise InvalidArgumentError(Message.format("{} must be zeros, ones, random[:SEED] or file, got {}",
+                                                  Param("grads"), repr(spec)))
     return match.group(1), int(match.group(2) or 0)
 
 
@@ -95,27 +96,24 @@ def run_forward_file(input_path: str | Path, output_path: str | Path, options: F
     result = ForwardResult(str(input_path), None, op, layout)
     mode, seed = parse_grads(options.grads)
     fb_default, clip_default = FORWARD_DEFAULTS[op]
-    if op == "BlockLSTMV2" and options.forget_bias not in (None, 0.0):
-        raise InvalidArgumentError(
-            "BlockLSTMV2 has no forget_bias attribute (its kernel adds 0); use --layout icfo (BlockLSTM) "
-            "for a forget bias, or add it to the f block of b")
+    decide.forget_bias_allowed(op, options.forget_bias)
     io.check_output(out, options.force, [input_path])
 
     scalars = ("seq_len_max", "use_peephole") if options.kind == "seq" else ("use_peephole",)
-    loaded = io.read_inputs(input_path, (*INPUTS, "cs_grad", "h_grad"), scalars, options.group)
+    loaded = io.read_inputs(input_path, (*FORWARD_INPUTS, *OUTPUT_GRADIENTS), scalars, options.group)
     try:
         use_peephole = validation.check_use_peephole(
             resolve_param("use_peephole", options.use_peephole, loaded, False, "no peepholes (false)",
                           result.sources, result.defaults))
         fill_absent_peepholes(loaded, use_peephole, result.defaults)
-        needed = [n for n in INPUTS if use_peephole or n not in validation.PEEPHOLES]
+        needed = [n for n in FORWARD_INPUTS if use_peephole or n not in validation.PEEPHOLES]
         missing = [n for n in needed if n not in loaded.tensors]
         if missing:
             raise InvalidArgumentError(
                 f"missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)} ({op} needs "
                 f"{', '.join(needed)}{'' if use_peephole else ', and wci, wcf, wco with peepholes'}; "
                 f"the file has {io.describe_keys(loaded.keys)})")
-        arrays = validation.as_float_arrays({n: loaded.tensors[n] for n in INPUTS})
+        arrays = validation.as_float_arrays({n: loaded.tensors[n] for n in FORWARD_INPUTS})
         dims = validation.check_forward(arrays, options.kind == "seq")
         if options.kind == "seq":
             seq_len_max = validation.check_seq_len_max(
@@ -173,16 +171,17 @@ def run_forward_file(input_path: str | Path, output_path: str | Path, options: F
 
 
 def _output_grads(mode, seed, loaded: io.LoadedFile, shape, dtype, result: ForwardResult):
-    present = [n for n in ("cs_grad", "h_grad") if n in loaded.tensors]
+    present = [n for n in OUTPUT_GRADIENTS if n in loaded.tensors]
     if mode is None:
         mode = "file" if len(present) == 2 else "ones"
         result.defaults.append("cs_grad, h_grad: " + ("taken from the input file" if mode == "file"
                                                        else "not both in the file, ones"))
     if mode == "file":
         if len(present) < 2:
-            absent = [n for n in ("cs_grad", "h_grad") if n not in present]
-            raise InvalidArgumentError(f"--grads file: {' and '.join(absent)} not in the file")
-        grads = validation.as_float_arrays({n: loaded.tensors[n] for n in ("cs_grad", "h_grad")})
+            absent = [n for n in OUTPUT_GRADIENTS if n not in present]
+            raise InvalidArgumentError(Message.format("{}: {} not in the file", Param("grads", "file"),
+                                                      " and ".join(absent)))
+        grads = validation.as_float_arrays({n: loaded.tensors[n] for n in OUTPUT_GRADIENTS})
         for name, value in grads.items():
             if value.shape != tuple(shape):
                 raise InvalidArgumentError(f"{name} has shape {list(value.shape)}, expected {list(shape)}")

@@ -27,12 +27,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .backends import get_backend
-from .forward import gate_slices, logit, sigmoid
+from .forward import block_lstm_forward, gate_slices, logit, sigmoid
 from .ops import block_lstm_grad_checked
-from .validation import ACTIVATIONS
+from .spec import ACTIVATIONS, FORWARD_INPUTS, PEEPHOLES, TIME_MAJOR
 
-GRAD_INPUTS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
-GATES = ("i", "f", "o", "ci")
 # Largest deviation of a recomputed activation that still counts as "the same", by dtype.  The
 # forward ops match a float64 recomputation to a few ulp (docs/semantics.md); a wrong step or
 # checkpoint moves gate values by orders of magnitude more.
@@ -45,8 +43,7 @@ def as_sequence(arrays: dict, kind: str) -> dict:
     """A cell problem as a sequence of one step (time axis added to x and the per-step tensors)."""
     if kind == "seq":
         return dict(arrays)
-    per_step = (*ACTIVATIONS, "x", "cs_grad", "h_grad")
-    return {n: (a[None] if n in per_step else a) for n, a in arrays.items()}
+    return {n: (a[None] if n in TIME_MAJOR else a) for n, a in arrays.items()}
 
 
 # -- forward consistency ------------------------------------------------------------------------
@@ -182,42 +179,12 @@ def forward_fits(arrays: dict, kind: str, *, seq_len_max: int, forget_bias: floa
 
 # -- float64 forward and finite differences -----------------------------------------------------
 
-def forward64(a: dict, *, layout: str, use_peephole: bool, seq_len_max: int, forget_bias: float,
-              cell_clip: float, clip_offsets=None):
-    """The BlockLSTM recurrence in float64 on sequence-shaped arrays.
-
-    Returns (outputs dict i..h as [T, B, C], clip offsets clip(cs_raw) - cs_raw per step).  With
-    ``clip_offsets`` given, cs = cs_raw + offset instead of clipping: the straight-through function.
-    """
-    T, B, I = a["x"].shape  # noqa: E741
-    C = a["w"].shape[1] // 4
-    L = seq_len_max
-    k = gate_slices(C, layout)
-    outs = {n: np.zeros((T, B, C)) for n in ACTIVATIONS}
-    offsets = np.zeros((T, B, C))
-    cs_t, h_t = a["cs_prev"], a["h_prev"]
-    for t in range(L):
-        g = a["x"][t] @ a["w"][:I] + h_t @ a["w"][I:] + a["b"]
-        zi, zc, zf, zo = (g[:, k[n]] for n in ("i", "c", "f", "o"))
-        zf = zf + forget_bias
-        if use_peephole:
-            zi, zf = zi + cs_t * a["wci"], zf + cs_t * a["wcf"]
-        i, ci, f = sigmoid(zi), np.tanh(zc), sigmoid(zf)
-        raw = i * ci + f * cs_t
-        if clip_offsets is not None:
-            cs = raw + clip_offsets[t]
-        elif cell_clip > 0:
-            cs = np.clip(raw, -cell_clip, cell_clip)
-            offsets[t] = cs - raw
-        else:
-            cs = raw
-        co = np.tanh(cs)
-        o = sigmoid(zo + cs * a["wco"]) if use_peephole else sigmoid(zo)
-        h = o * co
-        for n, v in zip(("i", "cs", "f", "o", "ci", "co", "h"), (i, cs, f, o, ci, co, h), strict=True):
-            outs[n][t] = v
-        cs_t, h_t = cs, h
-    return outs, offsets
+def _forward64(a: dict, fwd: dict, clip_offsets=None, offsets_out=None) -> dict:
+    """forward.py's recurrence in float64 on sequence-shaped float64 arrays, as a dict of i..h."""
+    outs = block_lstm_forward(fwd["seq_len_max"], **{n: a[n] for n in FORWARD_INPUTS}, forget_bias=fwd["forget_bias"],
+                              cell_clip=fwd["cell_clip"], use_peephole=fwd["use_peephole"], layout=fwd["layout"],
+                              compute_dtype=np.float64, clip_offsets=clip_offsets, offsets_out=offsets_out)
+    return dict(zip(ACTIVATIONS, outs, strict=True))
 
 
 @dataclass
@@ -262,8 +229,9 @@ def finite_difference_check(arrays: dict, kind: str, *, layout: str, use_peephol
     L = seq_len_max
     fwd = dict(layout=layout, use_peephole=use_peephole, seq_len_max=L, forget_bias=forget_bias,
                cell_clip=cell_clip)
-    outs, offsets = forward64(a, **fwd)
-    tensors = {n: a[n] for n in GRAD_INPUTS}
+    offsets = np.zeros(a["x"].shape[:2] + (a["w"].shape[1] // 4,))
+    outs = _forward64(a, fwd, offsets_out=offsets)
+    tensors = {n: a[n] for n in FORWARD_INPUTS}
     grads = block_lstm_grad_checked(get_backend(backend), layout, L, {**tensors, **outs, "cs_grad": a["cs_grad"],
                                     "h_grad": a["h_grad"]}, use_peephole, np.float64)._asdict()
 
@@ -271,14 +239,14 @@ def finite_difference_check(arrays: dict, kind: str, *, layout: str, use_peephol
         old = a[name][index]
         a[name][index] = value
         try:
-            perturbed, _ = forward64(a, **fwd, clip_offsets=offsets)
+            perturbed = _forward64(a, fwd, clip_offsets=offsets)
             return _loss(perturbed, a, L)
         finally:
             a[name][index] = old
 
     base = abs(_loss(outs, a, L))
     rng = np.random.default_rng(seed)
-    names = [n for n in GRAD_INPUTS if use_peephole or n not in ("wci", "wcf", "wco")]
+    names = [n for n in FORWARD_INPUTS if use_peephole or n not in PEEPHOLES]
     if L == 0:
         names = []
     per_tensor = max(1, -(-samples // max(len(names), 1)))

@@ -7,35 +7,33 @@ all problems at once, without computing any gradient.
 
 Which op: x of rank 3 is a sequence (BlockLSTMGradV2 or BlockLSTMGrad), rank 2 one cell step
 (LSTMBlockCellGrad); a file without the forward outputs is an input for ``lstmgrad forward``; a file
-of ``*_grad`` tensors is a gradient file (a reference for ``lstmgrad check``).  The gate layout
-cannot be read off the tensors: it comes from the file's lstmgrad metadata when there is some,
-else from the stored gates, by the detection ``seq``/``cell`` run (detect.py: the same steps, the same
-tolerance, NaN/Inf entries left out), so the two never disagree; use_peephole, when the file does not give
-it, too.  The forward pass with what was found is then recomputed at every step in float64 (gradcheck.py)
-for forget_bias and cell_clip, and for a misfit at a step the detection does not sample.
+of ``*_grad`` tensors is a gradient file (a reference for ``lstmgrad check``).  Every tensor is checked by
+the rules ``seq``/``cell`` enforce (validation.py, which lists them all here), and seq_len_max, the gate
+layout and use_peephole are decided as ``seq``/``cell`` decide them (decide.py: the file's metadata and
+scalars, else the stored gates), with the same warnings, so the two never disagree.  The forward pass with
+what was decided is then recomputed at every step in float64 (gradcheck.py) for forget_bias and cell_clip,
+and for a misfit at a step the detection does not sample.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from . import detect, frameworks, gradcheck, io, validation
-from .diagnose import CELL_GRADS, SEQ_GRADS
+from . import decide, frameworks, gradcheck, io, validation
+from .decide import Given
 from .errors import LstmGradError
 from .io import npydir
-from .problem import FORWARD_OPS, OPS
+from .messages import Message, Param
+from .spec import FORWARD_INPUTS, FORWARD_OPS, GRADIENT_NAMES, OPS
 from .summary import json_safe
 
 SCALARS = ("seq_len_max", "use_peephole")
-GRAD_NAMES = tuple(dict.fromkeys((*SEQ_GRADS, *CELL_GRADS)))
-KNOWN = (*validation.SEQ_TENSORS, *SCALARS, *GRAD_NAMES)
+KNOWN = (*validation.SEQ_TENSORS, *SCALARS, *GRADIENT_NAMES)
 ALIASES = {io.camel(name): name for name in KNOWN if io.camel(name) != name}
-FLOAT_KINDS = {np.dtype(t) for t in validation.FLOAT_DTYPES}
 
 
 @dataclass
@@ -142,15 +140,15 @@ def _summary(key, name, a: np.ndarray) -> TensorInfo:
     return info
 
 
-def _metadata(path: Path, fmt: str, group) -> dict:
-    try:
-        if fmt == "npz":
-            loaded = _read(path, fmt, (io.METADATA_KEY,), (), group)
-            raw = loaded.tensors.get(io.METADATA_KEY)
-            return json.loads(str(raw)) if raw is not None else {}
-        return io.read_metadata(path)
-    except (LstmGradError, ValueError, OSError):
+def _metadata(scalars: dict) -> dict:
+    """The lstmgrad metadata of the file (or group), as seq reads it; {} when there is none or it is not JSON."""
+    if io.METADATA_KEY not in scalars:
         return {}
+    try:
+        meta = json.loads(str(scalars[io.METADATA_KEY][0]))
+    except ValueError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def inspect_file(path, group: str | None = None) -> InspectReport:
@@ -159,15 +157,17 @@ def inspect_file(path, group: str | None = None) -> InspectReport:
     fmt = npydir.input_format(path, group)
     report = InspectReport(str(path), fmt, group)
     raw = _read_all(path, fmt, group, report)
-    meta = _metadata(path, fmt, group)
-    report.metadata = {k: v for k, v in meta.items() if k in ("tool", "version", "op", "layout", "forget_bias",
-                                                              "cell_clip", "grads", "source", "backend")}
-
     try:
-        scalars = _read(path, fmt, (), SCALARS, group).scalars
+        scalars = _read(path, fmt, (), (*SCALARS, io.METADATA_KEY), group).scalars
     except LstmGradError:
         scalars = {}
+    meta = _metadata(scalars)
+    recorded = decide.recorded_layout(scalars[io.METADATA_KEY][0]) if io.METADATA_KEY in scalars else None
+    report.metadata = {k: v for k, v in meta.items() if k in ("tool", "version", "op", "layout", "forget_bias",
+                                                              "cell_clip", "grads", "source", "backend")}
     for name, (value, origin) in scalars.items():
+        if name == io.METADATA_KEY:
+            continue
         report.scalar_sources[name] = origin
         if origin == "attribute":
             raw[f"@{name}"] = np.asarray(value)  # an HDF5 attribute, shown as @name
@@ -186,15 +186,16 @@ def inspect_file(path, group: str | None = None) -> InspectReport:
     if framework:
         return report
     if "x" not in by_name:
-        grads = [n for n in GRAD_NAMES if n in by_name]
+        grads = [n for n in GRADIENT_NAMES if n in by_name]
         if grads:
             report.kind = "gradients"
-            report.notes.append(f"a gradient file ({', '.join(grads)}): a --reference for lstmgrad check")
+            report.notes.append(Message.format("a gradient file ({}): a {} for lstmgrad check", ", ".join(grads),
+                                               Param("reference")))
             _roles(report, set(grads))
         else:
             report.missing.append("x")
-            report.error("x", "no x: cannot tell which op the file is for"
-                         + (f" (groups here: {', '.join(report.groups)}; use --group)" if report.groups else ""))
+            report.error("x", Message("no x: cannot tell which op the file is for", Message.format(
+                " (groups here: {}; use {})", ", ".join(report.groups), Param("group")) if report.groups else ""))
             _roles(report, set())
         return report
 
@@ -205,16 +206,17 @@ def inspect_file(path, group: str | None = None) -> InspectReport:
         _roles(report, {"x"})
         return report
     seq = x.ndim == 3
+    kind = "seq" if seq else "cell"
     names = validation.SEQ_TENSORS if seq else validation.CELL_TENSORS
-    forward_only = not any(n in by_name for n in validation.ACTIVATIONS)
+    forward_only = decide.recompute(kind, by_name)
     peephole = _use_peephole(by_name, report)
     if forward_only:
         report.kind = "forward-seq" if seq else "forward-cell"
-        names = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
+        names = FORWARD_INPUTS
         report.notes.append(f"no forward outputs: an input for `lstmgrad forward {'seq' if seq else 'cell'}`")
         report.op = "BlockLSTMV2 / BlockLSTM" if seq else "LSTMBlockCell"
     else:
-        report.kind = "seq" if seq else "cell"
+        report.kind = kind
         report.op = "BlockLSTMGradV2 / BlockLSTMGrad" if seq else "LSTMBlockCellGrad"
     needed = [n for n in names if peephole or n not in validation.PEEPHOLES]
     report.missing = [n for n in needed if n not in by_name]
@@ -224,11 +226,33 @@ def inspect_file(path, group: str | None = None) -> InspectReport:
     used = {*names, *SCALARS}
     _roles(report, used, seq)
 
-    dims = _check_shapes(by_name, names, seq, report)
-    length = _check_seq_len_max(by_name, dims, seq, report)
+    # every problem, through the rules the gradient commands enforce (they stop at the first)
+    present = {n: by_name[n] for n in names if n in by_name}
+    issues, dims = validation.shape_issues(present, kind, forward=forward_only)
+    for issue in [*validation.dtype_issues(present), *issues]:
+        report.error(issue.tensor, issue.message)
+    if dims is not None:
+        report.dims = dims._asdict() if seq else {"B": dims.B, "I": dims.I, "C": dims.C}
+    length = _seq_len_max_given(by_name, dims, seq, report)
+    if not seq:
+        report.layout, report.layout_source = "icfo", SOURCES["op"]
+    if forward_only and seq and recorded is not None:
+        report.layout, report.layout_source = recorded.value, recorded.source
+        report.op = FORWARD_OPS[("seq", recorded.value)]
+    blocking = [p for p in report.errors if p.tensor is None or _canonical(p.tensor) in (*names, *SCALARS)]
+    decisions = None
+    if not forward_only and not blocking and dims is not None and length is not None:
+        arrays = {n: by_name[n] for n in names if n in by_name}
+        for n in validation.PEEPHOLES:  # (absent without peepholes: zeros, as seq fills them)
+            arrays.setdefault(n, np.zeros(dims.C, dtype=by_name["x"].dtype))
+        decisions = _decide(arrays, by_name, kind, dims, peephole, recorded, report)
+        length = decisions.seq_len_max.value if decisions is not None else length
+    elif seq and report.layout is None:
+        report.notes.append("gate layout unknown: the gates cannot be recomputed (missing or invalid tensors)")
     report.seq_len_max = length if seq else None
     _check_values(by_name, dims, length, report)
-    _layout(by_name, names, seq, dims, length, peephole, meta, report)
+    if decisions is not None:
+        _forward_pass(arrays, decisions, report)
     return report
 
 
@@ -291,7 +315,7 @@ def _roles(report: InspectReport, used: set, seq: bool = True) -> None:
             continue
         if t.name in used:
             t.role = "scalar" if t.name in SCALARS else "used"
-        elif t.name in GRAD_NAMES:
+        elif t.name in GRADIENT_NAMES:
             t.role = "gradient output (ignored)"
         elif t.name == "h" and not seq:
             t.role = "not read by LSTMBlockCellGrad"
@@ -302,6 +326,7 @@ def _roles(report: InspectReport, used: set, seq: bool = True) -> None:
 
 
 def _use_peephole(by_name, report) -> bool:
+    """The file's use_peephole (checked), else false; its source as given."""
     if "use_peephole" not in by_name:
         report.use_peephole_source = "default"
         report.use_peephole = False
@@ -315,55 +340,8 @@ def _use_peephole(by_name, report) -> bool:
     return report.use_peephole
 
 
-def _check_shapes(by_name, names, seq, report) -> validation.Dims | None:
-    """dtype, rank and shape of every tensor present; returns the sizes when they can be told."""
-    ranks = {"x": 3 if seq else 2, "cs_prev": 2, "h_prev": 2, "w": 2, "wci": 1, "wcf": 1, "wco": 1, "b": 1}
-    ranks.update({n: 3 if seq else 2 for n in (*validation.ACTIVATIONS, "cs_grad", "h_grad")})
-    x_dtype = by_name["x"].dtype
-    rank_ok = {}
-    for name in names:
-        a = by_name.get(name)
-        if a is None:
-            continue
-        if a.dtype not in FLOAT_KINDS:
-            report.error(name, f"{name} has dtype {a.dtype}; expected float16, float32 or float64")
-        elif a.dtype != x_dtype and x_dtype in FLOAT_KINDS:
-            report.error(name, f"{name} is {a.dtype} but x is {x_dtype}: all tensors must have one dtype")
-        rank_ok[name] = a.ndim == ranks[name]
-        if not rank_ok[name]:
-            report.error(name, f"{name} must be rank {ranks[name]} but is rank {a.ndim} (shape {list(a.shape)})")
-    x = by_name["x"]
-    T, B, I = x.shape if seq else (1, *x.shape)  # noqa: E741
-    C = None
-    w = by_name.get("w")
-    if w is not None and rank_ok.get("w"):
-        if w.shape[1] % 4 == 0 and (w.shape[1] or not seq):
-            C = w.shape[1] // 4
-        else:
-            report.error("w", f"w has {w.shape[1]} columns; expected a positive multiple of 4 (4 * cell_size)")
-    for fallback, axis, div in (("cs_prev", 1, 1), ("h_prev", 1, 1), ("b", 0, 4)):
-        if C is None and rank_ok.get(fallback) and by_name[fallback].shape[axis] % div == 0:
-            C = by_name[fallback].shape[axis] // div
-    if C is None:
-        return None
-    report.dims = {"T": T, "B": B, "I": I, "C": C} if seq else {"B": B, "I": I, "C": C}
-    step = (T, B, C) if seq else (B, C)
-    expected = {"cs_prev": (B, C), "h_prev": (B, C), "w": (I + C, 4 * C), "wci": (C,), "wcf": (C,), "wco": (C,),
-                "b": (4 * C,), **{n: step for n in (*validation.ACTIVATIONS, "cs_grad", "h_grad")}}
-    labels = {"cs_prev": "[B, C]", "h_prev": "[B, C]", "w": "[I + C, 4C]", "b": "[4C]", "wci": "[C]", "wcf": "[C]",
-              "wco": "[C]"}
-    for name in names:
-        a = by_name.get(name)
-        if a is None or name == "x" or not rank_ok.get(name) or name not in expected:
-            continue
-        if tuple(a.shape) != expected[name]:
-            label = labels.get(name, "[T, B, C]" if seq else "[B, C]")
-            report.error(name, f"{name} has shape {list(a.shape)}, expected {label} = {list(expected[name])} "
-                               f"(from x {list(x.shape)} and cell size {C})")
-    return validation.Dims(T, B, I, C)
-
-
-def _check_seq_len_max(by_name, dims, seq, report) -> int | None:
+def _seq_len_max_given(by_name, dims, seq, report) -> int | None:
+    """The file's seq_len_max (checked; None and an error when it is wrong), else T; 1 for the cell op."""
     if not seq:
         return 1
     T = dims.T if dims is not None else by_name["x"].shape[0]
@@ -374,6 +352,39 @@ def _check_seq_len_max(by_name, dims, seq, report) -> int | None:
     except LstmGradError as err:
         report.error("seq_len_max", str(err))
         return None
+
+
+# What a decision's source is called in inspect's report.
+SOURCES = {"activations": "found from the activations", "op": "the cell op is always ICFO"}
+
+
+def _decide(arrays, by_name, kind, dims, peephole, recorded, report: InspectReport) -> decide.Decisions | None:
+    """What seq/cell would decide (decide.py, on the same tensors): the report's seq_len_max, layout and
+    use_peephole, with their warnings and notes."""
+    given = {n: Given(by_name[n], report.scalar_sources.get(n, "tensor")) for n in SCALARS if n in by_name}
+    if "use_peephole" in given:
+        given["use_peephole"] = Given(peephole, given["use_peephole"].source)
+    try:
+        decisions = decide.decide(kind, arrays, dims.T, layout_given=recorded,
+                                  use_peephole_given=given.get("use_peephole"),
+                                  seq_len_max_given=given.get("seq_len_max"))
+    except (LstmGradError, ValueError, FloatingPointError):
+        return None
+    for tensor, decision in (("seq_len_max", decisions.seq_len_max), (None, decisions.layout),
+                             ("use_peephole", decisions.use_peephole)):
+        for warning in decision.warnings:
+            report.warn(tensor, warning)
+    for warning in decisions.warnings:
+        report.warn(None, warning)
+    report.notes += [*decisions.all_notes, *decisions.all_defaults]
+    layout, peep = decisions.layout, decisions.use_peephole
+    report.layout, report.layout_source = layout.value, SOURCES.get(layout.source, layout.source)
+    report.use_peephole, report.use_peephole_source = peep.value, SOURCES.get(peep.source, peep.source)
+    if kind == "seq":
+        report.op = OPS[("seq", layout.value)]
+    if decisions.fit is not None and decisions.fit.tested:
+        report.activations = decisions.fit.to_json()
+    return decisions
 
 
 def _check_values(by_name, dims, length, report) -> None:
@@ -416,77 +427,17 @@ def _check_values(by_name, dims, length, report) -> None:
                                   "with a larger seq_len_max?")
 
 
-def _layout(by_name, names, seq, dims, length, peephole, meta, report) -> None:
-    if not seq:
-        report.layout, report.layout_source = "icfo", "the cell op is always ICFO"
-    meta_layout = meta.get("layout")
-    if seq and meta_layout in ("ifco", "icfo"):
-        report.layout, report.layout_source = meta_layout, "metadata"
-        report.op = OPS[("seq", meta_layout)]
-        if report.kind == "forward-seq":
-            report.op = FORWARD_OPS[("seq", meta_layout)]
-    blocking = [p for p in report.errors if p.tensor is None or _canonical(p.tensor) in (*names, *SCALARS)]
-    if report.kind not in ("seq", "cell") or blocking or dims is None or length is None:
-        if seq and report.layout is None:
-            report.notes.append("gate layout unknown: no metadata, and the gates cannot be recomputed "
-                                "(missing or invalid tensors)")
+def _forward_pass(arrays: dict, decisions: decide.Decisions, report: InspectReport) -> None:
+    """Every step recomputed in float64 with the layout and peepholes decided: forget_bias and cell_clip in a
+    note, and a warning for a misfit where the detection did not look.  A NaN or Inf deviation (a non-finite
+    value in a tensor, computed through) is left out, as the detection leaves it out."""
+    fit = decisions.fit
+    if fit is None or not fit.tested or fit.fits_nothing:
         return
-    arrays = {n: by_name[n] for n in names if n in by_name}
-    for n in validation.PEEPHOLES:
-        arrays.setdefault(n, np.zeros(dims.C, dtype=by_name["x"].dtype))
-    if seq and "seq_len_max" not in by_name:  # found as seq finds it (problem.py)
-        with contextlib.suppress(LstmGradError, ValueError, FloatingPointError):
-            stopped = detect.seq_len_max_stopped(arrays, dims.T)
-            if stopped is not None:
-                length = report.seq_len_max = stopped
-                report.notes.append(f"seq_len_max {stopped}: not in the file; cs and h are zero from step {stopped} "
-                                    "on, where TF stops computing (seq takes it; --seq-len-max says otherwise)")
-    if length == 0:
-        report.notes.append("seq_len_max is 0: no step to recompute, the layout cannot be told")
-        return
-    kind = "seq" if seq else "cell"
-    try:
-        fit = detect.fit_activations(arrays, kind, length)  # as load_problem finds them for seq and cell
-    except (LstmGradError, ValueError, FloatingPointError):
-        return
-    if fit is None or not fit.tested:
-        report.notes.append("the stored gates cannot be recomputed (no batch row or unit, or none finite and "
-                            "unsaturated): the layout cannot be told")
-        return
-    report.activations = fit.to_json()
-    if fit.fits_nothing:
-        report.warn(None, f"the stored activations do not fit x, h_prev, w, b in either layout, with or without "
-                          f"peepholes ({fit.misfit()}); saved at a different step, or from a different checkpoint? "
-                          "(lstmgrad check --gradcheck)")
-        return
-    if seq and report.layout_source != "metadata":
-        if fit.layout is not None:
-            report.layout, report.layout_source = fit.layout, "found from the activations"
-            report.op = OPS[("seq", fit.layout)]
-        else:
-            report.notes.append("both layouts reproduce the stored gates: the layout cannot be told")
-    elif seq and report.layout not in fit.layouts:
-        report.warn(None, f"the metadata says layout {report.layout}, but the stored gates fit {fit.layouts[0]}")
-    elif not seq and fit.layouts == ["ifco"]:
-        report.warn(None, "the activations fit the IFCO gate layout (a step of BlockLSTMV2?), but LSTMBlockCellGrad "
-                          "is ICFO: for a BlockLSTMV2 step use `lstmgrad seq` with x of shape [1, B, I]")
-    peeps = sorted({h.use_peephole for h in fit.fitting if h.layout == report.layout}) or fit.peepholes
-    if len(peeps) == 1 and report.use_peephole_source == "default":  # not given: the activations say it
-        report.use_peephole, report.use_peephole_source = peeps[0], "found from the activations"
-    elif len(peeps) == 1 and peephole != peeps[0]:
-        report.warn("use_peephole", f"the stored activations were computed with use_peephole="
-                                    f"{str(peeps[0]).lower()}, the file says {str(peephole).lower()} "
-                                    f"({report.use_peephole_source}); use "
-                                    f"--{'' if peeps[0] else 'no-'}peephole")
-    found = next((h for h in fit.fitting if h.layout == (report.layout or h.layout)
-                  and h.use_peephole == report.use_peephole), fit.fitting[0])
-    _forward_pass(arrays, kind, length, found, fit.tolerance, report)
+    layout, use_peephole = decisions.layout.value, decisions.use_peephole.value
+    found = next((h for h in fit.fitting if h.layout == layout and h.use_peephole == use_peephole), fit.fitting[0])
+    kind, length, tol = report.kind, decisions.seq_len_max.value, fit.tolerance
 
-
-def _forward_pass(arrays, kind, length, found: detect.Hypothesis, tol: float, report: InspectReport) -> None:
-    """Every step recomputed in float64 with the layout and peepholes the detection found: forget_bias and
-    cell_clip in a note, and a warning for a misfit where the detection did not look.  A NaN or Inf deviation
-    (a non-finite value in a tensor, computed through) is left out, as the detection leaves it out."""
     def recompute(forget_bias=None):
         return gradcheck.forward_consistency(arrays, kind, layout=found.layout, use_peephole=found.use_peephole,
                                              seq_len_max=length, forget_bias=forget_bias)
@@ -507,10 +458,10 @@ def _forward_pass(arrays, kind, length, found: detect.Hypothesis, tol: float, re
     misfit = [t for t in forward.inconsistent() if np.isfinite(t.max_deviation)]
     if misfit:
         bad = ", ".join(f"{t.name} (max {t.max_deviation:.3g}, from step {t.first_bad_step})" for t in misfit)
-        report.warn(None, f"the stored activations fit layout {found.layout} with use_peephole="
-                          f"{str(found.use_peephole).lower()} at the steps seq and cell sample, but not at every "
-                          f"step: {bad}; saved at a different step, or from a different checkpoint? "
-                          "(lstmgrad check --gradcheck)")
+        report.warn(None, Message.format(
+            "the stored activations fit layout {} with use_peephole={} at the steps seq and cell sample, but not at "
+            "every step: {}; saved at a different step, or from a different checkpoint? {} says which tensor and "
+            "step", found.layout, str(found.use_peephole).lower(), bad, Param("gradcheck", True)))
     elif forward.consistent:
         report.notes.append(f"forward pass reproduced: {values}")
     else:

@@ -17,6 +17,7 @@ from . import __version__, io, provenance, validation
 from .backends import _blas, get_backend, resolve_name
 from .errors import InvalidArgumentError, OutputExistsError
 from .frameworks import FrameworkOptions
+from .messages import Message, Param
 from .ops import block_lstm_grad_checked, lstm_block_cell_grad_full
 from .perstep import StepRecorder, impulse_norms, per_step_report
 from .problem import OPS, open_problem
@@ -127,7 +128,7 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
         result.notes, result.recorded_op = problem.notes, problem.recorded_op
         result.activations = problem.fit.to_json() if problem.fit is not None else None
         if options.strict and problem.warnings:
-            raise InvalidArgumentError(f"{input_path}: {'; '.join(problem.warnings)} (--strict: nothing written)")
+            raise InvalidArgumentError(_refused_strictly(input_path, problem.warnings))
         cdt = validation.resolve_compute_dtype(problem.arrays["x"].dtype, options.compute_dtype)
         seq_len_max = problem.seq_len_max if options.kind == "seq" else None
         result.backend, result.backend_version = backend_name, getattr(backend, "version", None)
@@ -179,14 +180,20 @@ def existing_output(result: GradResult, out: Path, request: dict, start: float |
     if difference is None and provenance.records_request(out):
         result.status, result.output = "skipped", str(out)
         result.seconds = result.seconds if start is None else time.perf_counter() - start
-        result.notes = ["already complete, from this input with the same options; kept (--force recomputes it)"]
+        result.notes = [Message.format("already complete, from this input with the same options; kept ({} recomputes "
+                                       "it)", Param("force", True))]
         result.warnings = []
         return result
     if difference is None:  # an older output without its request: it may be from other options
-        raise OutputExistsError(f"{source}: its output {out} already exists; use --skip-existing to keep it or "
-                                "--force to overwrite it")
-    raise OutputExistsError(f"{source}: its output {out} already exists and {difference}; use --force to "
-                            "overwrite it")
+        raise OutputExistsError(Message.format("{}: its output {} already exists; use {} to keep it or {} to "
+                                               "overwrite it", source, out, Param("skip_existing", True),
+                                               Param("force", True)))
+    raise OutputExistsError(Message.format("{}: its output {} already exists and {}; use {} to overwrite it", source,
+                                           out, difference, Param("force", True)))
+
+
+def _refused_strictly(path, warnings) -> Message:
+    return Message.format("{}: {} ({}: nothing written)", path, Message.join("; ", warnings), Param("strict", True))
 
 
 def _compute(problem, backend, cdt, options: GradOptions, result: GradResult, x_grad_out=None) -> dict:
@@ -220,7 +227,7 @@ def _gradients(problem, backend, cdt, options: GradOptions, result: GradResult, 
     result.nonfinite_inputs = _count_nonfinite(arrays)
     note = nonfinite_note(result)
     if note and options.strict:
-        raise InvalidArgumentError(f"{problem.path}: {note} (--strict: nothing written)")
+        raise InvalidArgumentError(_refused_strictly(problem.path, [note]))
     if note:  # a warning as the others are: on stderr (-q too), in the JSON's warnings
         result.warnings = [*result.warnings, note]
     if recorder is not None:

@@ -45,14 +45,18 @@ class OpInputs(dict):
 
 
 def load(path: str | os.PathLike, group: str | None = None, *, kind: str | None = None, layout: str | None = None,
-         use_peephole: bool | None = None, seq_len_max: int | None = None) -> OpInputs:
-    """Read one input (HDF5, NPZ, a directory of .npy files) for the op functions; raises ``LstmGradError``.
+         use_peephole: bool | None = None, seq_len_max: int | None = None, weights: str | os.PathLike | None = None,
+         weights_group: str | None = None) -> OpInputs:
+    """Read one input (HDF5, NPZ, a directory of .npy files, a TensorFlow debug dump) for the op functions;
+    raises ``LstmGradError``.
 
     ``kind`` ("seq"/"cell") defaults to the rank of x; ``layout``, ``use_peephole`` and ``seq_len_max``
-    override the file and the activations, as the command-line flags do.
+    override the file and the activations, as the command-line flags do.  ``weights`` (and ``weights_group``):
+    another input holding the tensors ``path`` lacks (a dump's unrecorded function arguments, a model's
+    weights); ``path``'s own win.
     """
     problem = load_problem(path, kind=kind, layout=layout, use_peephole=use_peephole, seq_len_max=seq_len_max,
-                           group=group)
+                           group=group, weights=weights, weights_group=weights_group)
     tensors = dict(problem.arrays)
     if problem.kind == "seq":
         tensors = {"seq_len_max": problem.seq_len_max, **tensors}

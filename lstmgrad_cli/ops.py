@@ -8,15 +8,20 @@ from __future__ import annotations
 
 from . import validation
 from .backends import get_backend
-from .backends._xp import SeqTensors
 from .forward import block_lstm_forward
 from .results import BlockLSTMGradOutputs, BlockLSTMOutputs, LSTMBlockCellGradFullOutputs, LSTMBlockCellGradOutputs
+from .spec import CELL_TENSORS, FORWARD_INPUTS, SEQ_TENSORS, TIME_MAJOR, SeqTensors
 
 __all__ = [
     "BlockLSTMGradOutputs", "LSTMBlockCellGradOutputs", "LSTMBlockCellGradFullOutputs", "BlockLSTMOutputs",
     "block_lstm_grad_v2", "block_lstm_grad", "lstm_block_cell_grad", "lstm_block_cell_grad_full",
     "block_lstm_v2", "block_lstm", "lstm_block_cell",
 ]
+
+
+def _named(names, arguments: dict) -> dict:
+    """The op function's tensor arguments (its ``locals()``) under their names, in TF's order."""
+    return {name: arguments[name] for name in names}
 
 
 def _seq_grad(layout, seq_len_max, tensors: dict, use_peephole, backend, compute_dtype, chunk_steps=None):
@@ -51,8 +56,7 @@ def block_lstm_grad_v2(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, 
     by default float16 inputs are computed in float32 and rounded once.  ``chunk_steps`` bounds
     the time steps processed per batched matrix product (default: from a memory budget).
     """
-    tensors = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b, i=i, cs=cs,
-                   f=f, o=o, ci=ci, co=co, h=h, cs_grad=cs_grad, h_grad=h_grad)
+    tensors = _named(SEQ_TENSORS, locals())
     return _seq_grad("ifco", seq_len_max, tensors, use_peephole, backend, compute_dtype, chunk_steps)
 
 
@@ -60,8 +64,7 @@ def block_lstm_grad(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs,
                     cs_grad, h_grad, use_peephole, *, backend=None, compute_dtype=None,
                     chunk_steps=None) -> BlockLSTMGradOutputs:
     """BlockLSTMGrad: the gradient of BlockLSTM (V1, gate layout ICFO).  Arguments as block_lstm_grad_v2."""
-    tensors = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b, i=i, cs=cs,
-                   f=f, o=o, ci=ci, co=co, h=h, cs_grad=cs_grad, h_grad=h_grad)
+    tensors = _named(SEQ_TENSORS, locals())
     return _seq_grad("icfo", seq_len_max, tensors, use_peephole, backend, compute_dtype, chunk_steps)
 
 
@@ -72,14 +75,11 @@ def lstm_block_cell_grad_full(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f,
     ``xh_grad = dicfo @ w^T`` split into x and h_prev parts, ``w_grad = [x, h_prev]^T @ dicfo``,
     ``b_grad = sum(dicfo)``: one step of BlockLSTMGrad with the ICFO layout.
     """
-    tensors = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b, i=i, cs=cs,
-                   f=f, o=o, ci=ci, co=co, cs_grad=cs_grad, h_grad=h_grad)
-    arrays = validation.as_float_arrays(tensors)
+    arrays = validation.as_float_arrays(_named(CELL_TENSORS, locals()))
     validation.check_lstm_block_cell_grad(arrays)
     peephole = validation.check_use_peephole(use_peephole)
     cdt = validation.resolve_compute_dtype(arrays["x"].dtype, compute_dtype)
-    one_step = {name: a if name in validation.WEIGHTS or name.endswith("_prev") else a[None]
-                for name, a in arrays.items()}
+    one_step = {name: a[None] if name in TIME_MAJOR else a for name, a in arrays.items()}
     # h is only read as the previous output of steps t >= 1, which a single step does not have.
     outs, dgates = get_backend(backend).block_lstm_grad(
         SeqTensors(**one_step, h=None), seq_len_max=1, use_peephole=peephole, layout="icfo",
@@ -115,19 +115,19 @@ def _forward(sequence, layout, seq_len_max, tensors, forget_bias, cell_clip, use
 def block_lstm_v2(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, cell_clip=0.0, use_peephole=False,
                   *, compute_dtype=None) -> BlockLSTMOutputs:
     """BlockLSTMV2 forward (IFCO, no forget bias, no clipping by default)."""
-    tensors = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b)
+    tensors = _named(FORWARD_INPUTS, locals())
     return _forward(True, "ifco", seq_len_max, tensors, 0.0, cell_clip, use_peephole, compute_dtype)
 
 
 def block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias=1.0, cell_clip=3.0,
                use_peephole=False, *, compute_dtype=None) -> BlockLSTMOutputs:
     """BlockLSTM forward (V1, ICFO); TF's defaults forget_bias=1 and cell_clip=3 (cell_clip <= 0: none)."""
-    tensors = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b)
+    tensors = _named(FORWARD_INPUTS, locals())
     return _forward(True, "icfo", seq_len_max, tensors, forget_bias, cell_clip, use_peephole, compute_dtype)
 
 
 def lstm_block_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias=1.0, cell_clip=3.0, use_peephole=False,
                     *, compute_dtype=None) -> BlockLSTMOutputs:
     """LSTMBlockCell forward (one step, ICFO); outputs are [B, C]."""
-    tensors = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b)
+    tensors = _named(FORWARD_INPUTS, locals())
     return _forward(False, "icfo", 1, tensors, forget_bias, cell_clip, use_peephole, compute_dtype)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InvalidOptionError, LstmGradError, OutputExistsError, OutputFileError
+from .messages import Message, Param
 
 SPARK = "▁▂▃▄▅▆▇█"
 ASCII_SPARK = "_.-:=+*#"  # the same eight levels where the terminal cannot show blocks
@@ -181,7 +182,8 @@ def _pyplot():
     try:
         import matplotlib  # noqa: PLC0415 - optional (the plot extra)
     except ImportError:
-        raise LstmGradError("--plot needs matplotlib: pip install 'lstmgrad[plot]'") from None
+        raise LstmGradError(Message.format("{} needs matplotlib: pip install 'lstmgrad[plot]'",
+                                           Param("plot"))) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
@@ -210,7 +212,8 @@ def check_plot_path(path, force: bool = False, protected: Iterable = ()) -> None
             also = "" if str(other) == str(path) else f" ({other})"
             raise OutputFileError(f"{path}: is a file this run reads or writes{also}; name another figure file")
     if path.exists() and not force:
-        raise OutputExistsError(f"{path}: already exists; use --force to replace it with the figure")
+        raise OutputExistsError(Message.format("{}: already exists; use {} to replace it with the figure", path,
+                                               Param("force", True)))
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -2,9 +2,10 @@
 parameter came from.  ``seq``/``cell`` (jobs.py), ``check`` (diagnose.py) and batch runs all read
 their inputs through ``load_problem``, so they agree on names, defaults and messages.
 
-The activations decide what no one said: the gate layout and ``use_peephole`` not given by a flag
-or the file are what the stored activations fit (detect.py), and a given value they contradict is
-kept but reported (``Problem.warnings``; ``--strict`` makes it an error).
+The activations decide what no one said: the gate layout, ``use_peephole`` and ``seq_len_max`` not given
+by an argument or the input are what the stored activations show (decide.py, which ``inspect`` uses too),
+and a given value they contradict is kept but reported (``Problem.warnings``; the command line's strict
+mode makes it an error).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import detect, frameworks, io, ops, validation
-from .errors import InvalidArgumentError, LstmGradError
+from . import decide, detect, frameworks, io, ops, validation
+from .decide import Given
+from .errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
+from .messages import Message, Param, message_of
 from .spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OPS, TIME_MAJOR  # noqa: F401 - (re-exported)
 
 
@@ -32,7 +35,8 @@ class Problem:
     dims: validation.Dims
     seq_len_max: int  # 1 for the cell op
     use_peephole: bool
-    # parameter -> "flag" | "tensor" | "attribute" | "activations" (found from them) | "default"
+    # parameter -> "flag" | "tensor" | "attribute" | "dump" | "metadata" | "activations" (found from them)
+    # | "default" | "op" (decide.py)
     sources: dict = field(default_factory=dict)
     defaults: list[str] = field(default_factory=list)  # what was not given and how it was filled in
     keys: list[str] = field(default_factory=list)  # every entry of the file (group), as stored
@@ -76,6 +80,16 @@ def given_param(name: str, flag, loaded: io.LoadedFile, sources: dict):
     return None
 
 
+def _given(name: str, flag, loaded: io.LoadedFile) -> Given | None:
+    """The argument (a flag), else the input's tensor or attribute, as a ``decide.Given``; None when neither."""
+    if flag is not None:
+        return Given(flag, "flag")
+    if name in loaded.scalars:
+        value, origin = loaded.scalars[name]
+        return Given(value, origin)
+    return None
+
+
 def fill_absent_peepholes(loaded: io.LoadedFile, use_peephole: bool, defaults: list[str]) -> None:
     """Without peepholes wci/wcf/wco are never read: a file may leave them out (zeros of [C] are used)."""
     w = loaded.tensors.get("w")
@@ -90,7 +104,8 @@ def fill_absent_peepholes(loaded: io.LoadedFile, use_peephole: bool, defaults: l
 def detect_kind(path: Path, x) -> str:
     """seq if x is rank 3, cell if rank 2."""
     if x is None:
-        raise InvalidArgumentError(f"{path}: missing tensor x (needed to tell seq from cell; or pass --kind)")
+        raise InvalidArgumentError(Message.format("{}: missing tensor x (needed to tell seq from cell; or give {})",
+                                                  path, Param("kind")))
     kind = {3: "seq", 2: "cell"}.get(np.ndim(x))
     if kind is None:
         raise InvalidArgumentError(f"{path}: x has rank {np.ndim(x)}; expected 3 (seq) or 2 (cell)")
@@ -138,6 +153,7 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
         wanted = tuple(dict.fromkeys([*wanted, *frameworks.file_names(framework)]))
     scalars = ("seq_len_max", "use_peephole") if kind != "cell" else ("use_peephole",)
     scalars += ("forget_bias", "cell_clip")  # used only when the activations are recomputed
+    scalars += (io.METADATA_KEY,)  # the forward op of an ``lstmgrad forward`` output
     with io.open_inputs(path, wanted, scalars, group, lazy=TIME_MAJOR if lazy else (),
                         input_format=input_format) as loaded:
         notes, keys, supplied, extra = _supplement(loaded, weights, weights_group, wanted, scalars)
@@ -164,7 +180,7 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
             where, stacked = _layers_in(weights, keys)
             if stacked:  # what was missing is beside the point: the cells are not layers
                 raise InvalidArgumentError(f"{path}: {weights} {where}") from None
-            raise InvalidArgumentError(f"{err}{where}") from None
+            raise InvalidArgumentError(Message(message_of(err), where)) from None
         problem.notes = notes + problem.notes
         if plan is not None:
             problem.framework = plan
@@ -271,7 +287,7 @@ def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) 
     if weights is None:
         return [], list(loaded.keys), 0, None
     tensors = [n for n in wanted if n not in loaded.tensors]
-    params = [n for n in scalars if n not in loaded.scalars]
+    params = [n for n in scalars if n not in loaded.scalars and n != io.METADATA_KEY]
     extra = io.read_inputs(weights, tensors, params, weights_group)
     layers = [n for n in frameworks.pytorch.parameter_names(extra.keys) if n not in extra.tensors
               and n not in loaded.tensors]
@@ -301,85 +317,88 @@ def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole,
     names = validation.SEQ_TENSORS if kind == "seq" else validation.CELL_TENSORS
     problem = Problem(label, kind, (layout or "ifco") if kind == "seq" else "icfo", {}, validation.Dims(0, 0, 0, 0),
                       1, False, keys=list(loaded.keys), member=member, recorded_op=loaded.info.get("op_type"))
+    _recorded_op_note(problem, loaded.info)
     try:
-        peephole = given_param("use_peephole", use_peephole, loaded, problem.sources)
+        peephole = _given("use_peephole", use_peephole, loaded)
         if peephole is not None:
-            peephole = validation.check_use_peephole(peephole)
-        fill_absent_peepholes(loaded, bool(peephole), problem.defaults)
-        activations = [n for n in validation.ACTIVATIONS if n in names]
-        recompute = not any(n in loaded.tensors for n in activations)
+            peephole = Given(validation.check_use_peephole(peephole.value), peephole.source)
+            problem.sources["use_peephole"] = peephole.source
+        fill_absent_peepholes(loaded, bool(peephole and peephole.value), problem.defaults)
+        activations = decide.activation_names(kind)
+        recompute = decide.recompute(kind, loaded.tensors)
         missing = [n for n in names if n not in loaded.tensors and not (recompute and n in activations)]
         if missing:
-            raise InvalidArgumentError(_missing_message(problem, loaded, missing, names, activations))
+            raise _missing_error(problem, loaded, missing, names, activations)
+        layout_given = Given(layout, "flag") if layout is not None else _recorded_layout(loaded)
+        length_given = _given("seq_len_max", seq_len_max, loaded) if kind == "seq" else None
         if recompute:
-            _recompute_activations(problem, loaded, layout, bool(peephole), seq_len_max, forget_bias, cell_clip)
+            _recompute_activations(problem, loaded, layout_given, peephole, length_given, forget_bias, cell_clip)
         elif forget_bias is not None or cell_clip is not None:
-            problem.notes.append("--forget-bias and --cell-clip set how forward outputs are recomputed; this input "
-                                 "has its own, so they change nothing")
+            problem.notes.append(Message.format(
+                "{} and {} set how forward outputs are recomputed; this input has its own, so they change nothing",
+                Param("forget_bias"), Param("cell_clip")))
         arrays = validation.as_float_arrays({n: loaded.tensors[n] for n in names})
         if kind == "seq":
             problem.dims = validation.check_block_lstm_grad(arrays)
-            T = problem.dims.T
-            found = None
-            if seq_len_max is None and "seq_len_max" not in loaded.scalars and not recompute:
-                found = _seq_len_max_from_activations(arrays, T, problem)
-            problem.seq_len_max = validation.check_seq_len_max(
-                resolve_param("seq_len_max", seq_len_max if found is None else found, loaded, T, f"using T = {T}",
-                              problem.sources, problem.defaults), T)
-            if found is not None:
-                problem.sources["seq_len_max"] = "activations"
         else:
             problem.dims = validation.check_lstm_block_cell_grad(arrays)
-    except InvalidArgumentError as err:
-        raise InvalidArgumentError(f"{label}: {err}") from None
+        if not recompute:
+            decisions = decide.decide(kind, arrays, problem.dims.T, layout_given=layout_given,
+                                      use_peephole_given=peephole, seq_len_max_given=length_given)
+    except LstmGradError as err:
+        raise err.prefixed(label) from None
     problem.arrays = arrays
-    if problem.sources.get("activations") == "recomputed":  # ours: nothing to find out from them
+    if recompute:  # ours: nothing to find out from them
         return problem
-    problem.fit = detect.fit_activations(arrays, kind, problem.seq_len_max)
-    _decide_layout(problem, layout, loaded.info)
-    _decide_peephole(problem, peephole)
-    if problem.fit is not None and problem.fit.fits_nothing:
-        problem.warnings.append(
-            "the stored activations fit neither gate layout, with or without peepholes "
-            f"({problem.fit.misfit()}): corrupted, saved at another step or from another checkpoint, or another "
-            "kind of cell? `lstmgrad check --gradcheck` says which tensor and step")
+    problem.fit = decisions.fit
+    problem.layout, problem.use_peephole = decisions.layout.value, decisions.use_peephole.value
+    problem.seq_len_max = decisions.seq_len_max.value
+    problem.sources.update(layout=decisions.layout.source, use_peephole=decisions.use_peephole.source)
+    if kind == "seq":
+        problem.sources["seq_len_max"] = decisions.seq_len_max.source
+    problem.warnings += decisions.all_warnings
+    problem.notes += decisions.all_notes
+    problem.defaults += decisions.all_defaults
     return problem
 
 
-def _seq_len_max_from_activations(arrays: dict, T: int, problem: Problem) -> int | None:
-    """``detect.seq_len_max_stopped``, said in the summary."""
-    steps = detect.seq_len_max_stopped(arrays, T)
-    if steps is not None:
-        problem.notes.append(f"seq_len_max {steps}: not in the file; cs and h are zero from step {steps} on, where "
-                             "TF stops computing (--seq-len-max says otherwise)")
-    return steps
+def _recorded_layout(loaded: io.LoadedFile) -> Given | None:
+    """The layout the input records: the forward op a debug dump recorded, or ``lstmgrad forward``'s metadata."""
+    if loaded.info.get("layout"):
+        return Given(loaded.info["layout"], "dump")
+    if io.METADATA_KEY in loaded.scalars:
+        return decide.recorded_layout(loaded.scalars[io.METADATA_KEY][0])
+    return None
 
 
-def _recompute_activations(problem: Problem, loaded: io.LoadedFile, layout, use_peephole: bool, seq_len_max,
-                           forget_bias, cell_clip) -> None:
+def _recorded_op_note(problem: Problem, info: dict) -> None:
+    """The gradient op a dump recorded, when it is not the one for the forward op that made its activations."""
+    note = decide.recorded_op_note(problem.recorded_op, info.get("forward_op"), info.get("right_op"))
+    if note:
+        problem.notes.append(note)
+
+
+def _recompute_activations(problem: Problem, loaded: io.LoadedFile, layout_given: Given | None,
+                           peephole_given: Given | None, length_given: Given | None, forget_bias, cell_clip) -> None:
     """No forward outputs in the input: run the forward op (BlockLSTMV2, BlockLSTM or LSTMBlockCell, by
     layout) on its inputs and use what it gives, as TensorFlow's own forward pass would have stored it."""
     seq = problem.kind == "seq"
-    if seq:
-        problem.layout = layout or "ifco"
-        problem.sources["layout"] = "flag" if layout else "default"
-    else:
-        problem.sources["layout"] = "op"  # LSTMBlockCell is always ICFO
+    layout = decide.layout(problem.kind, layout_given, None, activations=False)
+    problem.layout, problem.sources["layout"] = layout.value, layout.source
     op = FORWARD_OPS[(problem.kind, problem.layout)]
     default_fb, default_clip = FORWARD_DEFAULTS[op]
     inputs = validation.as_float_arrays({n: np.asarray(loaded.tensors[n][()]) for n in FORWARD_INPUTS})
     dims = validation.check_forward(inputs, seq)
     if seq:
-        problem.seq_len_max = validation.check_seq_len_max(
-            resolve_param("seq_len_max", seq_len_max, loaded, dims.T, f"using T = {dims.T}", problem.sources,
-                          problem.defaults), dims.T)
-    problem.use_peephole = use_peephole
-    problem.sources.setdefault("use_peephole", "default")
+        length = decide.seq_len_max(dims.T, length_given)
+        problem.seq_len_max, problem.sources["seq_len_max"] = length.value, length.source
+        problem.defaults += length.defaults
+    peephole = decide.use_peephole(peephole_given, None, problem.layout, activations=False)
+    problem.use_peephole, problem.sources["use_peephole"] = peephole.value, peephole.source
+    use_peephole = problem.use_peephole
     fb = _attribute("forget_bias", forget_bias, loaded, default_fb, problem)
     clip = _attribute("cell_clip", cell_clip, loaded, default_clip, problem)
-    if op == "BlockLSTMV2" and fb:
-        raise InvalidArgumentError("BlockLSTMV2 has no forget_bias (its kernel adds 0): use --layout icfo "
-                                   "(BlockLSTM) for a forget bias, or add it to the f block of b")
+    decide.forget_bias_allowed(op, fb)
     common = dict(cell_clip=clip, use_peephole=use_peephole)
     if op == "BlockLSTMV2":
         outputs = ops.block_lstm_v2(problem.seq_len_max, **inputs, **common)
@@ -405,100 +424,25 @@ def _attribute(name: str, flag, loaded: io.LoadedFile, default: float, problem: 
     return float(array)
 
 
-def _missing_message(problem: Problem, loaded: io.LoadedFile, missing: list[str], names, activations=()) -> str:
+def _missing_error(problem: Problem, loaded: io.LoadedFile, missing: list[str], names, activations=()):
+    """Tensors the input lacks: those a debug dump recorded no value for (``UnrecordedTensorsError``, by cause), or
+    those a file does not hold."""
     why = loaded.info.get("missing", {})
-    unrecorded = [n for n in missing if n in why]
-    if unrecorded:  # a debug dump holds no value for them, for a reason it knows
-        if len(unrecorded) == 1:
-            return (f"no recorded value for {unrecorded[0]} ({why[unrecorded[0]]}); give a file holding it with "
-                    "--weights FILE")
-        reasons = "; ".join(f"{n}: {why[n]}" for n in unrecorded)
-        return (f"no recorded values for {', '.join(unrecorded)} ({reasons}); give a file holding them with "
-                "--weights FILE")
+    unrecorded = {n: why[n] for n in missing if n in why}
+    if unrecorded:
+        return UnrecordedTensorsError(unrecorded)
     text = (f"missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing)} ({problem.op} needs "
             f"{', '.join(names)}; the file has {io.describe_keys(loaded.keys)})")
     if any(n in activations for n in missing):  # some forward outputs and not others: never mixed with recomputed
         given = [n for n in activations if n in loaded.tensors]
         text += (f"; of the forward outputs it has {', '.join(given)}: give all of {', '.join(activations)}, or "
                  "none and lstmgrad recomputes them")
-    return text
+    return InvalidArgumentError(text)
 
 
-def _decide_layout(problem: Problem, flag: str | None, info: dict) -> None:
-    """The flag, else the forward op a dump recorded, else the one layout the activations fit, else ifco; a
-    flag the activations contradict is a warning."""
-    fit = problem.fit
-    if problem.recorded_op and info.get("forward_op"):
-        recorded, right = problem.recorded_op, info.get("right_op")
-        if right and right != recorded:
-            problem.notes.append(f"TensorFlow ran {recorded} on activations {info['forward_op']} made; the gradient "
-                                 f"of {info['forward_op']} is {right}" + (
-                                     " (TF's GradientTape gradient of BlockLSTMV2 runs the V1 kernel, ICFO)"
-                                     if recorded == "BlockLSTMGrad" and info["forward_op"] == "BlockLSTMV2" else ""))
-    if problem.kind == "cell":
-        problem.sources["layout"] = "op"  # LSTMBlockCellGrad is always ICFO
-        if fit is not None and fit.layouts == ["ifco"]:
-            problem.warnings.append(
-                "the activations fit the IFCO gate layout (a step of BlockLSTMV2?), but LSTMBlockCellGrad is "
-                "ICFO: for a BlockLSTMV2 step use `lstmgrad seq` with x of shape [1, B, I]")
-        return
-    if flag is not None:
-        problem.layout, problem.sources["layout"] = flag, "flag"
-        if fit is not None and fit.layouts and flag not in fit.layouts:
-            found = fit.layouts[0]
-            consequence = ("TensorFlow's GradientTape gradient of BlockLSTMV2 (the V1 kernel on IFCO activations), "
-                           "not the true gradient" if flag == "icfo" else "not the gradient of the op that made them")
-            problem.warnings.append(
-                f"the activations fit layout {found} ({detect.LAYOUT_OPS[found]}), not {flag} as asked "
-                f"(--layout {flag}): {problem.op} of them is {consequence}")
-        return
-    if info.get("layout"):  # the forward op the dump recorded says it
-        problem.layout, problem.sources["layout"] = info["layout"], "dump"
-        return
-    if fit is not None and fit.layout is not None:
-        problem.layout, problem.sources["layout"] = fit.layout, "activations"
-        return
-    problem.layout, problem.sources["layout"] = "ifco", "default"
-    if fit is None:
-        why = "seq_len_max is 0: no step to recompute" if problem.seq_len_max == 0 else "nothing to recompute"
-    elif len(fit.layouts) > 1:
-        why = "both layouts reproduce the stored gates"
-    else:
-        why = "they fit neither layout"
-    problem.defaults.append(f"layout: not given and the activations cannot tell ({why}); ifco (BlockLSTMGradV2)")
-
-
-def _decide_peephole(problem: Problem, given: bool | None) -> None:
-    """What the flag or file says, else what the activations fit (with the chosen layout), else false."""
-    fit = problem.fit
-    fitting = None
-    if fit is not None and fit.fitting:
-        fitting = sorted({h.use_peephole for h in fit.fitting if h.layout == problem.layout}) or fit.peepholes
-    if given is not None:
-        problem.use_peephole = given
-        if fitting and given not in fitting:
-            problem.warnings.append(
-                f"the activations were computed with use_peephole={str(fitting[0]).lower()}, not "
-                f"use_peephole={str(given).lower()} as asked ({peephole_origin(problem)}): the gradient with "
-                f"use_peephole={str(given).lower()} is not the gradient of the op that made them")
-        return
-    if fitting is not None and len(fitting) == 1:
-        problem.use_peephole, problem.sources["use_peephole"] = fitting[0], "activations"
-        return
-    problem.use_peephole, problem.sources["use_peephole"] = False, "default"
-    why = fit.why_peephole_unknown() if fit is not None and not fit.fits_nothing else (
-        "they fit no setting" if fit is not None else "nothing to recompute")
-    problem.defaults.append(f"use_peephole: not in the file and the activations cannot tell ({why}); false")
-
-
-def peephole_origin(problem: Problem) -> str:
+def peephole_origin(problem: Problem) -> Message | str:
     """Where the use_peephole in force came from, in the words a user recognises."""
-    source = problem.sources.get("use_peephole", "flag")
-    if source == "flag":
-        return f"--{'' if problem.use_peephole else 'no-'}peephole"
-    if source in ("tensor", "attribute"):
-        return f"the file's use_peephole {source}"
-    return "found from the activations" if source == "activations" else source
+    return decide.peephole_origin(Given(problem.use_peephole, problem.sources.get("use_peephole", "flag")))
 
 
 def _refuse_wrong_file(path: str, file: Path, loaded: io.LoadedFile, kind: str | None) -> None:

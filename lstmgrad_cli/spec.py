@@ -7,6 +7,8 @@ No imports from the rest of the package: this module is the bottom of the stack.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 # -- tensor names, in TF's argument order --------------------------------------------------------------------
 
 FORWARD_INPUTS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")  # BlockLSTM(V2), LSTMBlockCell
@@ -24,6 +26,11 @@ SCALARS = ("seq_len_max", "use_peephole", "forget_bias", "cell_clip")
 SEQ_GRADS = ("x_grad", "cs_prev_grad", "h_prev_grad", "w_grad", "wci_grad", "wcf_grad", "wco_grad", "b_grad")
 CELL_GRADS = ("cs_prev_grad", "dicfo", "wci_grad", "wcf_grad", "wco_grad")  # LSTMBlockCellGrad's own outputs
 CELL_GRADS_FULL = (*CELL_GRADS, "x_grad", "h_prev_grad", "w_grad", "b_grad")  # plus what TF's cell gradient derives
+GRADIENT_NAMES = tuple(dict.fromkeys((*SEQ_GRADS, *CELL_GRADS_FULL)))  # every gradient name lstmgrad writes
+
+# The tensors of one problem, as the backends take them (seq_len_max and the attributes are passed apart).
+SeqTensors = NamedTuple("SeqTensors", [(name, object) for name in SEQ_TENSORS])
+SeqTensors.__doc__ = "The 17 tensor inputs of BlockLSTMGrad(V2), in TF's order (seq_len_max is passed apart)."
 
 # -- ranks ----------------------------------------------------------------------------------------------------
 
@@ -50,6 +57,31 @@ LAYOUTS = {
 OPS = {("seq", "ifco"): "BlockLSTMGradV2", ("seq", "icfo"): "BlockLSTMGrad", ("cell", "icfo"): "LSTMBlockCellGrad"}
 FORWARD_OPS = {("seq", "ifco"): "BlockLSTMV2", ("seq", "icfo"): "BlockLSTM", ("cell", "icfo"): "LSTMBlockCell"}
 LAYOUT_OPS = {"ifco": "BlockLSTMV2", "icfo": "BlockLSTM"}  # the forward sequence op of each layout
+
+
+class OpSignature(NamedTuple):
+    """One TF op: its kind, gate layout, the forward op it differentiates (None for a forward op), and its tensor
+    inputs and outputs by name, in the op definition's order."""
+
+    kind: str
+    layout: str
+    forward_op: str | None
+    inputs: tuple
+    outputs: tuple
+
+
+_OP_INPUTS = {"seq": ("seq_len_max", *FORWARD_INPUTS), "cell": FORWARD_INPUTS}
+_GRAD_OUTPUTS = {"seq": SEQ_GRADS, "cell": CELL_GRADS}
+# op type -> its signature, for every op lstmgrad knows (a debug dump's executions are read by these)
+SIGNATURES = {
+    **{op: OpSignature(kind, layout, None, _OP_INPUTS[kind], ACTIVATIONS)
+       for (kind, layout), op in FORWARD_OPS.items()},
+    **{op: OpSignature(kind, layout, FORWARD_OPS[kind, layout],
+                       (*_OP_INPUTS[kind], *ACTIVATIONS[:len(ACTIVATIONS) - (kind == "cell")], *OUTPUT_GRADIENTS),
+                       _GRAD_OUTPUTS[kind])
+       for (kind, layout), op in OPS.items()},
+}
+GRADIENT_OPS = tuple(op for op, signature in SIGNATURES.items() if signature.forward_op is not None)
 
 # (forget_bias, cell_clip) defaults of each forward op's attributes; BlockLSTMV2 has no forget_bias at all.
 FORWARD_DEFAULTS = {"BlockLSTMV2": (0.0, 0.0), "BlockLSTM": (1.0, 3.0), "LSTMBlockCell": (1.0, 3.0)}

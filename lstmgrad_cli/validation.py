@@ -14,7 +14,16 @@ import numpy as np
 
 from .errors import InvalidArgumentError
 from .io import LazyDataset
-from .spec import ACTIVATIONS, CELL_TENSORS, PEEPHOLES, SEQ_TENSORS, WEIGHTS  # noqa: F401 - (re-exported)
+from .spec import (  # noqa: F401 - (re-exported)
+    ACTIVATIONS,
+    CELL_TENSORS,
+    FORWARD_INPUTS,
+    OUTPUT_GRADIENTS,
+    PEEPHOLES,
+    RANKS,
+    SEQ_TENSORS,
+    WEIGHTS,
+)
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 COMPUTE_DTYPES = ("float16", "float32", "float64")
@@ -30,6 +39,13 @@ class Dims(NamedTuple):
     C: int
 
 
+class Issue(NamedTuple):
+    """One problem of the tensors: which tensor (None: of no one tensor) and what is wrong, in words."""
+
+    tensor: str | None
+    message: str
+
+
 def as_float_arrays(tensors: Mapping[str, object]) -> dict[str, np.ndarray]:
     """Turn array-likes into numpy arrays of one float dtype, or say which tensor is wrong."""
     arrays: dict[str, np.ndarray] = {}
@@ -41,20 +57,26 @@ def as_float_arrays(tensors: Mapping[str, object]) -> dict[str, np.ndarray]:
                 array = np.asarray(value)
             except (TypeError, ValueError) as err:
                 raise InvalidArgumentError(f"{name} is not an array: {err}") from None
-        if array.dtype not in FLOAT_DTYPES:
-            raise InvalidArgumentError(
-                f"{name} has dtype {_dtype_name(array.dtype)}; expected float16, float32 or float64"
-            )
         arrays[name] = array
-    dtypes = {a.dtype for a in arrays.values()}
-    if len(dtypes) > 1:
-        first = next(iter(arrays))
-        other = next(n for n, a in arrays.items() if a.dtype != arrays[first].dtype)
-        raise InvalidArgumentError(
-            f"all tensors must have one dtype: {first} is {arrays[first].dtype} "
-            f"but {other} is {arrays[other].dtype}"
-        )
+    _raise_first(dtype_issues(arrays))
     return arrays
+
+
+def dtype_issues(arrays: Mapping[str, np.ndarray]) -> list[Issue]:
+    """Every tensor of a dtype the ops do not take, then every float tensor whose dtype is not the first's."""
+    issues = [Issue(name, f"{name} has dtype {_dtype_name(a.dtype)}; expected float16, float32 or float64")
+              for name, a in arrays.items() if a.dtype not in FLOAT_DTYPES]
+    floats = [(name, a.dtype) for name, a in arrays.items() if a.dtype in FLOAT_DTYPES]
+    if floats:
+        first, dtype = floats[0]
+        issues += [Issue(name, f"all tensors must have one dtype: {first} is {dtype} but {name} is {other}")
+                   for name, other in floats[1:] if other != dtype]
+    return issues
+
+
+def _raise_first(issues: list[Issue]) -> None:
+    if issues:
+        raise InvalidArgumentError(issues[0].message)
 
 
 def _is_lazy_array(value: object) -> bool:
@@ -91,74 +113,88 @@ def check_use_peephole(value: object) -> bool:
     return bool(array)
 
 
-def _check_ranks(arrays: Mapping[str, np.ndarray], ranks: Mapping[str, int]) -> None:
-    for name, rank in ranks.items():
-        ndim = arrays[name].ndim
-        if ndim != rank:
-            raise InvalidArgumentError(
-                f"{name} must be rank {rank} but is rank {ndim} (shape {list(arrays[name].shape)})"
-            )
+def shape_issues(arrays: Mapping[str, np.ndarray], kind: str, *, forward: bool = False
+                 ) -> tuple[list[Issue], Dims | None]:
+    """Every rank and shape problem of the tensors present in ``arrays``, in the order the ops' checks meet them
+    (all ranks, then w, cs_prev, h_prev, the peepholes, b, the per-step tensors), and the sizes when x and the
+    cell size can be told.  ``kind``: "seq" (x is [T, B, I]) or "cell" ([B, I]); ``forward``: the forward op's
+    inputs alone.  The raising checks below stop at the first; ``inspect`` lists them all.
+
+    The cell size is w's; where w cannot tell it (its own problem) cs_prev's, h_prev's or b's is used only to
+    check the other tensors against.  BlockLSTM accepts empty batch and cell sizes, LSTMBlockCell neither,
+    and the gradient ops an empty cell size only for the cell (docs/semantics.md).
+    """
+    names = FORWARD_INPUTS if forward else (SEQ_TENSORS if kind == "seq" else CELL_TENSORS)
+    ranks = RANKS[kind]
+    issues: list[Issue] = []
+    ranked = {}
+    for name in names:
+        if name not in arrays:
+            continue
+        a = arrays[name]
+        if a.ndim != ranks[name]:
+            issues.append(Issue(name, f"{name} must be rank {ranks[name]} but is rank {a.ndim} (shape "
+                                      f"{list(a.shape)})"))
+        else:
+            ranked[name] = a
+    x, w = ranked.get("x"), ranked.get("w")
+    if x is None:
+        return issues, None
+    T, B, I = x.shape if kind == "seq" else (1, *x.shape)  # noqa: E741
+    C = None
+    if w is not None:
+        cols = w.shape[1]
+        if cols % 4 or (cols == 0 and (kind == "seq") != forward):
+            issues.append(Issue("w", f"w matrix columns must be a positive multiple of 4, but got {cols} (w has "
+                                     f"shape {list(w.shape)})"))
+            w = None
+        else:
+            C = cols // 4
+    for name, axis, div in (("cs_prev", 1, 1), ("h_prev", 1, 1), ("b", 0, 4)):  # (only where w cannot tell it)
+        if C is None and name in ranked and ranked[name].shape[axis] % div == 0:
+            C = ranked[name].shape[axis] // div
+    if C is None:
+        return issues, None
+    if forward and kind == "cell" and B == 0:
+        issues.append(Issue("cs_prev", f"cs_prev_tensor is empty, has shape: ({B},{C})."))
+    if w is not None and w.shape[0] != I + C:
+        issues.append(Issue("w", f"w matrix rows don't match: {I + C} vs. {w.shape[0]} (w has shape {list(w.shape)}, "
+                                 f"expected [input_size + cell_size, 4 * cell_size] = [{I + C}, {4 * C}])"))
+    expected = {"cs_prev": {"batch_size": B, "cell_size": C}, "h_prev": {"batch_size": B, "cell_size": C},
+                **dict.fromkeys(PEEPHOLES, {"cell_size": C}), "b": {"4 * cell_size": 4 * C}}
+    step = {"timelen": T, "batch_size": B, "cell_size": C} if kind == "seq" else {"batch_size": B, "cell_size": C}
+    for name in names:
+        if name in ranked and name not in ("x", "w"):
+            issue = _shape_issue(name, ranked[name], expected.get(name, step))
+            if issue is not None:
+                issues.append(issue)
+    return issues, Dims(T, B, I, C)
 
 
-def _check_shape(name: str, array: np.ndarray, expected: dict[str, int]) -> None:
+def _shape_issue(name: str, array: np.ndarray, expected: dict[str, int]) -> Issue | None:
     labels, sizes = list(expected), list(expected.values())
     got = list(array.shape)
     for axis, (label, size) in enumerate(zip(labels, sizes, strict=True)):
         if got[axis] != size:
-            raise InvalidArgumentError(
-                f"{name}.dims({axis}) != {label}: {got[axis]} vs. {size} "
-                f"({name} has shape {got}, expected [{', '.join(labels)}] = {sizes})"
-            )
+            return Issue(name, f"{name}.dims({axis}) != {label}: {got[axis]} vs. {size} ({name} has shape {got}, "
+                               f"expected [{', '.join(labels)}] = {sizes})")
+    return None
 
 
-def _cell_size_from_w(w: np.ndarray, allow_zero: bool) -> int:
-    cols = w.shape[1]
-    if cols % 4 or (cols == 0 and not allow_zero):
-        raise InvalidArgumentError(
-            f"w matrix columns must be a positive multiple of 4, but got {cols} (w has shape {list(w.shape)})"
-        )
-    return cols // 4
-
-
-def _check_common(arrays: Mapping[str, np.ndarray], dims: Dims, step_names: tuple[str, ...],
-                  step_shape: dict[str, int]) -> None:
-    B, I, C = dims.B, dims.I, dims.C
-    if arrays["w"].shape[0] != I + C:
-        raise InvalidArgumentError(
-            f"w matrix rows don't match: {I + C} vs. {arrays['w'].shape[0]} (w has shape "
-            f"{list(arrays['w'].shape)}, expected [input_size + cell_size, 4 * cell_size] = [{I + C}, {4 * C}])"
-        )
-    for name in ("cs_prev", "h_prev"):
-        _check_shape(name, arrays[name], {"batch_size": B, "cell_size": C})
-    for name in PEEPHOLES:
-        _check_shape(name, arrays[name], {"cell_size": C})
-    _check_shape("b", arrays["b"], {"4 * cell_size": 4 * C})
-    for name in step_names:
-        _check_shape(name, arrays[name], step_shape)
+def _checked(arrays: Mapping[str, np.ndarray], kind: str, forward: bool = False) -> Dims:
+    issues, dims = shape_issues(arrays, kind, forward=forward)
+    _raise_first(issues)
+    return dims
 
 
 def check_block_lstm_grad(arrays: Mapping[str, np.ndarray]) -> Dims:
     """Ranks and shapes of the BlockLSTMGrad/BlockLSTMGradV2 tensors (x is [T, B, I])."""
-    _check_ranks(arrays, {"x": 3, "cs_prev": 2, "h_prev": 2, "w": 2, "wci": 1, "wcf": 1, "wco": 1, "b": 1,
-                          **{name: 3 for name in (*ACTIVATIONS, "cs_grad", "h_grad")}})
-    T, B, I = arrays["x"].shape
-    C = _cell_size_from_w(arrays["w"], allow_zero=False)
-    dims = Dims(T, B, I, C)
-    _check_common(arrays, dims, (*ACTIVATIONS, "cs_grad", "h_grad"),
-                  {"timelen": T, "batch_size": B, "cell_size": C})
-    return dims
+    return _checked(arrays, "seq")
 
 
 def check_lstm_block_cell_grad(arrays: Mapping[str, np.ndarray]) -> Dims:
     """Ranks and shapes of the LSTMBlockCellGrad tensors (x is [B, I]); C = 0 is allowed, as in TF."""
-    step = (*ACTIVATIONS[:-1], "cs_grad", "h_grad")
-    _check_ranks(arrays, {"x": 2, "cs_prev": 2, "h_prev": 2, "w": 2, "wci": 1, "wcf": 1, "wco": 1, "b": 1,
-                          **{name: 2 for name in step}})
-    B, I = arrays["x"].shape
-    C = _cell_size_from_w(arrays["w"], allow_zero=True)
-    dims = Dims(1, B, I, C)
-    _check_common(arrays, dims, step, {"batch_size": B, "cell_size": C})
-    return dims
+    return _checked(arrays, "cell")
 
 
 def resolve_compute_dtype(dtype: np.dtype, compute_dtype: str | None) -> np.dtype:
@@ -177,15 +213,4 @@ def check_forward(arrays: Mapping[str, np.ndarray], sequence: bool) -> Dims:
 
     BlockLSTM accepts empty batch and cell sizes; LSTMBlockCell rejects them (docs/semantics.md).
     """
-    _check_ranks(arrays, {"x": 3 if sequence else 2, "cs_prev": 2, "h_prev": 2, "w": 2,
-                          "wci": 1, "wcf": 1, "wco": 1, "b": 1})
-    if sequence:
-        T, B, I = arrays["x"].shape
-    else:
-        (B, I), T = arrays["x"].shape, 1
-    C = _cell_size_from_w(arrays["w"], allow_zero=sequence)
-    if not sequence and B == 0:
-        raise InvalidArgumentError(f"cs_prev_tensor is empty, has shape: ({B},{C}).")
-    dims = Dims(T, B, I, C)
-    _check_common(arrays, dims, (), {})
-    return dims
+    return _checked(arrays, "seq" if sequence else "cell", forward=True)

@@ -26,8 +26,9 @@ import lstmgrad_cli as lg
 from lstmgrad_cli import backends as reg
 from lstmgrad_cli.backends import _blas
 from lstmgrad_cli.backends._numpy import NumpyBackend
-from lstmgrad_cli.backends._xp import SeqTensors, XpGradient, default_chunk_steps
+from lstmgrad_cli.backends._xp import XpGradient, default_chunk_steps
 from lstmgrad_cli.errors import BackendUnavailableError, UnknownBackendError
+from lstmgrad_cli.spec import SeqTensors
 
 HAVE_NUMBA = reg.status("numba").available
 

@@ -155,8 +155,8 @@ def test_a_small_pass_and_its_summaries_run_blas_on_one_thread(choose, monkeypat
 
     from lstmgrad_cli import jobs, summary
     from lstmgrad_cli.backends import get_backend
-    from lstmgrad_cli.backends._xp import SeqTensors
     from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.spec import SeqTensors
 
     blas = choose("openblas")
     if blas is None:
@@ -329,7 +329,7 @@ sys.path.insert(0, sys.argv[1])
 from conftest import load_case, assert_close_scaled
 import lstmgrad_cli as lg
 from lstmgrad_cli.backends import _blas, _numba, _numba_kernels, get_backend
-from lstmgrad_cli.backends._xp import SeqTensors
+from lstmgrad_cli.spec import SeqTensors
 from lstmgrad_cli.backends._numpy import NumpyBackend
 from lstmgrad_cli.bench import make_inputs
 

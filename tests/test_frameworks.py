@@ -619,3 +619,27 @@ def test_a_whole_bidirectional_from_python():
     inputs = npz(KERAS / case["files"]["in"])
     got = lg.keras_lstm_grad(inputs["x"], weights=weights, merge_mode="mul", h_grad=inputs["h_grad"])
     assert_matches(got, npz(KERAS / case["files"]["expected"]))
+
+
+@pytest.mark.parametrize(("folder", "name", "flags", "batch_major"), [
+    (KERAS, "keras_seq", [], True),  # Keras: x [B, T, I] unless time_major
+    (TORCH, "torch_seq", [], False),  # PyTorch: x [T, B, I] unless batch_first
+])
+def test_check_labels_a_difference_in_the_layout_the_input_gave(runner, tmp_path, folder, name, flags, batch_major):
+    """check reported a batch-first Keras x_grad's worst element as [t=2, b=3, ...] where it is [b=2, t=3, ...],
+    and the first failing step from the batch axis."""
+    reference = npz(folder / f"{name}.expected.npz")
+    x_grad = reference["x_grad"].copy()
+    T = npz(folder / f"{name}.in.npz")["x"].shape[1 if batch_major else 0]
+    where = (1, T - 2, 0) if batch_major else (T - 2, 1, 0)  # batch row 1, step T - 2
+    x_grad[where] += 1.0
+    path = write_npz(tmp_path / "ref.npz", {**reference, "x_grad": x_grad})
+    result = runner.invoke(main, ["check", str(folder / f"{name}.in.npz"), "-r", str(path), "--json", *flags])
+    assert result.exit_code == 1, result.output
+    (c,) = [c for c in json.loads(result.stdout)["result"]["comparisons"] if not c["passed"]]
+    assert c["name"] == "x_grad" and c["axes"] == (["b", "t", "i"] if batch_major else ["t", "b", "i"])
+    assert c["worst_index"] == list(where) and c["first_bad_step"] == T - 2
+    text = " ".join(runner.invoke(main, ["check", str(folder / f"{name}.in.npz"), "-r", str(path), *flags]).stdout
+                    .split())
+    labelled = f"b=1, t={T - 2}, i=0" if batch_major else f"t={T - 2}, b=1, i=0"
+    assert f"the worst at [{labelled}]" in text and f"the first failing time step is t={T - 2}" in text

@@ -11,6 +11,8 @@ import pytest
 
 from lstmgrad_cli import gradcheck
 from lstmgrad_cli.backends import get_backend
+from lstmgrad_cli.forward import block_lstm_forward
+from lstmgrad_cli.spec import ACTIVATIONS, FORWARD_INPUTS
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 CASES = [c for c in json.loads((FIXTURES / "manifest.json").read_text()) if c["seq_len_max"] != 0]
@@ -35,15 +37,24 @@ def test_fit_recovers_tf_parameters(case):
 
 
 @pytest.mark.parametrize("name", ["seq_v2_clip", "seq_v1_peep", "seq_v2_partial", "cell_clip"])
-def test_forward64_matches_tf(name):
+def test_the_float64_forward_matches_tf(name):
+    """The one forward pass (forward.py), in float64 as the finite differences run it, with its clip offsets."""
     case = next(c for c in CASES if c["name"] == name)
     arrays, L = load(case)
     a = {k: np.asarray(v, np.float64) for k, v in gradcheck.as_sequence(arrays, case["kind"]).items()}
-    outs, offsets = gradcheck.forward64(a, layout=case["layout"], use_peephole=case["use_peephole"], seq_len_max=L,
-                                        forget_bias=case["forget_bias"], cell_clip=case["cell_clip"])
-    for n in ("i", "cs", "f", "o", "ci", "co", "h"):
-        np.testing.assert_allclose(outs[n][:L], a[n][:L], atol=1e-6, err_msg=n)
+    offsets = np.zeros_like(a["cs"])
+    outs = block_lstm_forward(L, **{n: a[n] for n in FORWARD_INPUTS}, layout=case["layout"],
+                              use_peephole=case["use_peephole"], forget_bias=case["forget_bias"],
+                              cell_clip=case["cell_clip"], compute_dtype=np.float64, offsets_out=offsets)
+    for n, out in zip(ACTIVATIONS, outs, strict=True):
+        np.testing.assert_allclose(out[:L], a[n][:L], atol=1e-6, err_msg=n)
     assert (np.abs(offsets) > 0).any() == bool(case["clipped_fraction"])
+    # with the offsets held, cs is the unclipped sum plus them: the same outputs (the straight-through function)
+    held = block_lstm_forward(L, **{n: a[n] for n in FORWARD_INPUTS}, layout=case["layout"],
+                              use_peephole=case["use_peephole"], forget_bias=case["forget_bias"],
+                              cell_clip=case["cell_clip"], compute_dtype=np.float64, clip_offsets=offsets)
+    for n, out, again in zip(ACTIVATIONS, outs, held, strict=True):
+        np.testing.assert_allclose(again, out, rtol=0, atol=1e-12, err_msg=n)
 
 
 @pytest.mark.parametrize("name", ["seq_v2_clip", "seq_v1_nopeep", "cell_peep"])

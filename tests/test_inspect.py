@@ -62,8 +62,10 @@ def test_every_problem_is_reported_at_once(tmp_path):
     by_tensor = {}
     for p in problems(doc):
         by_tensor.setdefault(p["tensor"], []).append(p)
-    assert "float64 but x is float32" in by_tensor["w"][0]["message"]
-    assert "cs_prev has shape [4, 6], expected [B, C] = [3, 6]" in by_tensor["cs_prev"][0]["message"]
+    # in the words seq refuses each in (the same rules, validation.py), here all at once
+    assert "all tensors must have one dtype: x is float32 but w is float64" in by_tensor["w"][0]["message"]
+    assert ("cs_prev.dims(0) != batch_size: 4 vs. 3 (cs_prev has shape [4, 6], expected [batch_size, cell_size] = "
+            "[3, 6])") in by_tensor["cs_prev"][0]["message"]
     assert by_tensor["wco"][0]["message"].startswith("missing tensor wco")
     assert "outside [0, 1]" in by_tensor["f"][0]["message"]
     assert "seq_len_max must be between 0 and 5 but is 9" in by_tensor["seq_len_max"][0]["message"]
@@ -130,7 +132,7 @@ def test_inconsistent_activations_are_flagged(tmp_path):
     code, doc = inspect(path)
     assert code == 0 and doc["kind"] == "cell"
     warning = [p["message"] for p in problems(doc, "warning")]
-    assert any("do not fit x, h_prev, w, b" in m for m in warning)
+    assert any("the stored activations fit neither gate layout, with or without peepholes" in m for m in warning)
 
 
 def test_key_names_are_never_markup_or_terminal_control(tmp_path):
@@ -202,8 +204,9 @@ def test_activations_that_do_not_fit_their_nonfinite_inputs_are_flagged_by_both(
     ran = _seq_result(path, tmp_path)
     assert ran["activations"]["fits_nothing"] and any("fit neither gate layout" in m for m in ran["warnings"])
     code, doc = inspect(path)
-    assert doc["activations"] == ran["activations"] and doc["layout"] is None
-    assert any("do not fit x, h_prev, w, b in either layout" in p["message"] for p in problems(doc, "warning"))
+    assert doc["activations"] == ran["activations"] and doc["layout"] == ran["layout"] == "ifco"
+    (said,) = [w for w in ran["warnings"] if "fit neither gate layout" in w]  # the same words
+    assert said.removeprefix(f"{path}: ") in [p["message"] for p in problems(doc, "warning")]
 
 
 def test_a_misfit_at_a_step_seq_does_not_sample_is_still_flagged(tmp_path):

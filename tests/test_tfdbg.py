@@ -13,7 +13,7 @@ import tracemalloc
 import numpy as np
 import pytest
 from conftest import FIXTURES, consistent_inputs
-from tfdbg_builder import graph_training_dump
+from tfdbg_builder import eager_gradient_dump, graph_training_dump
 
 import lstmgrad_cli as lg
 from lstmgrad_cli import io
@@ -154,6 +154,43 @@ def test_an_unrecorded_function_argument_is_named_and_can_be_supplied(runner, tm
         assert_close(npz(tmp_path / "g.npz")[key.split("/")[1]], want, "float32", key)
 
 
+# Inputs an eager gradient op read from tf.Variables under a GradientTape: the dump records none of them, for one
+# reason, said once (it was said per tensor: one line of 2,000 characters).
+UNRECORDED = ("x", "cs_prev", "h_prev", "w", "b")
+
+
+@pytest.fixture
+def eager_unrecorded(tmp_path):
+    run = {**npz(FIXTURES / "seq_v2_peep.in.npz"), **npz(FIXTURES / "seq_v2_peep.expected.npz")}
+    run["seq_len_max"] = np.asarray(run["seq_len_max"], np.int64)
+    np.savez(tmp_path / "weights.npz", **{n: run[n] for n in UNRECORDED})
+    return eager_gradient_dump(tmp_path / "dump", run, unrecorded=UNRECORDED)
+
+
+def test_unrecorded_inputs_are_one_clause_per_cause_in_every_command(runner, tmp_path, eager_unrecorded):
+    cause = tfdbg.index_dump(eager_unrecorded).executions[0].missing["x"].why
+    clause = f"no recorded values for {', '.join(UNRECORDED)} ({cause}); give a file holding them with --weights FILE"
+    for command in (["seq", "-o", str(tmp_path / "g.npz")], ["check"], ["inspect"]):
+        result = runner.invoke(main, [command[0], str(eager_unrecorded), *command[1:]])
+        assert result.exit_code == 1, command
+        said = result.stderr if command[0] != "inspect" else result.stdout
+        (line,) = [ln for ln in said.splitlines() if "no recorded value" in ln and "seq_len_max" not in ln]
+        assert clause in line and line.count(cause) == 1, line
+        assert len(line) < len(clause) + len(str(eager_unrecorded)) + 60, line  # the path, the member, a label
+    assert not (tmp_path / "g.npz").exists()
+
+
+def test_the_python_api_gets_the_facts_and_its_own_parameter(tmp_path, eager_unrecorded):
+    with pytest.raises(lg.UnrecordedTensorsError) as caught:
+        lg.load(eager_unrecorded)
+    error = caught.value
+    assert error.tensors == list(UNRECORDED) and list(error.causes.values()) == [list(UNRECORDED)]
+    assert "give a file holding them with the weights argument" in str(error) and "--" not in str(error)
+    inputs = lg.load(eager_unrecorded, weights=tmp_path / "weights.npz")  # the parameter the message names
+    for key, want in npz(FIXTURES / "seq_v2_peep.expected.npz").items():
+        assert_close(getattr(inputs.gradients(), key), want, "float32", key)
+
+
 def test_a_dump_without_values_says_how_to_make_one(runner, tmp_path):
     for command in (["seq"], ["check"], ["inspect"]):
         args = [*command, str(DUMPS / "curt_health")] + (["--out-dir", str(tmp_path)] if command == ["seq"] else [])
@@ -243,6 +280,23 @@ def test_crc32c_matches_the_c_library_and_tfs_check_value():
     for size in (0, 1, 7, 1000, 65537):
         data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
         assert tfrecord.crc32c_python(data) == google_crc32c.value(data) == tfrecord.crc32c(data)
+
+
+def test_execution_names_the_user_must_type_are_never_cut(runner, tmp_path):
+    """The lists that say what to give --group (an error, inspect's table in a narrow terminal) show each
+    execution's whole name: they were cut to 60 characters."""
+    run = consistent_inputs(T=3, B=2, I=3, C=2, seed=1)
+    tensors = {**run, **lg.block_lstm_grad_v2(3, **run, use_peephole=True)._asdict(), "seq_len_max": np.int64(3)}
+    scope = "/".join(["while", "body", "sequential", "bidirectional", "backward_lstm", "gradient_tape"] * 2)
+    dump = graph_training_dump(tmp_path / "dump", [tensors] * 2, grad_name=f"{scope}/BlockLSTMGradV2")
+    members = [e.member for e in tfdbg.index_dump(dump).executions if e.is_gradient]
+    assert len(members) == 2 and min(map(len, members)) > 100
+    result = runner.invoke(main, ["seq", str(dump), "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 2 and all(m in result.stderr for m in members), result.stderr
+    narrow = runner.invoke(main, ["inspect", str(dump)], env={"COLUMNS": "80"})
+    cells = [line.split("│")[1].strip() for line in narrow.stdout.splitlines() if line.startswith("│")]
+    every = [e.member for e in tfdbg.index_dump(dump).executions]  # (the forward runs too)
+    assert "".join(cells) == "".join(every)  # each folded over lines of the first column, whole
 
 
 def test_many_runs_stream_through_bounded_memory(tmp_path):

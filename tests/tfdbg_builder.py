@@ -85,11 +85,11 @@ GRADS = ("x_grad", "cs_prev_grad", "h_prev_grad", "w_grad", "wci_grad", "wcf_gra
 
 
 def graph_training_dump(folder: Path, runs: list[dict], grad_op: str = "BlockLSTMGradV2",
-                        forward_op: str = "BlockLSTMV2", other_ops: int = 0) -> Path:
+                        forward_op: str = "BlockLSTMV2", other_ops: int = 0, grad_name: str = "grad") -> Path:
     """A tf.function run ``len(runs)`` times: per run, every input read by a ReadVariableOp, the forward op, the
     output gradients, and the gradient op, all traced, and ``other_ops`` ops of the rest of a model (each
-    tracing a [B, C] value).  Each run is a dict of the tensors under TF's names (the seq inputs, the
-    activations, cs_grad, h_grad and the gradient op's outputs)."""
+    tracing a [B, C] value); ``grad_name``: the gradient op's name.  Each run is a dict of the tensors under TF's
+    names (the seq inputs, the activations, cs_grad, h_grad and the gradient op's outputs)."""
     gid = "graph-0"
     graphs = [event(8, field(1, gid) + field(2, "train_step"))]
     graphs += [op_creation("MatMul", f"dense_{k}/MatMul", gid, ["a:0", "b:0"]) for k in range(other_ops)]
@@ -98,12 +98,31 @@ def graph_training_dump(folder: Path, runs: list[dict], grad_op: str = "BlockLST
     graphs.append(op_creation(forward_op, "fwd", gid, [f"read_{n}:0" for n in SEQ_INPUTS], 7))
     grad_inputs = [f"read_{n}:0" for n in SEQ_INPUTS] + [f"fwd:{k}" for k in range(7)] + ["read_cs_grad:0",
                                                                                           "read_h_grad:0"]
-    graphs.append(op_creation(grad_op, "grad", gid, grad_inputs, 8))
+    graphs.append(op_creation(grad_op, grad_name, gid, grad_inputs, 8))
     traces = []
     for run in runs:
         for name in (*SEQ_INPUTS, "cs_grad", "h_grad"):
             traces.append(trace(gid, f"read_{name}", 0, run[name]))
         traces += [trace(gid, "fwd", k, run[name]) for k, name in enumerate(ACTS)]
-        traces += [trace(gid, "grad", k, run[name]) for k, name in enumerate(GRADS)]
+        traces += [trace(gid, grad_name, k, run[name]) for k, name in enumerate(GRADS)]
         traces += [trace(gid, f"dense_{k}/MatMul", 0, run["h_prev"]) for k in range(other_ops)]
     return write_dump(folder, {"graphs": graphs, "graph_execution_traces": traces})
+
+
+def eager_gradient_dump(folder: Path, run: dict, unrecorded=(), grad_op: str = "BlockLSTMGradV2") -> Path:
+    """An eager gradient-op execution whose inputs were each made by an eager op the dump recorded (a Snapshot),
+    except those named in ``unrecorded``: they come from no recorded execution (read from a tf.Variable under a
+    GradientTape, made by tf.constant...).  ``run`` holds the inputs under TF's names and the gradient op's
+    outputs."""
+    names = (*SEQ_INPUTS, *ACTS, "cs_grad", "h_grad")
+    executions, ids = [], []
+    for k, name in enumerate(names):
+        tensor_id = 100 + k
+        ids.append(tensor_id)
+        if name not in unrecorded:
+            executions.append(event(9, field(1, "Snapshot") + packed(5, [tensor_id]) + field(6, 7)
+                                    + field(7, tensor_proto(run[name]))))
+    outputs = [200 + k for k in range(len(GRADS))]
+    executions.append(event(9, field(1, grad_op) + packed(4, ids) + packed(5, outputs) + field(6, 7)
+                            + b"".join(field(7, tensor_proto(run[name])) for name in GRADS)))
+    return write_dump(folder, {"execution": executions})

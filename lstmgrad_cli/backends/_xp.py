@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..results import BlockLSTMGradOutputs
-from ..spec import LAYOUTS  # noqa: F401 - gate block offsets, in units of C (re-exported for the kernels)
+from ..spec import LAYOUTS, SeqTensors
 from . import _blas
 
 # Budget for one chunk's buffers (gate gradients, and the cast inputs when casting).
@@ -50,28 +50,6 @@ OVERLAP_SLOTS = 3
 
 # Per-step activations, in the order the step kernels take them.
 STEP_NAMES = ("i", "f", "o", "ci", "co", "h_grad", "cs_grad")
-
-
-class SeqTensors(NamedTuple):
-    """The 17 tensor inputs of BlockLSTMGrad(V2), in TF's order (seq_len_max is passed apart)."""
-
-    x: object
-    cs_prev: object
-    h_prev: object
-    w: object
-    wci: object
-    wcf: object
-    wco: object
-    b: object
-    i: object
-    cs: object
-    f: object
-    o: object
-    ci: object
-    co: object
-    h: object
-    cs_grad: object
-    h_grad: object
 
 
 def default_chunk_steps(L: int, B: int, C: int, itemsize: int, I: int = 0, casting: bool = False) -> int:  # noqa: E741

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 import click
 
 from ..errors import InvalidOptionError, LstmGradError, OutputFileError
+from ..messages import spelled
 from ..summary import json_safe
+from ._words import flag, words
 
 if TYPE_CHECKING:  # rich is imported when something is shown (~25 ms a quiet or --json command does not pay)
     from rich.console import Console
@@ -56,7 +58,7 @@ def stderr_console() -> Console:
 
 
 def print_json(document) -> None:
-    click.echo(json.dumps(json_safe(document), indent=2, allow_nan=False, default=_jsonable))
+    click.echo(json.dumps(spelled(json_safe(document), flag), indent=2, allow_nan=False, default=_jsonable))
 
 
 def _jsonable(value):
@@ -66,8 +68,9 @@ def _jsonable(value):
 
 
 def printable(text: object) -> str:
-    """Text from files and file names with control characters escaped (no raw escapes to the terminal)."""
-    text = str(text)
+    """Text from files and file names with control characters escaped (no raw escapes to the terminal); library
+    messages with the command line's flags."""
+    text = words(text)
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
@@ -119,8 +122,8 @@ def print_table(console: Console, table, heading: object = None, footer: object 
         say(console, footer)
 
 
-def one_line(message: str) -> str:
-    return printable(" ".join(str(message).split())) or "unknown error"
+def one_line(message) -> str:
+    return printable(" ".join(words(message).split())) or "unknown error"
 
 
 def check_output_extension(path, ctx=None, param=None) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import math
 import signal
 import sys
 from pathlib import Path
@@ -19,75 +18,47 @@ from ..errors import InvalidOptionError, LstmGradError
 from ..frameworks import FrameworkOptions
 from ..io import npydir
 from ..jobs import GradOptions, GradResult
-from ..perstep import ASCII_SPARK, SPARK, check_plot_path, save_plot, sparkline
+from ..messages import prefixed
+from ..perstep import check_plot_path, save_plot
+from . import _options as opt
+from . import render
 from ._common import (
     check_output_extension,
     handle_errors,
     is_terminal,
-    new_table,
     one_line,
-    plain,
     print_json,
-    print_table,
     progress_bar,
     say,
-    separator,
     silence_closed_stdout,
     stdout_console,
-    unicode_console,
 )
+from ._words import words
 
 INPUT_SUFFIXES = (".h5", ".hdf5", ".npz")
-# How the summary says where a parameter came from.
-FRAMEWORK_WORDS = {"keras": "Keras LSTM layer", "torch": "PyTorch nn.LSTM layer"}
-SOURCE_WORDS = {"activations": "found from the activations", "flag": "as asked", "default": "default",
-                "dump": "the forward op recorded in the dump"}
-
-
-# The forward op's defaults of --forget-bias and --cell-clip, as each command's help says them.
-FORWARD_DEFAULT_WORDS = {
-    "seq": ("the file's, else the op's: BlockLSTM 1, BlockLSTMV2 none",
-            "the file's, else the op's: 3 for BlockLSTM, 0 for BlockLSTMV2"),
-    "cell": ("the file's, else LSTMBlockCell's 1", "the file's, else LSTMBlockCell's 3"),
-}
 
 
 def _shared_options(kind: str):
-    forget_bias_default, cell_clip_default = FORWARD_DEFAULT_WORDS[kind]
-    options = [
+    return opt.options(
         click.argument("inputs", nargs=-1, required=True, metavar="INPUT..."),
         click.option("-o", "--output", type=click.Path(path_type=Path),
                      help="Output file (.npz, .h5, .hdf5, .safetensors); only with a single INPUT. "
                           "Default: <input stem>.grads.<input format> beside the input."),
         click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path),
                      help="Write each output here as <input stem>.grads.<ext> (made, with its parents, when missing)."),
-        click.option("--backend", metavar="NAME", help="Compute backend (env LSTMGRAD_BACKEND; default numpy; "
-                                                       "'auto' picks the fastest usable). See `lstmgrad backends`."),
-        click.option("--peephole/--no-peephole", "use_peephole", default=None,
-                     help="Override use_peephole (default: from the file, else what the stored activations "
-                          "fit, else off)."),
-        click.option("--group", metavar="PATH", help="HDF5 group (NPZ key prefix, subdirectory) holding the tensors; "
-                                                     "in a TensorFlow debug dump, the execution to run."),
-        click.option("--weights", type=click.Path(path_type=Path), metavar="FILE",
-                     help="Read the tensors an INPUT lacks from FILE (any input format), e.g. weights from a model "
-                          "file, or a tf.function argument a debug dump has no value for. INPUT's win."),
-        click.option("--weights-group", metavar="PATH", help="Group (key prefix, subdirectory) of --weights."),
-        click.option("--forget-bias", type=float,
-                     help="When INPUT has no forward outputs (i, cs, f, ... are recomputed): the forward op's "
-                          f"forget_bias (default: {forget_bias_default})."),
-        click.option("--cell-clip", type=float,
-                     help="When the forward outputs are recomputed: the forward op's cell_clip, <= 0 for none "
-                          f"(default: {cell_clip_default})."),
-        click.option("--op", "dump_op", metavar="NAME",
-                     help="TensorFlow debug dumps: run the executions of this op (name or type) only."),
-        click.option("--execution", "dump_execution", type=int, metavar="K",
-                     help="TensorFlow debug dumps: run the K-th execution of each op only (0 first, -1 last)."),
-        click.option("--compute-dtype", type=click.Choice(["float16", "float32", "float64"]),
+        opt.backend_option(),
+        opt.peephole_option(),
+        opt.group_option("run"),
+        opt.weights_options("an INPUT lacks", ", e.g. weights from a model file, or a tf.function argument a debug "
+                                              "dump has no value for"),
+        opt.recompute_attribute_options(kind),
+        opt.dump_selection_options("run"),
+        click.option("--compute-dtype", type=opt.COMPUTE_DTYPES,
                      help="Arithmetic precision. float16 inputs default to float32 (rounded once); "
                           "float16 reproduces TF CPU's per-step half rounding."),
-        click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables."),
-        click.option("-q", "--quiet", is_flag=True, help="Print nothing on success."),
-        click.option("--force", is_flag=True, help="Overwrite existing output files."),
+        opt.json_option(),
+        opt.quiet_option(),
+        opt.force_option(),
         click.option("--keep-going", is_flag=True,
                      help="Report a bad file and go on with the rest (exit 1 at the end)."),
         click.option("--skip-existing", is_flag=True,
@@ -98,40 +69,16 @@ def _shared_options(kind: str):
                      help="Process files in N local processes (BLAS threads are divided among them)."),
         click.option("--dask", "dask_address", metavar="ADDRESS",
                      help="Send files to a Dask distributed scheduler (tcp://host:8786); needs lstmgrad[dask]."),
-    ]
-
-    def decorate(func):
-        for option in reversed(options):
-            func = option(func)
-        return func
-
-    return decorate
+    )
 
 
 @click.command("seq")
 @_shared_options("seq")
-@click.option("--layout", type=click.Choice(["ifco", "icfo"]),
-              help="Gate layout: ifco = BlockLSTMGradV2, icfo = BlockLSTMGrad (V1).  Default: the layout the "
-                   "stored activations fit, else ifco.")
-@click.option("--seq-len-max", type=click.IntRange(min=0),
-              help="Override seq_len_max (default: from the file, else T).")
+@opt.layout_option()
+@opt.seq_len_max_option()
 @click.option("--chunk-steps", type=click.IntRange(min=1),
               help="Time steps per batched matrix product (default: from a 64 MiB budget).")
-@click.option("--framework", type=click.Choice(["keras", "torch", "tf"]),
-              help="Whose names INPUT uses: a Keras LSTM layer's (x, kernel, recurrent_kernel, bias, ...), a PyTorch "
-                   "nn.LSTM's (weight_ih_l0, ...), or the TF op's (default: told from the names).")
-@click.option("--time-major", is_flag=True, help="Keras: x and h_grad are [T, B, ...] (time_major=True).")
-@click.option("--batch-first", is_flag=True, help="PyTorch: x and h_grad are [B, T, ...] (batch_first=True).")
-@click.option("--layer", "torch_layer", type=click.IntRange(min=0),
-              help="PyTorch: only the layer K (weight_ih_lK, ...), its own input as x and its output's gradient as "
-                   "h_grad (default: the whole module, every layer and direction).")
-@click.option("--reverse", is_flag=True, help="The backward direction of a bidirectional LSTM, h_grad in x's time "
-                                              "order (PyTorch: the weights with _reverse; Keras: a Bidirectional's "
-                                              "backward_layer).")
-@click.option("--go-backwards", is_flag=True, help="Keras: a layer made with go_backwards=True (h_grad as it returns "
-                                                   "its outputs, from x's last step).")
-@click.option("--inference", is_flag=True, help="Keras: the gradient was taken with training=False, where a layer's "
-                                                "dropout does nothing (a layer with dropout is refused otherwise).")
+@opt.framework_options()
 @click.option("--per-step", is_flag=True,
               help="Add the gradient norms of every time step, a chart and the fastest growth/decay in words.")
 @click.option("--plot", type=click.Path(path_type=Path),
@@ -253,14 +200,14 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
         def on_result(task, result: GradResult) -> None:
             source = f"{result.input} [{result.member}]" if result.member else result.input
             for warning in result.warnings:
-                click.echo(f"Warning: {one_line(f'{source}: {warning}')}", err=True)
+                click.echo(f"Warning: {one_line(prefixed(source, warning))}", err=True)
             if result.status == "failed":
                 click.echo(f"Error: {one_line(result.error)}", err=True)
             with _closed_stdout_noted(stdout_closed):
                 if result.status == "ok" and not (as_json or quiet):
-                    render(console, result)
+                    render.grad_result(console, result)
                 elif result.status == "skipped" and result.notes and not (as_json or quiet):  # found complete
-                    say(console, f"{source} -> {result.output}: {result.notes[0]}")
+                    say(console, f"{source} -> {result.output}: {words(result.notes[0])}")
             if result.status == "ok" and plot is not None and result.per_step is not None:
                 try:
                     save_plot(result.per_step, plot, f"{result.op}: {Path(result.input).name}")
@@ -303,15 +250,7 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
                             "lost": counts["lost"], "not_run": not_run},
             })
         elif len(tasks) > 1 and not quiet:
-            columns = {"files": len(tasks), "done": counts["ok"], "failed": counts["failed"],
-                       "skipped": counts["skipped"], "lost": counts["lost"], "not run": not_run}
-            if not counts["lost"]:  # only a lost Dask scheduler loses files
-                del columns["lost"]
-            table = new_table()
-            for col in columns:
-                table.add_column(col, justify="right")
-            table.add_row(*map(str, columns.values()))
-            print_table(console, table, "batch")
+            render.batch_summary(console, len(tasks), counts, not_run)
     if stdout_closed and not counts["lost"]:  # every file had its turn: nothing stopped, a finished output stays one
         click.echo(f"Warning: stdout was closed (its reader exited) before everything was printed; the run was not "
                    f"stopped: {done} of {len(tasks)} files done, {counts['failed']} failed, every output written is "
@@ -384,60 +323,3 @@ def _interruptible():
             signal.signal(sig, old)
 
 
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.6g}"
-
-
-def render(console, result: GradResult) -> None:
-    """The rich summary of one run: a header line of what was computed, a row per output tensor."""
-    table = new_table()
-    for name, justify in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("L2 norm", "right"),
-                          ("max |value|", "right"), ("finite", "center")):
-        table.add_column(name, justify=justify)
-    source = f"{result.input} [{result.member}]" if result.member else result.input
-    for t in result.tensors:
-        finite = "yes" if t.finite else f"[bold red]no ({t.nonfinite})[/]"
-        table.add_row(plain(t.name), "[" + ", ".join(map(str, t.shape)) + "]", t.dtype, _fmt(t.l2_norm),
-                      _fmt(t.max_abs), finite)
-    dims = result.dims or {}
-    shape = ", ".join(f"{k}={v}" for k, v in dims.items() if not (k == "T" and result.seq_len_max is None))
-    layout = f"layout {result.layout}"
-    if result.sources.get("layout") in SOURCE_WORDS:
-        layout += f", {SOURCE_WORDS[result.sources['layout']]}"
-    what = [f"{result.op} ({layout})", f"backend {result.backend} {result.backend_version or ''}".strip(),
-            f"{result.dtype} (computed in {result.compute_dtype})", f"{result.seconds:.3f} s"]
-    peephole = result.sources.get("use_peephole")
-    how = [shape, f"use_peephole={str(result.use_peephole).lower()} ({SOURCE_WORDS.get(peephole, peephole)})"]
-    if result.seq_len_max is not None:
-        origin = result.sources.get("seq_len_max")
-        how.append(f"seq_len_max={result.seq_len_max} ({SOURCE_WORDS.get(origin, origin)})")
-    if result.framework:  # a Keras or PyTorch layer: the op is how it is computed, not what the user gave
-        what[0] = f"{result.module or FRAMEWORK_WORDS[result.framework]}, computed as {result.computed_as}"
-        how = [shape]
-    print_table(console, table, f"{source} -> {result.output}")
-    say(console, separator(console).join(what))
-    say(console, separator(console).join(how))
-    for note in result.notes:
-        say(console, f"note: {note}")
-    for note in result.defaults:
-        say(console, f"default used: {note}", style="dim")
-    if result.per_step is not None:
-        render_per_step(console, result.per_step)
-
-
-def render_per_step(console, report: dict) -> None:
-    """Per-step norms as sparklines (log scale, step 0 on the left) and the growth/decay in words."""
-    names = {"x_grad": "|x_grad[t]|", "h_prev_grad": "|dh carried|", "cs_prev_grad": "|dcs carried|",
-             "last_step": "|last-step grad at t|"}
-    width = max(10, min(80, console.width - 40))
-    table = new_table(show_header=True)
-    for col, justify in (("norm", "left"), ("chart", "left"), ("min", "right"), ("max", "right")):
-        table.add_column(col, justify=justify, no_wrap=True)
-    for key, values in report["norms"].items():
-        finite = [v for v in values if math.isfinite(v)]
-        table.add_row(plain(names[key]), sparkline(values, width, SPARK if unicode_console(console) else ASCII_SPARK),
-                      _fmt(min(finite) if finite else None),
-                      _fmt(max(finite) if finite else None))
-    print_table(console, table, f"gradients through time ({report['steps']} steps, log scale, step 0 on the left)")
-    for line in report["summary"]:
-        say(console, line)

@@ -11,7 +11,6 @@ the headers it walks, and tensor data is never copied by it.)
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterator
 
 VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
@@ -82,12 +81,6 @@ def as_signed(wire: int, value) -> int:
     """An int32/int64 field: negative values are 10-byte two's complement varints."""
     value = as_int(wire, value)
     return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def as_double(wire: int, value) -> float:
-    if wire != FIXED64:
-        raise WireError(f"expected a double, got wire type {wire}")
-    return struct.unpack("<d", value)[0]
 
 
 def as_bytes(wire: int, value) -> memoryview:

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputFileError, LstmGradError
+from ..spec import GRADIENT_OPS, SIGNATURES
 from . import protowire as pw
 from ._common import Budget, Format, LoadedFile, describe_keys, max_tensor_bytes
 from .tfrecord import read_record_at, read_records
@@ -44,21 +45,7 @@ MODES = {0: "UNSPECIFIED", 1: "NO_TENSOR", 2: "CURT_HEALTH", 3: "CONCISE_HEALTH"
 DUMP_CALL = ('tf.debugging.experimental.enable_dump_debug_info(DIR, tensor_debug_mode="FULL_TENSOR", '
              "circular_buffer_size=-1)")
 
-_SEQ_IN = ("seq_len_max", "x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
-_CELL_IN = _SEQ_IN[1:]
-_ACTS = ("i", "cs", "f", "o", "ci", "co", "h")
-_SEQ_GRADS = ("x_grad", "cs_prev_grad", "h_prev_grad", "w_grad", "wci_grad", "wcf_grad", "wco_grad", "b_grad")
-# op type -> (kind, layout, forward op, input names, output names), in the op definitions' order
-OPS = {
-    "BlockLSTM": ("seq", "icfo", None, _SEQ_IN, _ACTS),
-    "BlockLSTMV2": ("seq", "ifco", None, _SEQ_IN, _ACTS),
-    "LSTMBlockCell": ("cell", "icfo", None, _CELL_IN, _ACTS),
-    "BlockLSTMGrad": ("seq", "icfo", "BlockLSTM", (*_SEQ_IN, *_ACTS, "cs_grad", "h_grad"), _SEQ_GRADS),
-    "BlockLSTMGradV2": ("seq", "ifco", "BlockLSTMV2", (*_SEQ_IN, *_ACTS, "cs_grad", "h_grad"), _SEQ_GRADS),
-    "LSTMBlockCellGrad": ("cell", "icfo", "LSTMBlockCell", (*_CELL_IN, *_ACTS[:6], "cs_grad", "h_grad"),
-                          ("cs_prev_grad", "dicfo", "wci_grad", "wcf_grad", "wco_grad")),
-}
-GRADIENT_OPS = tuple(op for op, spec in OPS.items() if spec[2] is not None)
+OPS = SIGNATURES  # op type -> (kind, layout, forward op, input names, output names): spec.py's table
 # Ops tfdbg2 never traces whose output is an input passed through: follow them to that input.
 _PASS_THROUGH = {"Identity": 0, "Snapshot": 0, "Enter": 0, "Exit": 0, "NextIteration": 0, "Switch": 0,
                  "RefIdentity": 0, "StopGradient": 0, "IdentityN": None}  # None: the input of the same slot

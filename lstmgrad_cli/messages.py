@@ -1,0 +1,131 @@
+"""Messages that name what the caller can change, spelt by whoever shows them.
+
+The library says what it found; when a message tells the user what to give or change ("give a file holding
+them with ..."), it refers to a parameter, and how a parameter is spelt depends on who called: the command
+line has flags (``--weights FILE``), the Python API keyword arguments (``weights=``).  A ``Message`` is a
+``str`` that reads as the Python API says it (``str(err)``, ``"; ".join(problem.warnings)``) and remembers
+which of its parts are parameters (``Param``), so that the command line shows the same message with its
+flags (cli/_words.py).  It survives pickling (batch workers, Dask) and ``dataclasses.asdict``.
+
+No imports from the rest of the package: errors.py and every module below the command line use it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Param:
+    """A parameter a message refers to: by name alone ("the seq_len_max argument", ``--seq-len-max``), or with
+    the value to give (``layout='icfo'``, ``--layout icfo``)."""
+
+    name: str
+    value: object = None
+
+
+def python_spelling(param: Param) -> str:
+    """How the Python API names a parameter in its messages."""
+    if param.value is None:
+        return f"the {param.name} argument"
+    return f"{param.name}={param.value!r}"
+
+
+Spelling = Callable[[Param], str]
+
+
+class Message(str):
+    """Text whose ``Param`` parts are spelt when it is shown; as a ``str``, the Python API's spelling.
+
+    ``Message("give a file holding it with ", Param("weights"))``; nested Messages keep their parameters.
+    Operations of ``str`` (``+``, f-strings, ``split``) give plain text: build with ``Message``, ``format`` and
+    ``join`` to keep the parameters."""
+
+    parts: tuple
+
+    def __new__(cls, *parts):
+        flat: list = []
+        for part in parts:
+            pieces = part.parts if isinstance(part, Message) else (part if isinstance(part, Param) else str(part),)
+            for piece in pieces:
+                if isinstance(piece, str) and flat and isinstance(flat[-1], str):
+                    flat[-1] += piece
+                elif not (isinstance(piece, str) and not piece):
+                    flat.append(piece)
+        self = super().__new__(cls, _render(flat, python_spelling))
+        self.parts = tuple(flat)
+        return self
+
+    @classmethod
+    def format(cls, template: str, *args) -> Message:
+        """``template`` with each ``{}`` replaced by the next argument (text, a ``Param`` or a ``Message``).
+        The template is the code's own words: braces in the arguments (file names) are never read."""
+        pieces = template.split("{}")
+        if len(pieces) != len(args) + 1:
+            raise ValueError(f"{len(pieces) - 1} places for {len(args)} arguments in {template!r}")
+        parts: list = [pieces[0]]
+        for arg, piece in zip(args, pieces[1:], strict=True):
+            parts += [arg, piece]
+        return cls(*parts)
+
+    @classmethod
+    def join(cls, separator: str, items: Iterable) -> Message:
+        parts: list = []
+        for k, item in enumerate(items):
+            parts += [separator, item] if k else [item]
+        return cls(*parts)
+
+    def render(self, spell: Spelling = python_spelling) -> str:
+        return _render(self.parts, spell)
+
+    def one_line(self) -> Message:
+        """Runs of whitespace (newlines included) as one space, none at the ends, as ``" ".join(text.split())``."""
+        parts = [re.sub(r"\s+", " ", p) if isinstance(p, str) else p for p in self.parts]
+        if parts and isinstance(parts[0], str):
+            parts[0] = parts[0].lstrip()
+        if parts and isinstance(parts[-1], str):
+            parts[-1] = parts[-1].rstrip()
+        return Message(*parts)
+
+    def __reduce__(self):
+        return Message, self.parts
+
+    def __repr__(self) -> str:
+        return f"Message({str.__repr__(self)})"
+
+
+def _render(parts, spell: Spelling) -> str:
+    return "".join(p if isinstance(p, str) else spell(p) for p in parts)
+
+
+def message_of(error: BaseException) -> Message | str:
+    """What an exception says: its ``Message`` (parameters still to spell), else its text."""
+    if len(error.args) == 1 and isinstance(error.args[0], Message):
+        return error.args[0]
+    return str(error)
+
+
+def one_line(text) -> Message | str:
+    """An exception's or a text's words on one line, a ``Message``'s parameters kept."""
+    text = message_of(text) if isinstance(text, BaseException) else text
+    if isinstance(text, Message):
+        return text.one_line()
+    return " ".join(str(text).split())
+
+
+def prefixed(prefix: str, error: BaseException | str) -> Message:
+    """``"{prefix}: {what the error says}"``, its parameters kept."""
+    return Message.format("{}: {}", prefix, message_of(error) if isinstance(error, BaseException) else error)
+
+
+def spelled(value, spell: Spelling):
+    """``value`` (a JSON-ready document) with every ``Message`` in it spelt by ``spell``."""
+    if isinstance(value, Message):
+        return value.render(spell)
+    if isinstance(value, dict):
+        return {k: spelled(v, spell) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [spelled(v, spell) for v in value]
+    return value
