@@ -82,8 +82,9 @@ def compute(problem: Problem, setting: Setting, backend, op_names: bool = False)
     compute_dtype = setting.compute_dtype
     if problem.framework is not None and not problem.framework.single:  # a whole module: no one op to vary
         if op_names:
-            raise InvalidArgumentError(f"{problem.path}: --gradcheck checks one op's gradient, and "
-                                       f"{problem.framework.not_one_op}; compare with a reference (-r) instead")
+            raise InvalidArgumentError(Message.format("{}: {} checks one op's gradient, and {}; compare with a "
+                                                      "reference instead", problem.path, Param("gradcheck"),
+                                                      problem.framework.not_one_op))
         grads = problem.framework.gradients(backend, compute_dtype)
         return {n: np.asarray(g).astype(out_dtype, copy=False) for n, g in grads.items()}
     if setting.half_inputs:

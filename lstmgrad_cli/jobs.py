@@ -210,8 +210,8 @@ def _gradients(problem, backend, cdt, options: GradOptions, result: GradResult, 
     recorder = StepRecorder(problem.seq_len_max) if options.per_step and options.kind == "seq" else None
     whole = problem.framework is not None and not problem.framework.single
     if whole and recorder is not None:
-        raise InvalidArgumentError(f"{problem.path}: --per-step follows one op over its steps, and "
-                                   f"{problem.framework.not_one_op}")
+        raise InvalidArgumentError(Message.format("{}: {} follows one op over its steps, and {}", problem.path,
+                                                  Param("per_step"), problem.framework.not_one_op))
     if whole:  # several layers or directions, or activations the op has not: the module's own pass
         tensors = problem.framework.gradients(backend, cdt)
     else:

@@ -165,7 +165,7 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
                     frameworks.check_applicable(name, framework)
                     _refuse_unused(loaded.keys)
                 except InvalidArgumentError as err:
-                    raise InvalidArgumentError(f"{path}: {err}") from None
+                    raise err.prefixed(str(path)) from None
             if name in frameworks.FRAMEWORKS:
                 plan = _framework_plan(path, loaded, name, framework, group, weights, weights_group, extra)
                 layout, use_peephole, kind = "ifco", False, "seq"
@@ -199,9 +199,10 @@ def _refuse_unused(keys) -> None:
     found = [k for k in _FRAMEWORK_ONLY if k in keys]
     if found:
         raise InvalidArgumentError(
-            f"{found[0]} is there ({_FRAMEWORK_ONLY[found[0]]}), and the TF block-LSTM ops have none: every example "
-            "runs seq_len_max steps. For a Keras or PyTorch layer's tensors give their names (kernel, weight_ih_l0, "
-            "...) or --framework; for the op's own, remove it")
+            Message.format("{} is there ({}), and the TF block-LSTM ops have none: every example runs seq_len_max "
+                           "steps. For a Keras or PyTorch layer's tensors give their names (kernel, weight_ih_l0, ...) "
+                           "or {}; for the op's own, remove it", found[0], _FRAMEWORK_ONLY[found[0]],
+                           Param("framework")))
 
 
 def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, group, weights, weights_group,
@@ -219,7 +220,7 @@ def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, group
                 found["stacked"] and found["group"].startswith(weights_group.strip("/") + "/")
                 for found in frameworks.keras_layers(weights)):
             raise InvalidArgumentError(f"{path}: {weights_group} is a {frameworks.weights_files.STACKED}") from None
-        raise InvalidArgumentError(f"{path}: {err}") from None
+        raise err.prefixed(str(path)) from None
     if plan.single:
         op, steps = plan.op_tensors()
         loaded.tensors = op
@@ -276,8 +277,8 @@ def _layers_in(weights, keys) -> tuple[str, bool]:
         return "", False
     if all("/cells/" in g for g in groups):
         return f"holds the LSTM cells of a {frameworks.weights_files.STACKED}", True
-    return ((f"; {weights} holds LSTM layers at {', '.join(groups[:6])}{', ...' if len(groups) > 6 else ''}: name "
-            "one with --weights-group"), False)
+    return (Message.format("; {} holds LSTM layers at {}{}: name one with {}", weights, ", ".join(groups[:6]),
+                           ", ..." if len(groups) > 6 else "", Param("weights_group")), False)
 
 
 def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) -> tuple:

@@ -152,7 +152,7 @@ def test_an_lstmcell_state_dict_is_named_for_what_it_is(runner, tmp_path):
 @pytest.mark.parametrize(("group", "flags", "said"), [
     ("layers/bidirectional/backward_layer", [], None),  # the group's name says it: computed as --reverse
     ("layers/bidirectional/backward_layer", ["--reverse"], None),
-    ("layers/bidirectional/forward_layer", ["--reverse"], "is its forward layer: leave --reverse out"),
+    ("layers/bidirectional/forward_layer", ["--reverse"], "--reverse is a Bidirectional's backward layer, and"),
     ("layers/bidirectional/backward_layer", ["--go-backwards"], "not a go_backwards layer"),
 ])
 def test_a_bidirectionals_layers_are_computed_as_their_group_names_say(runner, tmp_path, group, flags, said):
@@ -643,3 +643,16 @@ def test_check_labels_a_difference_in_the_layout_the_input_gave(runner, tmp_path
                     .split())
     labelled = f"b=1, t={T - 2}, i=0" if batch_major else f"t={T - 2}, b=1, i=0"
     assert f"the worst at [{labelled}]" in text and f"the first failing time step is t={T - 2}" in text
+
+
+def test_the_python_api_names_its_own_parameters():
+    """The same refusal names flags on the command line and keyword arguments in Python (issue 33)."""
+    inputs = npz(KERAS / "keras_seq.in.npz")
+    with pytest.raises(lg.LstmGradError) as err:
+        lg.keras_lstm_grad(inputs["x"], inputs["kernel"], inputs["recurrent_kernel"], h_grad=inputs["h_grad"],
+                           reverse=True, go_backwards=True)
+    assert "the reverse argument and the go_backwards argument do not go together" in str(err.value)
+    state = {"weight_ih_l1_reverse": np.ones((8, 4), np.float32), "weight_hh_l1_reverse": np.ones((8, 2), np.float32)}
+    with pytest.raises(lg.LstmGradError) as err:
+        lg.torch_lstm_grad(np.ones((3, 2, 4), np.float32), state_dict=state, h_grad=np.ones((3, 2, 2), np.float32))
+    assert "_l1_reverse (layer=1 reverse=True)" in str(err.value) and "--" not in str(err.value)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..messages import Message, Param
 from ..modules import Module
 from ..recurrence import DirectionGrads
 from ..results import BlockLSTMGradOutputs
@@ -26,24 +27,25 @@ class FrameworkOptions:
 
 # Options that say how one framework's tensors are laid out, and whose they are.  Given for another's, they would
 # be ignored and the gradient silently wrong, so they are refused (``check_applicable``).
-_OPTIONS = {"time_major": ("--time-major", ("keras",)), "go_backwards": ("--go-backwards", ("keras",)),
-            "batch_first": ("--batch-first", ("torch",)), "layer": ("--layer", ("torch",)),
-            "reverse": ("--reverse", ("keras", "torch")), "inference": ("--inference", ("keras",))}
+_OPTIONS = {"time_major": ("keras",), "go_backwards": ("keras",), "batch_first": ("torch",), "layer": ("torch",),
+            "reverse": ("keras", "torch"), "inference": ("keras",)}
 _WHOSE = {"keras": "a Keras LSTM layer's", "torch": "a PyTorch nn.LSTM's", "tf": "the TF op's own"}
 
 
 def check_applicable(framework: str, options: FrameworkOptions) -> None:
     """Refuse options given for another framework's tensors than ``framework``'s ("keras", "torch", "tf")."""
-    wrong = [(flag, owners) for name, (flag, owners) in _OPTIONS.items()
+    wrong = [(name, owners) for name, owners in _OPTIONS.items()
              if getattr(options, name) != getattr(FrameworkOptions, name) and framework not in owners]
     if wrong:
-        said = "; ".join(f"{flag} is for {' and '.join(_WHOSE[o] for o in owners)} tensors" for flag, owners in wrong)
-        raise InvalidArgumentError(f"{said}, and this input holds {_WHOSE[framework]} (--framework says whose they "
-                                   "are where the names do not tell)")
+        said = Message.join("; ", (Message.format("{} is for {} tensors", Param(name),
+                                                  " and ".join(_WHOSE[o] for o in owners)) for name, owners in wrong))
+        raise InvalidArgumentError(Message.format("{}, and this input holds {} ({} says whose they are where the "
+                                                  "names do not tell)", said, _WHOSE[framework], Param("framework")))
     if options.reverse and options.go_backwards:
-        raise InvalidArgumentError("--reverse and --go-backwards do not go together: --go-backwards is a layer made "
-                                   "with go_backwards=True (h_grad in the order it ran), --reverse a Bidirectional's "
-                                   "backward layer (h_grad in x's time order)")
+        raise InvalidArgumentError(Message.format(
+            "{} and {} do not go together: the first is a Bidirectional's backward layer (h_grad in x's time order), "
+            "the second a layer made with go_backwards=True (h_grad in the order it ran)", Param("reverse"),
+            Param("go_backwards")))
 
 
 @dataclass
@@ -75,8 +77,8 @@ class Plan:
     def not_one_op(self) -> str:
         """Why this plan is not one op's problem (for what needs one: per-step norms, the op's gradient check)."""
         if len(self.module.layers) > 1 or self.module.directions > 1:
-            return (f"this is {self.description}, several layers or directions: give --layer (and --reverse) for "
-                    "one of them")
+            return Message.format("this is {}, several layers or directions: give {} (and {}) for one of them",
+                                  self.description, Param("layer"), Param("reverse"))
         return f"this is {self.description}, whose activations are not the op's (tanh, sigmoid)"
 
     @property

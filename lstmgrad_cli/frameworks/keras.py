@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import activations
 from ..errors import InvalidArgumentError
+from ..messages import Message, Param
 from ..modules import MERGE_MODES, Module
 from ..recurrence import DirectionGrads, DirectionWeights
 from ..schedule import Schedule
@@ -102,17 +103,19 @@ class KerasLayer:
         for option in ("dropout", "recurrent_dropout"):
             rate = float(cfg.get(option) or 0)
             if rate > 0 and not inference:
-                raise InvalidArgumentError(
-                    f"layer {name!r} has {option}={rate:g}: in training its random masks change the gradient, and "
-                    "lstmgrad cannot know them; if the gradient was taken in inference (training=False, where "
-                    "dropout does nothing), say so with --inference")
+                raise InvalidArgumentError(Message.format(
+                    "layer {} has {}={}: in training its random masks change the gradient, and lstmgrad cannot know "
+                    "them; if the gradient was taken in inference (training=False, where dropout does nothing), say "
+                    "so with {}", repr(name), option, f"{rate:g}", Param("inference", True)))
             if rate > 0:
-                notes.append(f"{option}={rate:g} taken as inactive (--inference)")
+                notes.append(Message.format("{}={} taken as inactive ({})", option, f"{rate:g}",
+                                            Param("inference", True)))
         if cfg.get("stateful"):
             notes.append("stateful: the initial states are the last batch's; give them as h0, c0")
         for option in ("time_major",):
             if cfg.get(option):
-                raise InvalidArgumentError(f"layer {name!r} has {option}=True; use --time-major")
+                raise InvalidArgumentError(Message.format("layer {} has {}=True: give {}", repr(name), option,
+                                                          Param("time_major")))
         act = activations.resolve(cfg.get("activation", "tanh"), keras_major)
         gate = activations.resolve(cfg.get("recurrent_activation", "sigmoid"), keras_major)
         merge = None
@@ -128,13 +131,13 @@ class KerasLayer:
 
     def assumed(self) -> str | None:
         """Words for the summary: what was assumed (no configuration) or read."""
-        notes = "".join(f"; {n}" for n in self.notes)
+        notes = Message(*(Message("; ", n) for n in self.notes))
         if self.source:
             acts = f"activation={self.activation}, recurrent_activation={self.recurrent_activation}"
-            return f"layer options from {self.source}: {acts}{notes}"
-        return ("no model configuration (a bare weights file): Keras' defaults assumed, activation=tanh, "
-                "recurrent_activation=sigmoid, no mask unless given (a .keras archive or full-model .h5 as --weights "
-                f"says what the layer was made with){notes}")
+            return Message(f"layer options from {self.source}: {acts}", notes)
+        return Message.format("no model configuration (a bare weights file): Keras' defaults assumed, activation=tanh, "
+                              "recurrent_activation=sigmoid, no mask unless given (a .keras archive or full-model .h5 "
+                              "as {} says what the layer was made with){}", Param("weights"), notes)
 
 
 class KerasPlan(Plan):
@@ -168,8 +171,9 @@ def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = No
             "optional")
         raise InvalidArgumentError(f"missing tensor{'s' * (len(missing) > 1)} {', '.join(missing)} ({what})")
     if bidirectional and (options.reverse or options.go_backwards):
-        raise InvalidArgumentError("--reverse and --go-backwards are for one layer; these are a whole "
-                                   "Bidirectional's weights (both directions), computed together")
+        raise InvalidArgumentError(Message.format("{} and {} are for one layer; these are a whole Bidirectional's "
+                                                  "weights (both directions), computed together", Param("reverse"),
+                                                  Param("go_backwards")))
     arrays = dtyped(tensors)
     batch_major = not options.time_major
     x = rank("x", arrays["x"], 3, "[B, T, I]" if batch_major else "[T, B, I]")

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError
+from ..messages import Message, Param
 from .common import FrameworkOptions
 from .keras import KerasLayer
 
@@ -110,8 +111,8 @@ def layer_options(model_config: dict, group: str, *, keras_version: str = "", so
             return options
     groups = ", ".join(lstm_groups(model_config)) or "none"
     if not wanted:
-        raise InvalidArgumentError(f"the model has several layers: name one with --weights-group (its LSTM layers' "
-                                   f"groups: {groups})")
+        raise InvalidArgumentError(Message.format("the model has several layers: name one with {} (its LSTM layers' "
+                                                  "groups: {})", Param("weights_group"), groups))
     raise InvalidArgumentError(f"the model configuration has no LSTM layer at {group!r} (its LSTM layers' groups: "
                                f"{groups})")
 
@@ -122,11 +123,13 @@ def layer_from_group(group: str, options: FrameworkOptions) -> KerasLayer | None
     backward = last == "backward_layer" or last.startswith("backward_lstm")
     forward = last == "forward_layer" or last.startswith("forward_lstm")
     if backward and options.go_backwards:
-        raise InvalidArgumentError(f"{group} is a Bidirectional's backward layer (it runs backwards, its outputs "
-                                   "put back into x's order), not a go_backwards layer: leave --go-backwards out")
+        raise InvalidArgumentError(Message.format("{} is a Bidirectional's backward layer (it runs backwards, its "
+                                                  "outputs put back into x's order), not a go_backwards layer: leave "
+                                                  "{} out", group, Param("go_backwards")))
     if forward and options.reverse:
-        raise InvalidArgumentError(f"--reverse is a Bidirectional's backward layer, and {group} is its forward "
-                                   "layer: leave --reverse out, or name the backward_layer")
+        raise InvalidArgumentError(Message.format("{} is a Bidirectional's backward layer, and {} is its forward "
+                                                  "layer: leave it out, or name the backward_layer", Param("reverse"),
+                                                  group))
     if backward:
         return KerasLayer(reverse=True, wrapped=True, notes=(f"{group} is a Bidirectional's backward layer: run "
                                                              "backwards in time, h_grad in x's time order",))

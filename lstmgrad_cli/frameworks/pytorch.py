@@ -20,6 +20,7 @@ import re
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..messages import Message, Param
 from ..modules import Module
 from ..recurrence import DirectionGrads, DirectionWeights
 from ..schedule import Schedule
@@ -113,14 +114,15 @@ def plan(tensors: dict, options: FrameworkOptions) -> TorchPlan:
     missing = [n for n in ("x", *(names(*c)[p] for c in chosen for p in ("weight_ih", "weight_hh")))
                if tensors.get(n) is None]
     if missing:
-        where = (f"layer {chosen[0][0]}{', reverse' if chosen[0][1] else ''} of an nn.LSTM; --layer and --reverse "
-                 "choose another" if single else "an nn.LSTM: weight_ih_l0, weight_hh_l0, ... for every layer")
+        where = (Message.format("layer {} of an nn.LSTM; {} and {} choose another",
+                                f"{chosen[0][0]}{', reverse' if chosen[0][1] else ''}", Param("layer"),
+                                Param("reverse"))
+                 if single else "an nn.LSTM: weight_ih_l0, weight_hh_l0, ... for every layer")
         hint = ""
         if found and not {suffix(*c) for c in chosen} <= set(found):
-            hint = "; the weights here are of " + ", ".join(
-                f"{s} (--layer {s[2:].split('_')[0]}{' --reverse' if s.endswith('reverse') else ''})" for s in found)
-        raise InvalidArgumentError(f"missing tensor{'s' * (len(missing) > 1)} {', '.join(missing)} ({where})"
-                                   f"{hint}")
+            hint = Message("; the weights here are of ", Message.join(", ", (_selecting(s) for s in found)))
+        raise InvalidArgumentError(Message(f"missing tensor{'s' * (len(missing) > 1)} {', '.join(missing)} (", where,
+                                           ")", hint))
     arrays = dtyped(tensors)
     x = rank("x", arrays["x"], 3, "[B, T, I]" if options.batch_first else "[T, B, I]")
     x = np.swapaxes(x, 0, 1) if options.batch_first else x
@@ -162,10 +164,11 @@ def _direction(arrays: dict, chosen, k: int, d: int, D: int, I: int, C: int, sin
     what = "[4C, I]" if k == 0 else f"[4C, {D}C] (the layer below's {'two directions' if D == 2 else 'output'})"
     w_ih = rank(n["weight_ih"], arrays[n["weight_ih"]], 2, "[4C, I]")
     if single and w_ih.shape != (4 * C, width) and chosen[0][0] > 0 and w_ih.shape[0] == 4 * C:
-        raise InvalidArgumentError(
-            f"{n['weight_ih']} has shape {list(w_ih.shape)}, and x is {width} wide: with --layer {chosen[0][0]}, x is "
-            f"that layer's own input (the output of the layer below, {w_ih.shape[1]} wide) and h_grad its output's "
-            "gradient; without --layer lstmgrad computes the whole module from the module's x and output gradient")
+        raise InvalidArgumentError(Message.format(
+            "{} has shape {}, and x is {} wide: with {}, x is that layer's own input (the output of the layer below, "
+            "{} wide) and h_grad its output's gradient; without it lstmgrad computes the whole module from the "
+            "module's x and output gradient", n["weight_ih"], list(w_ih.shape), width, Param("layer", chosen[0][0]),
+            w_ih.shape[1]))
     w_ih = shaped(n["weight_ih"], w_ih, (4 * C, width), what)
     w_hh = shaped(n["weight_hh"], rank(n["weight_hh"], arrays[n["weight_hh"]], 2, "[4C, C]"), (4 * C, C), "[4C, C]")
     with_bias = names(*chosen[0])["bias_ih"] in arrays
@@ -177,6 +180,13 @@ def _direction(arrays: dict, chosen, k: int, d: int, D: int, I: int, C: int, sin
         b = shaped(n["bias_ih"], arrays[n["bias_ih"]], (4 * C,), "[4C]") + shaped(
             n["bias_hh"], arrays[n["bias_hh"]], (4 * C,), "[4C]")
     return DirectionWeights(np.concatenate([w_ih.T, w_hh.T]), b.astype(dtype))
+
+
+def _selecting(found_suffix: str) -> Message:
+    """"_l1_reverse (--layer 1 --reverse)": a layer-direction the file holds, and how to ask for it."""
+    layer = int(found_suffix[2:].split("_")[0])
+    flags = (Param("layer", layer), *((" ", Param("reverse", True)) if found_suffix.endswith("reverse") else ()))
+    return Message(f"{found_suffix} (", *flags, ")")
 
 
 def _schedule(T: int, B: int, lengths, reverse: bool) -> Schedule:
@@ -222,11 +232,13 @@ def _output_grad(h_grad, T: int, B: int, width: int, lengths, options: Framework
 def _wrong_width(name, shape, want, label, single, width):
     hint = ""
     if single and len(shape) >= 2 and shape[-1] == 2 * width:
-        hint = ("; its last axis is 2C, the whole bidirectional output's gradient: without --layer and --reverse "
-                "lstmgrad computes the whole module from it, or give this direction's half")
+        hint = Message.format("; its last axis is 2C, the whole bidirectional output's gradient: without {} and {} "
+                              "lstmgrad computes the whole module from it, or give this direction's half",
+                              Param("layer"), Param("reverse"))
     elif not single and len(shape) >= 2 and width % 2 == 0 and shape[-1] == width // 2:
-        hint = "; its last axis is C, one direction's: give the whole output's gradient, or --reverse/--layer"
-    raise InvalidArgumentError(f"{name} has shape {list(shape)}, expected {label} = {list(want)}{hint}")
+        hint = Message.format("; its last axis is C, one direction's: give the whole output's gradient, or {} and {} "
+                              "for one direction", Param("layer"), Param("reverse"))
+    raise InvalidArgumentError(Message(f"{name} has shape {list(shape)}, expected {label} = {list(want)}", hint))
 
 
 def _description(layers: int, D: int, single: bool, chosen, lengths) -> str:
