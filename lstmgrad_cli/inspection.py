@@ -27,7 +27,7 @@ from . import decide, frameworks, gradcheck, io, validation
 from .decide import Given
 from .errors import LstmGradError
 from .io import npydir
-from .messages import Message, Param
+from .messages import Message, Param, message_of
 from .spec import FORWARD_INPUTS, FORWARD_OPS, GRADIENT_NAMES, OPS
 from .summary import json_safe
 
@@ -151,8 +151,10 @@ def _metadata(scalars: dict) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def inspect_file(path, group: str | None = None) -> InspectReport:
-    """Everything about one file; raises InputFileError only when it cannot be opened at all."""
+def inspect_file(path, group: str | None = None, *, weights=None, weights_group: str | None = None,
+                 framework: frameworks.FrameworkOptions | None = None) -> InspectReport:
+    """Everything about one file; raises InputFileError only when it cannot be opened at all.  With ``weights``
+    (a model or weights file, as ``seq --weights`` takes it), the two are checked together as seq reads them."""
     path = Path(path)
     fmt = npydir.input_format(path, group)
     report = InspectReport(str(path), fmt, group)
@@ -182,6 +184,8 @@ def inspect_file(path, group: str | None = None) -> InspectReport:
             by_name[name] = value
         report.tensors.append(_summary(key, name, value))
 
+    if weights is not None:
+        return _with_weights(report, path, group, weights, weights_group, framework)
     framework = _framework_kind(path, fmt, group, raw, report)
     if framework:
         return report
@@ -259,30 +263,21 @@ def inspect_file(path, group: str | None = None) -> InspectReport:
 def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectReport) -> bool:
     """A Keras weights file, a PyTorch state_dict, or a Keras/PyTorch layer's tensors: said in notes (and what
     is wrong with the tensors, as problems); False for anything else."""
-    if fmt == "hdf5" and group is None:
-        layers = frameworks.keras_layers(path)
+    if fmt in ("hdf5", "keras") and group is None:
+        layers, source = frameworks.weights_files.keras_model_layers(path, fmt)
         if layers:
             report.kind, report.framework_layers = "keras-weights", layers
             for layer in layers:
-                bias = f", bias {layer['bias']}" if layer["bias"] else ", no bias"
-                report.notes.append(
-                    f"Keras LSTM layer {layer['name']!r} at {layer['group']}: kernel {layer['kernel']}, "
-                    f"recurrent_kernel {layer['recurrent_kernel']}{bias} (input size {layer['input_size']}, "
-                    f"{layer['units']} units): lstmgrad seq DATA --weights {path} --weights-group {layer['group']}"
-                    + (" --reverse" if layer["group"].endswith("/backward_layer") else ""))  # (a Bidirectional's)
+                report.notes.append(_keras_layer_note(path, layer, source))
             _framework_roles(report, "weights")
             return True
     keys = [k for k in raw if not k.startswith("@")]
     torch = frameworks.torch_state_dict_layers(keys)
     if torch and "x" not in raw:
         report.kind, report.framework_layers = "torch-weights", torch
+        for prefix in dict.fromkeys(layer["prefix"] for layer in torch):
+            report.notes.append(_torch_module_note(path, [t for t in torch if t["prefix"] == prefix], prefix))
         for layer in torch:
-            where = f" --weights-group {layer['prefix']}" if layer["prefix"] else ""
-            flags = (f" --layer {layer['layer']}" if layer["layer"] else "") + (
-                " --reverse" if layer["reverse"] else "")
-            report.notes.append(f"PyTorch nn.LSTM layer {layer['layer']}{' reverse' if layer['reverse'] else ''}"
-                                f"{' in ' + layer['prefix'] if layer['prefix'] else ''}: lstmgrad seq DATA "
-                                f"--weights {path}{where}{flags}")
             if layer["projection"]:
                 report.warn(None, f"layer {layer['layer']} has proj_size > 0 (weight_hr): not these ops' maths; "
                                   "lstmgrad does not compute it")
@@ -301,6 +296,65 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectRepor
         report.error(None, str(err))
     _framework_roles(report, "used")
     return True
+
+
+def _with_weights(report: InspectReport, path: Path, group, weights, weights_group, framework) -> InspectReport:
+    """An input and its weights file read together as ``seq`` reads them (the same loading and checks): what it
+    would compute, or every reason it would refuse."""
+    from .problem import load_problem  # noqa: PLC0415 - (problem.py builds on this module's readers' neighbours)
+
+    try:
+        problem = load_problem(path, group=group, weights=weights, weights_group=weights_group,
+                               framework=framework or frameworks.FrameworkOptions())
+    except LstmGradError as err:
+        report.error(None, message_of(err))
+        _framework_roles(report, "used")
+        return report
+    report.dims = problem.dims._asdict()
+    plan = problem.framework
+    if plan is not None:
+        report.kind = plan.framework
+        report.op = f"{plan.description}, computed as {plan.computed_as}"
+    else:
+        report.kind, report.op, report.layout = problem.kind, problem.op, problem.layout
+        report.layout_source, report.use_peephole = problem.sources.get("layout"), problem.use_peephole
+        report.use_peephole_source = problem.sources.get("use_peephole")
+        report.seq_len_max = problem.seq_len_max if problem.kind == "seq" else None
+    report.notes += problem.notes
+    for warning in problem.warnings:
+        report.warn(None, warning)
+    _framework_roles(report, "used")
+    return report
+
+
+def _keras_layer_note(path: Path, layer: dict, source: str | None) -> Message:
+    """What one LSTM layer (or Bidirectional) of a Keras file is, and the command that computes its gradients."""
+    group = Message.format("{} {}", Param("weights", path), Param("weights_group", layer["group"]))
+    if layer.get("stacked"):
+        return Message.format("an LSTMCell of a StackedRNNCells at {}: not a layer lstmgrad computes",
+                              layer["group"])
+    bias = f", bias {layer['bias']}" if layer["bias"] else ", no bias"
+    what = "Keras Bidirectional" if layer.get("bidirectional") else f"Keras LSTM layer {layer['name']!r}"
+    each = ", each direction" if layer.get("bidirectional") else ""
+    shapes = (f"kernel {layer['kernel']}, recurrent_kernel {layer['recurrent_kernel']}{bias} (input size "
+              f"{layer['input_size']}, {layer['units']} units{each})")
+    if layer.get("refused"):
+        return Message.format("{} at {}: {}; {}", what, layer["group"], shapes, layer["refused"])
+    options = layer.get("options")
+    made = ", ".join(f"{k}={v}" for k, v in options.items() if v is not None) if options else (
+        "options not recorded: Keras' defaults assumed")
+    return Message.format("{} at {}: {}; {}: lstmgrad seq DATA {}", what, layer["group"], shapes, made, group)
+
+
+def _torch_module_note(path: Path, layers: list[dict], prefix: str) -> Message:
+    """What an nn.LSTM of a state_dict is, and the commands for the whole module and for one layer."""
+    count = 1 + max(layer["layer"] for layer in layers)
+    both = any(layer["reverse"] for layer in layers)
+    where = Message.format(" {}", Param("weights_group", prefix)) if prefix else ""
+    what = (f"PyTorch nn.LSTM{' ' + prefix if prefix else ''}: {count} layer{'s' * (count > 1)}"
+            f"{', bidirectional' if both else ''}")
+    return Message.format("{}: lstmgrad seq DATA {}{} (the whole module; {} for one layer)", what,
+                          Param("weights", path), where, Param("layer"))
 
 
 def _framework_roles(report: InspectReport, role: str) -> None:

@@ -446,14 +446,41 @@ def test_inspect_lists_the_lstm_layers_of_weights_files(runner):
     assert doc["framework_layers"][0]["prefix"] == "encoder.rnn"
 
 
+@pytest.mark.parametrize(("name", "said"), [
+    ("keras_bidir_sum.keras", "Keras Bidirectional at layers/bidirectional: kernel [2, 12], recurrent_kernel [3, 12], "
+                              "bias [12] (input size 2, 3 units, each direction); activation=tanh, "
+                              "recurrent_activation=sigmoid, go_backwards=False, return_sequences=True, "
+                              "merge_mode=sum: lstmgrad seq DATA --weights"),
+    ("keras2_hard_sigmoid.h5", "recurrent_activation=hard_sigmoid_keras2"),
+    ("keras_dropout.keras", "layer 'lstm' has dropout=0.2: in training its random masks change the gradient"),
+    ("keras_stacked_cells.weights.h5", "an LSTMCell of a StackedRNNCells at layers/rnn/cell/cells/lstm_cell: not a "
+                                       "layer lstmgrad computes"),
+])
+def test_inspect_says_what_each_layer_of_a_model_file_was_made_with(runner, name, said):
+    result = runner.invoke(main, ["inspect", str(KERAS / name)])
+    assert result.exit_code == 0, result.output
+    assert said in " ".join(result.stdout.split())
+
+
+def test_inspect_lists_a_whole_nn_lstm_first(runner):
+    result = runner.invoke(main, ["inspect", str(TORCH / "torch_module_bidir2.weights.safetensors")])
+    assert result.exit_code == 0, result.output
+    assert ("PyTorch nn.LSTM encoder.rnn: 2 layers, bidirectional: lstmgrad seq DATA --weights "
+            f"{TORCH / 'torch_module_bidir2.weights.safetensors'} --weights-group encoder.rnn (the whole module; "
+            "--layer for one layer)") in " ".join(result.stdout.split())
+
+
 def test_inspect_finds_lstm_layers_inside_wrappers_and_older_files(runner, tmp_path):
     result = runner.invoke(main, ["inspect", str(KERAS / "keras_bidirectional.weights.h5"), "--json"])
     assert result.exit_code == 0, result.output
     layers = json.loads(result.stdout)["result"]["framework_layers"]
-    assert [(layer["group"], layer["units"]) for layer in layers] == [
-        ("layers/bidirectional/backward_layer", 3), ("layers/bidirectional/forward_layer", 3)]
+    assert [(layer["group"], layer["units"], layer.get("bidirectional")) for layer in layers] == [
+        ("layers/bidirectional", 3, True), ("layers/bidirectional/backward_layer", 3, None),
+        ("layers/bidirectional/forward_layer", 3, None)]
     text = " ".join(runner.invoke(main, ["inspect", str(KERAS / "keras_bidirectional.weights.h5")]).stdout.split())
-    assert "--weights-group layers/bidirectional/backward_layer --reverse" in text
+    assert "Keras Bidirectional at layers/bidirectional:" in text  # the whole wrapper, and each of its layers
+    assert "options not recorded: Keras' defaults assumed: lstmgrad seq DATA --weights" in text
+    assert "--weights-group layers/bidirectional/backward_layer" in text
     legacy = tmp_path / "legacy.h5"  # how an older tf.keras model.save("m.h5") keeps a nested layer's weights
     with h5py.File(legacy, "w") as f:
         cell = f.create_group("model_weights/lstm/sequential/lstm/lstm_cell")
@@ -656,3 +683,20 @@ def test_the_python_api_names_its_own_parameters():
     with pytest.raises(lg.LstmGradError) as err:
         lg.torch_lstm_grad(np.ones((3, 2, 4), np.float32), state_dict=state, h_grad=np.ones((3, 2, 2), np.float32))
     assert "_l1_reverse (layer=1 reverse=True)" in str(err.value) and "--" not in str(err.value)
+
+
+def test_inspect_checks_a_step_file_with_its_model(runner):
+    """inspect --weights reads the two as seq does: what it would compute, or why it would refuse (exit 1)."""
+    case = TORCH_MODULES["torch_packed_bidir2_bf"]
+    result = runner.invoke(main, ["inspect", str(TORCH / case["files"]["in"]), *module_args(case), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)["result"]
+    assert doc["kind"] == "torch" and doc["op"].startswith("PyTorch nn.LSTM, 2 layers, bidirectional, per-example")
+    assert doc["dims"] == {"T": 5, "B": 4, "I": 4, "C": 3} and doc["ok"]
+    result = runner.invoke(main, ["inspect", str(KERAS / "keras_dropout.in.npz"), "--weights",
+                                  str(KERAS / "keras_dropout.keras"), "--weights-group", "layers/lstm"])
+    assert result.exit_code == 1
+    assert "dropout=0.2" in result.stdout and "say so with --inference" in " ".join(result.stdout.split())
+    result = runner.invoke(main, ["inspect", str(KERAS / "keras_dropout.in.npz"), "--weights",
+                                  str(KERAS / "keras_dropout.keras"), "--weights-group", "layers/lstm", "--inference"])
+    assert result.exit_code == 0, result.output

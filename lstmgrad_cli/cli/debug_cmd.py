@@ -234,9 +234,14 @@ def _check_dump(dump: Path, reference, options: CheckOptions, op, execution, wor
 @click.command("inspect")
 @click.argument("input_path", metavar="FILE", type=click.Path(path_type=Path))
 @opt.group_option("inspect", " (default: a table of them all)")
+@click.option("--weights", type=click.Path(path_type=Path), metavar="FILE",
+              help="Check FILE together with the model or weights file seq would read beside it (seq --weights).")
+@click.option("--weights-group", metavar="PATH", help="Group (key prefix, subdirectory) of --weights.")
+@opt.framework_options()
 @opt.json_option()
 @handle_errors
-def inspect_command(input_path, group, as_json):
+def inspect_command(input_path, group, weights, weights_group, framework, time_major, batch_first, torch_layer,
+                    reverse, go_backwards, inference, as_json):
     """What is in FILE, which op it fits, and every problem with it (no gradients computed).
 
     Lists the tensors (shape, dtype, min, max, finite), tells seq from cell by the rank of x,
@@ -249,7 +254,8 @@ def inspect_command(input_path, group, as_json):
         report = inspect_dump(input_path)
         show = render.dump_report
     else:
-        report = inspect_file(input_path, group)
+        options = FrameworkOptions(framework, time_major, batch_first, torch_layer, reverse, go_backwards, inference)
+        report = inspect_file(input_path, group, weights=weights, weights_group=weights_group, framework=options)
         show = render.inspect_report
     if as_json:
         print_json({"lstmgrad": __version__, "command": "inspect", "result": report.to_json()})

@@ -343,7 +343,7 @@ def inspect_report(console, report) -> None:
                 "forward-cell": "forward input (one cell step)", "gradients": "gradients",
                 "keras": "a Keras LSTM layer's tensors", "torch": "a PyTorch nn.LSTM layer's tensors",
                 "keras-weights": "a Keras weights file", "torch-weights": "a PyTorch state_dict"}[report.kind]
-        parts = [f"fits: {report.op or fits}"]
+        parts = [f"fits: {report.op or fits}"]  # (with --weights, what seq computes of the two together)
         if report.layout:
             parts.append(f"layout {report.layout} ({report.layout_source})")
         if report.dims:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 KERAS_WALK_GROUPS = 10_000  # groups a weights file is searched through for LSTM layers, at most
 
 
@@ -77,3 +79,51 @@ def _hard_path(group, parts, h5py):
 def _dataset_shape(group, name: str, h5py):
     obj = _hard_child(group, name, h5py)
     return tuple(obj.shape) if isinstance(obj, h5py.Dataset) and obj.shape is not None else None
+
+
+def keras_model_layers(path, fmt: str) -> tuple[list[dict], str | None]:
+    """The LSTM layers a Keras weights file, full-model HDF5 file or ``.keras`` archive holds, each with what it
+    was made with where the file records it (``"options"``: words, or ``"refused"``: why lstmgrad cannot compute
+    it), and a whole Bidirectional as one more entry (``"bidirectional": True``); and where the options came from
+    (None: a bare weights file)."""
+    from ..errors import LstmGradError  # noqa: PLC0415
+    from ..io import keras_archive  # noqa: PLC0415 - h5py is imported when an HDF5 file is actually read
+    from ..messages import message_of  # noqa: PLC0415
+    from .keras_config import layer_options  # noqa: PLC0415
+
+    if fmt == "keras":
+        with keras_archive.model_weights(path) as (weights, config, version, _relabel):
+            layers = keras_layers(weights)
+        source = f"{Path(path).name} config.json"
+    else:
+        layers = keras_layers(path)
+        found = keras_archive.hdf5_model_config(path)
+        config, version = found if found is not None else (None, "")
+        source = f"{Path(path).name} model_config" if found is not None else None
+    layers = sorted(_with_wrappers(layers), key=lambda layer: layer["group"])
+    for layer in layers:
+        if config is None or layer.get("stacked"):
+            continue
+        try:
+            options = layer_options(config, layer["group"], keras_version=version, source=source)
+        except LstmGradError as err:
+            layer["refused"] = message_of(err)
+            continue
+        layer["options"] = {"activation": options.activation, "recurrent_activation": options.recurrent_activation,
+                            "go_backwards": options.go_backwards, "return_sequences": options.return_sequences,
+                            **({"merge_mode": options.merge_mode} if layer.get("bidirectional") else {})}
+    return layers, source
+
+
+def _with_wrappers(layers: list[dict]) -> list[dict]:
+    """Each Bidirectional's two layers, and before them the wrapper itself (its group, both layers' shapes)."""
+    out = []
+    for layer in layers:
+        parent, _, last = layer["group"].rpartition("/")
+        if last in ("forward_layer",) or (last.startswith("forward_") and "/" in layer["group"]):
+            twin = next((other for other in layers if other["group"].rpartition("/")[0] == parent
+                         and other["group"].rpartition("/")[2].startswith("backward_")), None)
+            if twin is not None:
+                out.append({**layer, "group": parent, "name": parent.rsplit("/", 1)[-1], "bidirectional": True})
+        out.append(layer)
+    return out

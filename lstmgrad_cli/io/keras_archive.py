@@ -43,6 +43,20 @@ def sniff(head: bytes) -> bool:
 def open_keras(path: Path, names, scalars, group=None, lazy=(), collect_errors=False):
     """The tensors of the archive's ``model.weights.h5`` (``group`` a layer's group in it), with its configuration
     in ``info``."""
+    with model_weights(path) as (weights, config, version, relabel):
+        with hdf5.open_hdf5_inputs(weights, names, scalars, group, (), collect_errors) as loaded:
+            loaded.path, loaded.format = path, "keras"
+            loaded.info.update(keras_model_config=config, keras_config_source=f"{path.name} config.json",
+                               keras_version=version)
+            loaded.errors = {n: relabel(e) for n, e in loaded.errors.items()}
+            yield loaded
+
+
+@contextlib.contextmanager
+def model_weights(path: Path):
+    """(a private copy of the archive's model.weights.h5, its configuration, the Keras version, and a function that
+    says an error about the copy of the archive) while the block runs; the copy is removed after it."""
+    path = Path(path)
     label = f"{path} (its model.weights.h5)"
     with _archive(path) as archive:
         members = {info.filename: info for info in archive.infolist()}
@@ -55,15 +69,14 @@ def open_keras(path: Path, names, scalars, group=None, lazy=(), collect_errors=F
         with tempfile.TemporaryDirectory(prefix="lstmgrad-keras-") as tmp:
             weights = Path(tmp) / "model.weights.h5"
             _copy_member(archive, members["model.weights.h5"], weights, path)
+
+            def relabel(err: InputFileError) -> InputFileError:
+                return _relabel(err, weights, label)
+
             try:
-                with hdf5.open_hdf5_inputs(weights, names, scalars, group, (), collect_errors) as loaded:
-                    loaded.path, loaded.format = path, "keras"
-                    loaded.info.update(keras_model_config=config, keras_config_source=f"{path.name} config.json",
-                                       keras_version=str(metadata.get("keras_version", "3")))
-                    loaded.errors = {n: _relabel(e, weights, label) for n, e in loaded.errors.items()}
-                    yield loaded
+                yield weights, config, str(metadata.get("keras_version", "3")), relabel
             except InputFileError as err:
-                raise _relabel(err, weights, label) from None
+                raise relabel(err) from None
 
 
 def hdf5_model_config(path: Path) -> tuple[dict, str] | None:
