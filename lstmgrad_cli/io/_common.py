@@ -135,7 +135,7 @@ def human(nbytes: int) -> str:
 
 
 MAX_RANK = 32  # dimensions a declared shape may have (numpy allows 64; no tensor lstmgrad reads has more than 3)
-MAX_ELEMENTS = 1 << 62  # the product of a shape's non-zero dimensions: past it no array can exist, even empty
+MAX_ARRAY_BYTES = (1 << 63) - 1  # the non-zero dimensions times the itemsize: past it numpy has no array, even empty
 
 
 def shape_text(shape, limit: int = 8) -> str:
@@ -159,20 +159,21 @@ class Budget:
         self.limit = max_tensor_bytes()
         self.used = 0
 
-    def check_shape(self, key: str, shape: tuple) -> None:
-        """A shape any array could have: not negative, at most ``MAX_RANK`` dimensions, a representable size."""
+    def check_shape(self, key: str, shape: tuple, itemsize: int = 1) -> None:
+        """A shape an array of ``itemsize`` could have: not negative, at most ``MAX_RANK`` dimensions, a size numpy
+        can represent (even with a dimension 0: numpy refuses [0, 2**62] of float32)."""
         if len(shape) > MAX_RANK:
             raise InputFileError(f"{self.path}: {key} declares {len(shape)} dimensions (shape {shape_text(shape)}); "
                                  f"no tensor has more than {MAX_RANK}; refused")
         if any(int(n) < 0 for n in shape):
             raise InputFileError(f"{self.path}: {key} declares a negative dimension (shape {shape_text(shape)}); "
                                  "refused")
-        if math.prod(int(n) for n in shape if n) > MAX_ELEMENTS:
+        if math.prod(int(n) for n in shape if n) * max(itemsize, 1) > MAX_ARRAY_BYTES:
             raise InputFileError(f"{self.path}: {key} declares shape {shape_text(shape)}, which no array can have "
-                                 "(its dimensions multiply past 2**62); refused")
+                                 "(its dimensions multiply past 2**63 bytes); refused")
 
     def take(self, key: str, shape: tuple, dtype: np.dtype, what: str = "") -> int:
-        self.check_shape(key, shape)
+        self.check_shape(key, shape, dtype.itemsize)
         nbytes = math.prod(int(n) for n in shape) * dtype.itemsize
         if self.used + nbytes > self.limit:
             also = f" on top of {human(self.used)} already read" if self.used else ""
@@ -185,7 +186,7 @@ class Budget:
 
     def check_slice(self, key: str, shape: tuple, dtype: np.dtype) -> None:
         """A tensor read one time step at a time: one step (``shape[1:]``) must fit in the limit."""
-        self.check_shape(key, shape)
+        self.check_shape(key, shape, dtype.itemsize)
         step = math.prod(int(n) for n in shape[1:]) * dtype.itemsize
         if step > self.limit:
             total = math.prod(int(n) for n in shape) * dtype.itemsize
