@@ -165,10 +165,11 @@ class Budget:
         if len(shape) > MAX_RANK:
             raise InputFileError(f"{self.path}: {key} declares {len(shape)} dimensions (shape {shape_text(shape)}); "
                                  f"no tensor has more than {MAX_RANK}; refused")
-        if any(int(n) < 0 for n in shape):
+        if any(n < 0 for n in shape):
             raise InputFileError(f"{self.path}: {key} declares a negative dimension (shape {shape_text(shape)}); "
                                  "refused")
-        if math.prod(int(n) for n in shape if n) * max(itemsize, 1) > MAX_ARRAY_BYTES:
+        # (without a dimension 0 the size is the budget's to bound)
+        if 0 in shape and math.prod(int(n) for n in shape if n) * max(itemsize, 1) > MAX_ARRAY_BYTES:
             raise InputFileError(f"{self.path}: {key} declares shape {shape_text(shape)}, which no array can have "
                                  "(its dimensions multiply past 2**63 bytes); refused")
 

@@ -50,9 +50,9 @@ class Declared:
     lazy: bool = False  # left on disk and read a time step at a time: one step must fit the budget
     verify: Callable[[], None] | None = None  # checks the data's extent fits the shape (once it is within budget)
 
-    @property
-    def nbytes(self) -> int:
-        return math.prod(int(n) for n in self.shape) * self.dtype.itemsize
+    def __post_init__(self):
+        self.shape = tuple(int(n) for n in self.shape)
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
 
 
 def checked(loaded: LoadedFile, budget: Budget, names: Iterable[str], scalars: Iterable[str],
@@ -206,10 +206,10 @@ def _symbols(found: dict[str, Declared], kind: str | None) -> dict[str, tuple]:
 def contradicted(found: dict[str, Declared], kind: str | None, path) -> dict[str, InputFileError]:
     """The tensors over ``LARGE`` bytes (and not left on disk) that declare more than the op can use given the
     dimensions the file's other tensors agree on, each with the error that refuses it."""
+    if not any(d.nbytes > LARGE and not d.lazy for d in found.values()):
+        return {}
     rules = _symbols(found, kind)
     big = [n for n in rules if found[n].nbytes > LARGE and not found[n].lazy]
-    if not big:
-        return {}
     witnesses: dict[str, list[tuple[str, int]]] = {}  # symbol -> (name, value) of every tensor that gives it
     for name, rule in rules.items():
         for (symbol, factor), dim in zip(rule, found[name].shape, strict=True):

@@ -55,6 +55,7 @@ class NpyStream:
         if self.dtype.itemsize == 0:
             raise InputFileError(f"{path}: {key} has a zero-size dtype ({self.dtype.str}); expected numbers")
         self.start = fp.tell()
+        self.verified = False
 
     def verify(self) -> None:
         """The declared size is what the stream holds after the header (no more, no less)."""
@@ -67,10 +68,12 @@ class NpyStream:
         if nbytes < available:
             raise InputFileError(f"{path}: {key} has data after the array it declares (shape {list(shape)}); "
                                  f"not a valid .npy {container}")
+        self.verified = True
 
     def read(self) -> np.ndarray:
         """The array, read in bounded chunks (its size verified first)."""
-        self.verify()
+        if not self.verified:
+            self.verify()
         path, key, container, shape, dtype = self.path, self.key, self.container, self.shape, self.dtype
         nbytes = math.prod(shape) * dtype.itemsize
         fp = self.fp

@@ -70,9 +70,13 @@ def read_npz(path: Path, names, scalars, group, collect_errors=False, kind=None)
 def declared_members(fh, size: int) -> int | None:
     """The member count a zip archive's end-of-directory record declares (its zip64 record's, when it has one);
     None when there is no such record (zipfile then says what is wrong)."""
-    tail = min(size, _EOCD + 0xFFFF + _ZIP64_LOCATOR)  # the record, a comment of up to 64 KiB, a zip64 locator
+    tail = min(size, _EOCD + _ZIP64_LOCATOR)  # the record and a zip64 locator: an archive without a comment
     fh.seek(size - tail)
     data = fh.read(tail)
+    if data[-_EOCD:-_EOCD + 4] != b"PK\x05\x06":  # a comment follows the record: up to 64 KiB of it
+        tail = min(size, _EOCD + 0xFFFF + _ZIP64_LOCATOR)
+        fh.seek(size - tail)
+        data = fh.read(tail)
     pos = data.rfind(b"PK\x05\x06")
     if pos < 0 or pos + _EOCD > len(data):
         return None
