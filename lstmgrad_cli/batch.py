@@ -116,7 +116,8 @@ def _targets(path: Path, output: Path | None,
         chosen = tfdbg.select_executions(index, dumps.kind, dumps.group, dumps.op, dumps.execution)
     except LstmGradError as err:  # the dump's own failure, reported when its turn comes
         return [(None, output or path.with_name(path.name + ".grads.npz"), one_line(err), fmt)]
-    return [(e.member, output or path.with_name(f"{path.name}.{tfdbg.member_slug(e.member)}.grads.npz"), None, fmt)
+    slugs = tfdbg.member_slugs(e.member for e in chosen)  # distinct: no two executions share an output
+    return [(e.member, output or path.with_name(f"{path.name}.{slugs[e.member]}.grads.npz"), None, fmt)
             for e in chosen]
 
 
@@ -137,6 +138,10 @@ def run_task(task: Task, options: GradOptions, blas_threads: int | None = None) 
     except OSError as err:  # an I/O failure nothing above foresaw: still this file's failure, not a traceback
         reason = err.strerror or " ".join(str(err).split()) or type(err).__name__
         return failed(task, options, f"{task.input}: {reason}")
+    except Exception as err:  # noqa: BLE001 - a bug met on one file is that file's failure; the batch goes on
+        reason = " ".join(str(err).split())[:300]
+        return failed(task, options, f"{task.input}: unexpected {type(err).__name__}{f': {reason}' if reason else ''} "
+                                     "(a bug in lstmgrad: please report it)")
 
 
 @dataclass(frozen=True)

@@ -1323,3 +1323,75 @@ def test_a_local_task_that_failed_has_the_temporary_file_its_worker_left_removed
         assert index == 0 and result.status == "failed" and not ours.exists()
         assert all(path.exists() for path in others)
         ours.write_bytes(b"half")
+
+
+# -- a batch keeps its word: every file gets its result, no two share an output (issue 34) ------------------------
+
+def test_an_unexpected_exception_in_one_file_is_that_files_failure_in_a_serial_batch(runner, tmp_path, monkeypatch):
+    """A bug met on one file (here a RuntimeError from the job) fails that file, named by its type; the batch goes
+    on and reports every file, in one JSON document."""
+    from lstmgrad_cli import batch
+
+    paths = make_inputs(tmp_path / "in")
+    real = batch.run_grad_file
+
+    def buggy(path, *args, **kwargs):
+        if Path(path).name == paths[1].name:
+            raise RuntimeError("something no one foresaw\non two lines")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(batch, "run_grad_file", buggy)
+    out = tmp_path / "out"
+    result = runner.invoke(main, ["seq", *map(str, paths), "--out-dir", str(out), "--keep-going", "--json"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    results = {Path(r["input"]).name: r for r in json.loads(result.stdout)["results"]}
+    assert len(results) == len(paths)
+    bad = results.pop(paths[1].name)
+    assert bad["status"] == "failed"
+    assert "unexpected RuntimeError: something no one foresaw on two lines" in bad["error"]
+    assert all(r["status"] == "ok" for r in results.values())
+    assert len(list(out.glob("*.grads.*"))) == len(paths) - 1
+
+
+def gradient_ops_dump(folder: Path, op_names: list[str]) -> Path:
+    """A tf.function in which one BlockLSTMV2 feeds a BlockLSTMGradV2 under each of ``op_names``, all traced."""
+    from tfdbg_builder import ACTS, GRADS, SEQ_INPUTS, event, field, op_creation, trace, write_dump
+
+    run = consistent_inputs(T=3, B=2, I=3, C=2)
+    run["seq_len_max"] = np.int64(3)
+    gid = "graph-0"
+    graphs = [event(8, field(1, gid) + field(2, "train_step"))]
+    reads = (*SEQ_INPUTS, "cs_grad", "h_grad")
+    graphs += [op_creation("ReadVariableOp", f"read_{n}", gid, [f"r_{n}:0"]) for n in reads]
+    graphs.append(op_creation("BlockLSTMV2", "fwd", gid, [f"read_{n}:0" for n in SEQ_INPUTS], 7))
+    grad_inputs = [f"read_{n}:0" for n in SEQ_INPUTS] + [f"fwd:{k}" for k in range(7)] + ["read_cs_grad:0",
+                                                                                          "read_h_grad:0"]
+    graphs += [op_creation("BlockLSTMGradV2", name, gid, grad_inputs, 8) for name in op_names]
+    traces = [trace(gid, f"read_{n}", 0, run[n]) for n in reads]
+    traces += [trace(gid, "fwd", k, run[n]) for k, n in enumerate(ACTS)]
+    for name in op_names:
+        traces += [trace(gid, name, k, np.zeros_like(run[g.removesuffix("_grad")])) for k, g in enumerate(GRADS)]
+    return write_dump(folder, {"graphs": graphs, "graph_execution_traces": traces})
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_executions_whose_names_differ_only_in_characters_a_file_name_cannot_hold_get_their_own_outputs(
+        runner, tmp_path, force):
+    """'g!' and 'g?' were both written to <dump>.train_step.g.0.grads.npz: one result lost ("skipped", or with
+    --force replaced by the other).  Each now has its own output, whose name and provenance say which it holds."""
+    from lstmgrad_cli.io import read_metadata
+
+    dump = gradient_ops_dump(tmp_path / "dump", ["g!", "g?", "other"])
+    out = tmp_path / "out"
+    result = runner.invoke(main, ["seq", str(dump), "--out-dir", str(out), "--json", "--keep-going",
+                                  *(["--force"] if force else [])])
+    assert result.exit_code == 0, result.output
+    results = json.loads(result.stdout)["results"]
+    assert [r["status"] for r in results] == ["ok"] * 3
+    outputs = {r["member"]: Path(r["output"]) for r in results}
+    assert len(set(outputs.values())) == 3 and sorted(out.iterdir()) == sorted(outputs.values())
+    assert outputs["train_step/g!#0"].name == "dump.train_step%2Fg%21%230.grads.npz"
+    assert outputs["train_step/g?#0"].name == "dump.train_step%2Fg%3F%230.grads.npz"
+    assert outputs["train_step/other#0"].name == "dump.train_step.other.0.grads.npz"  # a name of its own: as before
+    for member, path in outputs.items():
+        assert read_metadata(path)["group"] == member

@@ -19,6 +19,7 @@ import contextlib
 import faulthandler
 import io as bytes_io
 import os
+import tracemalloc
 import warnings
 import zipfile
 from pathlib import Path
@@ -267,6 +268,126 @@ def test_random_npy_header_text(work, version, text, declared):
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("x.npy", b"\x93NUMPY" + version + length + text)
     read_or_refuse(path)
+
+
+# -- declarations checked before reading (issue 34) ---------------------------------------------------------
+
+REFUSAL_PEAK = 4 << 20  # bytes numpy and Python may allocate while refusing a declaration (headers, messages)
+
+
+@contextlib.contextmanager
+def traced_peak():
+    """The peak of memory allocated through Python and numpy inside the block (``peak[0]``, in bytes)."""
+    tracemalloc.start()
+    peak = [0]
+    try:
+        yield peak
+    finally:
+        peak[0] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+
+
+@fuzz(short=40)
+@given(name=st.sampled_from([*SEQ_NAMES, "seq_len_max", "kernel", "bias", "h0", "weight_ih_l0", "extra"]),
+       shape=st.lists(st.one_of(st.integers(0, 6), st.sampled_from([1 << 20, 3 << 20, 1 << 40, 2**62])), max_size=5),
+       held=st.sampled_from(["all", "none", "half"]), deflate=st.booleans(), data=st.data())
+def test_a_declared_shape_is_read_as_declared_or_refused_before_its_data(work, name, shape, held, deflate, data):
+    """The valid case with one member declaring any shape (zeros behind it, deflated, up to 48 MiB): what is read
+    has the declared shape; a refusal allocates nothing of the declared size (traced by tracemalloc)."""
+    descr = data.draw(st.sampled_from(["<f4", "<i8", "|u1"]), label="dtype")
+    nbytes = int(np.prod(shape, dtype=object)) * np.dtype(descr).itemsize
+    stored = {"all": nbytes, "none": 0, "half": nbytes // 2}[held]
+    if stored > 48 << 20:
+        stored = 0
+    from bombs import Member, npy_header, valid_members, write_members
+
+    head = npy_header(shape, descr)
+    zeros = stored - stored % (1 << 20)
+    member = Member(f"{name}.npy", head + bytes(stored - zeros), zeros, deflate=deflate)
+    path = write_members(work / "declared.npz", [m for m in valid_members() if m.name != member.name] + [member])
+    names = [*SEQ_NAMES, *([name] if name not in SEQ_NAMES else [])]
+    with watchdog(), traced_peak() as peak:
+        try:
+            loaded = io.read_inputs(path, names, SCALARS)
+        except InputFileError as err:
+            loaded = None
+            message = str(err)
+            assert message.startswith(f"{path}: ") and "\n" not in message, message
+    if loaded is None:
+        assert peak[0] < REFUSAL_PEAK + min(stored, nbytes if stored == nbytes else 0), peak[0]
+        return
+    value = {**loaded.tensors, **{k: v for k, (v, _) in loaded.scalars.items()}}.get(name)
+    if value is not None:
+        assert value.shape == tuple(shape) and stored == nbytes
+
+
+@fuzz(short=40)
+@given(dims=st.one_of(st.lists(st.sampled_from([0, 1, 2, 3, 5, -1, 2**40, 2**62]), max_size=6),
+                      st.integers(30, 300).map(lambda n: [1] * n)),
+       code=st.sampled_from([1, 2, 3, 9, 10, 19, 7, 0]), form=st.sampled_from(["content", "packed", "fields", "none"]),
+       count=st.sampled_from([0, 1, 59, 60, 61, 1000, 300_000]))
+def test_a_tensorproto_is_decoded_as_declared_or_refused_from_its_lengths(tmp_path_factory, dims, code, form, count):
+    """Any dims, dtype and amount of values (content bytes, packed values, one field a value): an array of the
+    declared shape, or an LstmGradError before the values are decoded."""
+    from bombs import eager_dump
+    from tfdbg_builder import field, shape_proto
+
+    from lstmgrad_cli.io import tfdbg
+
+    width = {1: 4, 2: 8, 3: 4, 9: 8, 10: 1, 19: 2}.get(code, 4)
+    values = {"content": field(4, bytes(width * count)), "none": b"",
+              "packed": field({1: 5, 2: 6, 3: 7, 9: 10, 10: 11, 19: 13}.get(code, 5),
+                              bytes((width if code in (1, 2) else 1) * count)),
+              "fields": (b"\x2d" + bytes(4)) * count if code == 1 else (b"\x38\x00") * count}[form]
+    proto = field(1, code) + field(2, shape_proto(dims)) + values
+    dump = eager_dump(tmp_path_factory.mktemp("proto") / "dump", proto)
+    with watchdog(), traced_peak() as peak:
+        try:
+            index = tfdbg.index_dump(dump)
+            execution = index.gradient_executions()[0]
+            loaded = tfdbg.load_execution(index, execution, ["x"], [])
+        except LstmGradError as err:
+            assert "\n" not in str(err)
+            assert peak[0] < REFUSAL_PEAK + len(proto), peak[0]
+            return
+    assert loaded.tensors["x"].shape == tuple(dims)
+
+
+@fuzz(short=30)
+@given(depth=st.integers(0, 5000), strings=st.lists(st.text("[]{}\"\\ab", max_size=20), max_size=5))
+def test_a_safetensors_header_of_any_nesting_is_refused_or_read(work, depth, strings):
+    """Brackets nested ``depth`` deep, and inside JSON strings: a table of tensors or a clean refusal, never the
+    JSON parser's recursion."""
+    import json
+
+    keys = ", ".join(json.dumps(s) + ": 1" for s in strings)
+    text = ("{" + keys + (", " if keys else "") + '"x": ' + "[" * depth + "]" * depth + "}").encode()
+    path = work / "nested.safetensors"
+    path.write_bytes(len(text).to_bytes(8, "little") + text)
+    with watchdog():
+        try:
+            io.read_inputs(path, ["x"], [])
+        except InputFileError as err:
+            assert "\n" not in str(err)
+
+
+@fuzz(short=40)
+@given(packed=st.sampled_from([0, 1, 81, 82, 83, 1 << 20, 2**32 - 1]),
+       unpacked=st.sampled_from([0, 127, 128, 129, 84_000, 1 << 30, 2**32 - 1]), method=st.sampled_from([0, 8, 12, 14]))
+def test_zip_entry_sizes_are_believed_only_when_the_data_agrees(work, packed, unpacked, method):
+    """x's central directory entry declares any sizes and method: the exact array, or a one-line refusal."""
+    from bombs import Member, npy_bytes, valid_members, write_members
+
+    original = np.arange(60, dtype=np.float32).reshape(5, 3, 4)
+    members = [m for m in valid_members() if m.name != "x.npy"] + [Member("x.npy", npy_bytes(original))]
+    path = write_members(work / "sizes.npz", members, sizes={"x.npy": (packed, unpacked)})
+    raw = bytearray(path.read_bytes())
+    at = raw.rfind(b"PK\x01\x02")
+    raw[at + 10:at + 12] = method.to_bytes(2, "little")
+    path.write_bytes(bytes(raw))
+    loaded = read_or_refuse(path)
+    if loaded is not None and "x" in loaded.tensors:
+        np.testing.assert_array_equal(loaded.tensors["x"], original)
 
 
 # -- the whole job on random problems ----------------------------------------------------------------

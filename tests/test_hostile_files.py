@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import bombs
 import h5py
 import numpy as np
 import pytest
@@ -276,6 +277,35 @@ def unicode_and_long_keys_h5(path: Path) -> Path:
     return path
 
 
+def too_many_members(path: Path) -> Path:
+    """The valid case whose zip64 end record declares a million members (zipfile would parse them all)."""
+    bombs.write_members(path, bombs.valid_members())
+    data = bytearray(path.read_bytes())
+    eocd = data.rfind(b"PK\x05\x06")
+    entries, cd_size, cd_offset = 10**6, *struct.unpack_from("<II", data, eocd + 12)
+    zip64 = struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, entries, entries, cd_size, cd_offset)
+    locator = struct.pack("<4sIQI", b"PK\x06\x07", 0, eocd, 1)
+    end = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, cd_size, cd_offset, 0)
+    path.write_bytes(bytes(data[:eocd]) + zip64 + locator + end)
+    return path
+
+
+def h5_unwritten(path: Path) -> Path:
+    """x declares 4.8 MB and was never written (no other tensor to contradict it)."""
+    with h5py.File(path, "w") as fh:
+        fh.create_dataset("x", shape=(100_000, 3, 4), dtype="f4")
+    return path
+
+
+def npy_dir_with_fifo(folder: Path) -> Path:
+    folder.mkdir()
+    for key, value in valid_inputs().items():
+        if key != "x":
+            np.save(folder / f"{key}.npy", value)
+    os.mkfifo(folder / "x.npy")  # opening it to read would wait for a writer
+    return folder
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -371,6 +401,28 @@ CASES = [
          "x is a group, not a dataset", suffix=".h5"),
     Case("h5-unicode-long-keys", "HDF5: only unicode / 5000-character names", unicode_and_long_keys_h5,
          "missing tensors x, cs_prev", suffix=".h5"),
+    # issue 34: declared before read
+    Case("npz-duplicate", "NPZ: x.npy twice (np.load keeps the last)", bombs.npz_duplicate_members,
+         "the archive holds x.npy twice (numpy would keep one in silence); refused"),
+    Case("npz-sizes-lie", "NPZ member: its entry claims 2 GB unpacked from 82 bytes", bombs.npz_declared_sizes_bomb,
+         "x declares 2000000128 bytes unpacked from 82 packed, more than deflate can hold"),
+    Case("npz-million-members", "NPZ: the zip64 end record declares a million members", too_many_members,
+         "the archive declares 1000000 members, more than the 100000 an input may hold"),
+    Case("npz-rank-bomb", "NPZ member: seq_len_max of 16M zeros (64 MB deflated to 64 kB)",
+         lambda p: bombs.npz_member_bomb(p, shape=(16_000_000,)),
+         "`seq_len_max_tensor` must be rank 0 but is rank 1 (shape [16000000]); refused before reading"),
+    Case("npz-shape-bomb", "NPZ member: x of [5, 1M, 1] zeros beside a batch of 3",
+         lambda p: bombs.npz_member_bomb(p, "x", (5, 1 << 20, 1), "<f4"),
+         "x declares shape [5, 1048576, 1] of float32 = 20.0 MiB, but the file's other tensors make it [5, 3, 1]"),
+    Case("h5-gzip-rank-bomb", "HDF5: seq_len_max of 16M zeros, gzip", lambda p: bombs.h5_gzip_bomb(
+        p, "seq_len_max", (16_000_000,), 1 << 18), "`seq_len_max_tensor` must be rank 0 but is rank 1", suffix=".h5"),
+    Case("h5-unwritten", "HDF5: x declares 4.8 MB and was never written", h5_unwritten,
+         "x declares shape [100000, 3, 4] of float32 = 4.6 MiB but not one byte of it was ever written", suffix=".h5"),
+    Case("npydir-sparse", "directory of .npy files: seq_len_max.npy a sparse 3 GB file",
+         lambda p: bombs.npy_dir_sparse(p), "`seq_len_max_tensor` must be rank 0 but is rank 1 (shape [750000000])",
+         suffix=""),
+    Case("npydir-fifo", "directory of .npy files: x.npy a named pipe", npy_dir_with_fifo,
+         "x.npy: is not a regular file (a named pipe)", suffix=""),
 ]
 IDS = [c.id for c in CASES]
 # Cases whose complaint comes after reading (validation in jobs.py), not from io.read_inputs.
@@ -466,7 +518,8 @@ def test_pickle_payload_is_live_but_never_runs(tmp_path, runner):
 
 # The real-process sweep takes ~0.5 s of CPU per file; by default it covers the cases most likely to
 # crash or hang a process (every case with LSTMGRAD_FUZZ_EXAMPLES set, as `make fuzz` does).
-SUBPROCESS_CASES = {"fifo", "npz-pickle", "npz-huge-declared", "h5-external-fifo", "h5-huge", "h5-bad-gzip"}
+SUBPROCESS_CASES = {"fifo", "npz-pickle", "npz-huge-declared", "h5-external-fifo", "h5-huge", "h5-bad-gzip",
+                    "npz-rank-bomb", "npydir-fifo"}
 
 
 def test_cases_in_a_real_subprocess(tmp_path):

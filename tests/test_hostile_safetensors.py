@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import struct
 
+import bombs
 import numpy as np
 import pytest
 from conftest import load_case
@@ -34,6 +35,13 @@ def valid_parts():
 def assemble(header, data: bytes, raw_header: bytes | None = None) -> bytes:
     text = raw_header if raw_header is not None else json.dumps(header).encode()
     return struct.pack("<Q", len(text)) + text + data
+
+
+def _with_x(shape, header, data):
+    """``header`` and ``data`` with x replaced by zeros of ``shape``, placed after the rest."""
+    x = bytes(4 * int(np.prod(shape)))
+    header["x"] = {"dtype": "F32", "shape": list(shape), "data_offsets": [len(data), len(data) + len(x)]}
+    return header, data + x
 
 
 def edited(edit):
@@ -71,6 +79,18 @@ CASES = {
     "metadata not strings": (edited(lambda h, d: h.update(__metadata__={"a": 1})),
                              "__metadata__ is not a table of strings"),
     "truncated data": (edited(lambda h, d: assemble(h, d[:-100])), "of a data area of"),
+    # issue 34
+    "header nested 900 deep (the JSON parser's recursion)": (
+        lambda p: bombs.safetensors_nested(p, 900),
+        "its safetensors header is not a table of tensors (nested 901 deep)"),
+    "brackets inside strings are not nesting": (edited(lambda h, d: assemble(
+        h, d, json.dumps({"[" * 900: {"dtype": "BF16", "shape": [], "data_offsets": [0, 0]}}).encode()[:-1]
+        + b', "x": 1}')), "has dtype 'BF16'"),
+    "seq_len_max of 375M int32 (a sparse 1.5 GB file)": (
+        bombs.safetensors_bomb, "`seq_len_max_tensor` must be rank 0 but is rank 1 (shape [375000000])"),
+    "x of [5, 1M, 1] beside a batch of 3": (edited(lambda h, d: assemble(*_with_x((5, 1 << 20, 1), h, d))),
+                                            "x declares shape [5, 1048576, 1] of float32 = 20.0 MiB, but the file's "
+                                            "other tensors make it [5, 3, 1]"),
 }
 
 

@@ -102,6 +102,31 @@ CASES = {
         proto=field(1, 1) + field(2, field(2, field(1, -1))))), "x has an unknown shape"),
     "more typed values than the shape": (lambda d: replace_execution_records(d, lambda r: eager_tensor(
         proto=field(1, 9) + field(2, shape_proto((2,))) + packed(10, [1, 2, 3]))), "holds 3 values for shape [2]"),
+    # issue 34: counted from the lengths before anything is decoded (records over 4 MiB are walked on disk)
+    "2M packed floats for [5, 3, 4]": (lambda d: replace_execution_records(d, lambda r: eager_tensor(
+        proto=field(1, 1) + field(2, shape_proto((5, 3, 4))) + field(5, bytes(8_000_000)))),
+        "x holds 2000000 values for shape [5, 3, 4]; corrupt"),
+    "a million one-float fields for [5, 3, 4]": (lambda d: replace_execution_records(d, lambda r: eager_tensor(
+        proto=field(1, 1) + field(2, shape_proto((5, 3, 4))) + (b"\x2d" + bytes(4)) * 1_000_000)),
+        "x holds at least 61 values for shape [5, 3, 4]; corrupt"),
+    "8 MB of content for [5, 3, 4]": (lambda d: replace_execution_records(d, lambda r: eager_tensor(
+        proto=field(1, 1) + field(2, shape_proto((5, 3, 4))) + field(4, bytes(8_000_000)))),
+        "x holds 8000000 bytes of data for shape [5, 3, 4] of float32 (240 bytes); corrupt"),
+    "2M packed int32 for [5, 3, 4]": (lambda d: replace_execution_records(d, lambda r: eager_tensor(
+        proto=field(1, 3) + field(2, shape_proto((5, 3, 4))) + field(7, bytes(2_000_000)))),
+        "x holds 2000000 values for shape [5, 3, 4]; corrupt"),
+    "100 dimensions": (lambda d: replace_execution_records(d, lambda r: eager_tensor(
+        proto=field(1, 1) + field(2, shape_proto((1,) * 100)))),
+        "x declares 100 dimensions (shape [1, 1, 1, 1, 1, 1, 1, 1, ... (100 dimensions)]); no tensor has more than 32"),
+    "a million dimensions": (lambda d: replace_execution_records(d, lambda r: eager_tensor(
+        proto=field(1, 1) + field(2, shape_proto((1,) * 1_000_000)))),
+        "is not a valid DebugEvent (a shape of more than 254 dimensions (TensorFlow's limit))"),
+    "no element, dimensions past any array": (lambda d: replace_execution_records(d, lambda r: eager_tensor(
+        proto=field(1, 1) + field(2, shape_proto((0, 1 << 62, 1 << 62))))),
+        "x declares shape [0, 4611686018427387904, 4611686018427387904], which no array can have"),
+    "an execution of a million outputs": (lambda d: replace_execution_records(d, lambda r: [event(
+        9, field(1, "IdentityN") + packed(5, range(1_000_000)) + field(6, 7))] + r),
+        "is not a valid DebugEvent (an execution with more than 65536 outputs)"),
 }
 
 
@@ -164,6 +189,38 @@ def test_an_identity_loop_does_not_hang(tmp_path):
         "graph_execution_traces": [trace("g", "grad", 0, np.zeros((1, 1, 1), np.float32))]})
     execution = tfdbg.index_dump(dump).gradient_executions()[0]
     assert len(execution.missing) == 18
+
+
+def test_a_named_pipe_named_like_a_dump_file_is_refused_at_once(tmp_path, runner):
+    """Reading it would wait for a writer forever; it is refused without being opened to read."""
+    import bombs
+    from test_hostile_files import fifo_watchdog
+
+    dump = bombs.dump_with_fifo(tmp_path / "dump")
+    with fifo_watchdog(tmp_path):  # (a regression fails instead of hanging)
+        for command in (["seq", str(dump), "-o", str(tmp_path / "g.npz")], ["inspect", str(dump)]):
+            result = runner.invoke(main, command)
+            assert result.exit_code == 1 and "Traceback" not in result.output
+            assert "tfdbg_events.1.test.execution: is not a regular file (a named pipe); refused" in result.output
+    assert not (tmp_path / "g.npz").exists()
+
+
+def test_a_dump_of_many_processes_is_listed_in_linear_time(tmp_path):
+    """20,000 file sets (a .metadata file each): matching each set's files against a list of names made the
+    listing quadratic (32,000 files took 90 s); every set is found, the dump indexed."""
+    import bombs
+
+    dump = bombs.dump_many_files(tmp_path / "dump", count=20_000)
+    with watchdog():
+        assert len(tfdbg.file_sets(dump)) == 20_000 - 5
+        index = tfdbg.index_dump(dump)
+    assert len(index.gradient_executions()) == 1 and index.records == 20_000 - 5 + 2
+
+
+def test_member_slugs_are_distinct_and_plain_where_they_can_be():
+    slugs = tfdbg.member_slugs(["train_step/g!#0", "train_step/g?#0", "train_step/g#1", "eager/BlockLSTMGrad#0"])
+    assert slugs == {"train_step/g!#0": "train_step%2Fg%21%230", "train_step/g?#0": "train_step%2Fg%3F%230",
+                     "train_step/g#1": "train_step.g.1", "eager/BlockLSTMGrad#0": "eager.BlockLSTMGrad.0"}
 
 
 # -- fuzz -------------------------------------------------------------------------------------------------

@@ -6,9 +6,12 @@ asked for are read, so unrelated (or hostile) entries are never touched.  Input 
 other people's jobs, so every reader assumes the worst:
 
 * nothing is ever unpickled; ``.npy`` data (NPZ members, ``.npy`` files) is parsed by hand;
-* a tensor's declared size (shape x itemsize) is checked against the memory limit before anything
-  is allocated, with its size in the message.  The limit is half of the physical (or cgroup)
-  memory, or ``LSTMGRAD_MAX_TENSOR_BYTES``; it bounds each tensor and one input's tensors together;
+* every tensor asked for is declared (shape and dtype, from the file's own header) before any is read,
+  and the declarations are checked (declared.py): the size against the memory limit, with its size in
+  the message (half of the physical or cgroup memory, or ``LSTMGRAD_MAX_TENSOR_BYTES``; it bounds each
+  tensor and one input's tensors together), the rank against what the op can use, and the shapes
+  against one another;
+* only regular files are opened, never in a way that could block (a FIFO named like an input);
 * HDF5 links are followed one at a time and never out of the file;
 * anything that goes wrong becomes an ``InputFileError`` naming the file and the tensor.
 
@@ -37,6 +40,7 @@ from ._common import (
     describe_keys,
     file_kind,
     max_tensor_bytes,
+    open_regular,
 )
 from .atomic import (
     Handoff,
@@ -109,7 +113,7 @@ def sniff_format(path: str | os.PathLike) -> str:
             raise InputFileError(f"{path}: is a directory, not a file (nor {kinds})")
         if not stat.S_ISREG(info.st_mode):
             raise InputFileError(f"{path}: is not a regular file ({file_kind(info.st_mode)}); {expected}")
-        with open(path, "rb") as fh:
+        with open_regular(path, refusal=f"; {expected}") as fh:  # (never blocks, whatever is put there meanwhile)
             head = fh.read(HEAD_BYTES)
     except InputFileError:
         raise
@@ -144,23 +148,24 @@ def default_output(input_path: Path, input_format: str) -> Path:
 
 
 def read_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable[str] = (),
-                group: str | None = None, collect_errors: bool = False) -> LoadedFile:
+                group: str | None = None, collect_errors: bool = False, kind: str | None = None) -> LoadedFile:
     """Read the tensors ``names`` (and scalar parameters ``scalars``) from an input of any format.
 
     Names are TF's snake_case argument names; camelCase aliases are accepted.  Missing tensors are
     simply absent from the result (the caller names them all at once); scalars may also come from
     HDF5 attributes of the group.  Raises InputFileError, and nothing else, for a bad input; with
     ``collect_errors`` a tensor that cannot be read is recorded in ``errors`` and the rest are read
-    (one open file, one memory budget: what ``lstmgrad inspect`` needs).
+    (one open file, one memory budget: what ``lstmgrad inspect`` needs).  Every tensor is declared and checked
+    before any is read (declared.py); ``kind`` ("seq" or "cell"), when the caller knows it, words rank errors.
     """
-    with open_inputs(path, names, scalars, group, collect_errors=collect_errors) as loaded:
+    with open_inputs(path, names, scalars, group, collect_errors=collect_errors, kind=kind) as loaded:
         return loaded
 
 
 @contextlib.contextmanager
 def open_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable[str] = (), group: str | None = None,
                 lazy: Iterable[str] = (), collect_errors: bool = False,
-                input_format: str | None = None) -> Iterator[LoadedFile]:
+                input_format: str | None = None, kind: str | None = None) -> Iterator[LoadedFile]:
     """``read_inputs`` that may leave tensors on disk while the block runs (``input_format``: what
     ``npydir.input_format`` said of ``path`` and ``group``, when the caller has asked it already).
 
@@ -171,7 +176,7 @@ def open_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable
     """
     path = Path(path)
     fmt = FORMATS[input_format or npydir.input_format(path, group)]  # (the group may make a directory one input)
-    with fmt.open(path, list(names), list(scalars), group, frozenset(lazy), collect_errors) as loaded:
+    with fmt.open(path, list(names), list(scalars), group, frozenset(lazy), collect_errors, kind) as loaded:
         yield loaded
 
 

@@ -46,6 +46,26 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def open_regular(path, label=None, refusal: str = "; refused"):
+    """``path`` opened for reading (a binary file object) if it is a regular file.  A FIFO, socket or device is
+    refused at once: it is recognised by ``stat`` before opening, and opened with O_NONBLOCK so that one put in
+    its place meanwhile cannot block the open (a FIFO's open waits for a writer) before ``fstat`` refuses it."""
+    label = label or path
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise InputFileError(f"{label}: is not a regular file ({file_kind(info.st_mode)}){refusal}")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputFileError(f"{label}: is not a regular file ({file_kind(info.st_mode)}){refusal}")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 
 @functools.lru_cache(maxsize=1024)  # asked for every tensor name of every file a batch reads
 def camel(name: str) -> str:
@@ -114,40 +134,71 @@ def human(nbytes: int) -> str:
     return f"{nbytes} bytes"  # pragma: no cover
 
 
-class Budget:
-    """The bytes a file's tensors may still occupy; refuses a tensor before it is allocated."""
+MAX_RANK = 32  # dimensions a declared shape may have (numpy allows 64; no tensor lstmgrad reads has more than 3)
+MAX_ARRAY_BYTES = (1 << 63) - 1  # the non-zero dimensions times the itemsize: past it numpy has no array, even empty
 
-    def __init__(self, path: Path):
+
+def shape_text(shape, limit: int = 8) -> str:
+    """A declared shape for a message: ``[5, 3, 4]``, or its first dimensions and how many there are."""
+    dims = [int(n) for n in list(shape)[:limit + 1]]
+    if len(shape) <= limit:
+        return str(dims)
+    return f"[{', '.join(str(n) for n in dims[:limit])}, ... ({len(shape)} dimensions)]"
+
+
+class Budget:
+    """The bytes a file's tensors may still occupy; refuses a tensor before it is allocated.
+
+    ``kind``: the kind of op ("seq" or "cell") the tensors are read for, when the caller knows it (declared.py
+    checks ranks with it); None when it is not known yet.
+    """
+
+    def __init__(self, path: Path, kind: str | None = None):
         self.path = path
+        self.kind = kind
         self.limit = max_tensor_bytes()
         self.used = 0
 
+    def check_shape(self, key: str, shape: tuple, itemsize: int = 1) -> None:
+        """A shape an array of ``itemsize`` could have: not negative, at most ``MAX_RANK`` dimensions, a size numpy
+        can represent (even with a dimension 0: numpy refuses [0, 2**62] of float32)."""
+        if len(shape) > MAX_RANK:
+            raise InputFileError(f"{self.path}: {key} declares {len(shape)} dimensions (shape {shape_text(shape)}); "
+                                 f"no tensor has more than {MAX_RANK}; refused")
+        if any(n < 0 for n in shape):
+            raise InputFileError(f"{self.path}: {key} declares a negative dimension (shape {shape_text(shape)}); "
+                                 "refused")
+        # (without a dimension 0 the size is the budget's to bound)
+        if 0 in shape and math.prod(int(n) for n in shape if n) * max(itemsize, 1) > MAX_ARRAY_BYTES:
+            raise InputFileError(f"{self.path}: {key} declares shape {shape_text(shape)}, which no array can have "
+                                 "(its dimensions multiply past 2**63 bytes); refused")
+
     def take(self, key: str, shape: tuple, dtype: np.dtype, what: str = "") -> int:
-        if any(int(n) < 0 for n in shape):
-            raise InputFileError(f"{self.path}: {key} declares a negative dimension (shape {list(shape)}); refused")
+        self.check_shape(key, shape, dtype.itemsize)
         nbytes = math.prod(int(n) for n in shape) * dtype.itemsize
         if self.used + nbytes > self.limit:
-            source = MAX_BYTES_ENV if os.environ.get(MAX_BYTES_ENV, "").strip() else "half of this machine's memory"
             also = f" on top of {human(self.used)} already read" if self.used else ""
             raise InputFileError(
-                f"{self.path}: {key} declares {what}shape {list(shape)} of {dtype_text(dtype)} = {human(nbytes)} "
-                f"({nbytes} bytes){also}, more than the {human(self.limit)} limit ({source}; set {MAX_BYTES_ENV} "
-                f"to change it); refused before reading")
+                f"{self.path}: {key} declares {what}shape {shape_text(shape)} of {dtype_text(dtype)} = "
+                f"{human(nbytes)} ({nbytes} bytes){also}, more than the {human(self.limit)} limit ({self.source()}; "
+                f"set {MAX_BYTES_ENV} to change it); refused before reading")
         self.used += nbytes
         return nbytes
 
     def check_slice(self, key: str, shape: tuple, dtype: np.dtype) -> None:
         """A tensor read one time step at a time: one step (``shape[1:]``) must fit in the limit."""
-        if any(int(n) < 0 for n in shape):
-            raise InputFileError(f"{self.path}: {key} declares a negative dimension (shape {list(shape)}); refused")
+        self.check_shape(key, shape, dtype.itemsize)
         step = math.prod(int(n) for n in shape[1:]) * dtype.itemsize
         if step > self.limit:
             total = math.prod(int(n) for n in shape) * dtype.itemsize
-            source = MAX_BYTES_ENV if os.environ.get(MAX_BYTES_ENV, "").strip() else "half of this machine's memory"
             raise InputFileError(
-                f"{self.path}: {key} declares shape {list(shape)} of {dtype_text(dtype)} = {human(total)} "
+                f"{self.path}: {key} declares shape {shape_text(shape)} of {dtype_text(dtype)} = {human(total)} "
                 f"({total} bytes), and one time step of it ({human(step)}) is more than the {human(self.limit)} "
-                f"limit ({source}; set {MAX_BYTES_ENV} to change it); refused before reading")
+                f"limit ({self.source()}; set {MAX_BYTES_ENV} to change it); refused before reading")
+
+    @staticmethod
+    def source() -> str:
+        return MAX_BYTES_ENV if os.environ.get(MAX_BYTES_ENV, "").strip() else "half of this machine's memory"
 
 
 def dtype_text(dtype: np.dtype) -> str:
@@ -184,7 +235,7 @@ class Format:
     """One input format in ``io.FORMATS``: how to recognise it by content and how to read it.
 
     ``sniff`` gets the first bytes of a file (``HEAD_BYTES``), or for a directory format the names of
-    the directory's entries; ``open(path, names, scalars, group, lazy, collect_errors)`` is a context
+    the directory's entries; ``open(path, names, scalars, group, lazy, collect_errors, kind)`` is a context
     manager yielding the ``LoadedFile``.
     """
 

@@ -4,7 +4,9 @@ External links, dangling soft links, soft-link loops, virtual datasets and datas
 lives in external files are refused; a compression filter that is not available is named.  Tensors
 asked for lazily come back as ``LazyDataset``s, read later a slice of time steps at a time (what
 lets an input larger than memory be processed); HDF5 attributes of the group can hold the scalar
-parameters.
+parameters.  Every tensor asked for is declared from its dataspace, type, layout and filters, and the
+declarations are checked together (declared.py) before any data is read; a dataset over 1 MiB that was
+never written (whose values HDF5 would make up from the fill value) is refused.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputFileError, LstmGradError
-from ._common import Budget, Format, LoadedFile, collecting, key_for, native, reason
+from ._common import Budget, Format, LoadedFile, human, key_for, native, reason, shape_text
+from .declared import Declared, checked, read_checked
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 # HDF5 allows a user block before the superblock; the signature then sits at 512, 1024, 2048, ...
@@ -35,12 +38,12 @@ def sniff(head: bytes) -> bool:
 
 
 @contextlib.contextmanager
-def open_hdf5_inputs(path: Path, names, scalars, group=None, lazy=(), collect_errors=False):
+def open_hdf5_inputs(path: Path, names, scalars, group=None, lazy=(), collect_errors=False, kind=None):
     """The tensors ``names`` and scalars of ``path``; those in ``lazy`` may stay on disk while the block runs."""
     with open_hdf5(path) as (fh, h5py):
         loaded = LoadedFile(path, "hdf5")
         with hdf5_errors(path):
-            read_open(fh, loaded, list(names), list(scalars), group, h5py, frozenset(lazy), collect_errors)
+            read_open(fh, loaded, list(names), list(scalars), group, h5py, frozenset(lazy), collect_errors, kind)
         yield loaded
 
 
@@ -238,8 +241,8 @@ def hdf5_errors(path: Path):
         raise InputFileError(f"{path}: corrupt HDF5 file ({reason(err)})") from None
 
 
-def read_open(fh, loaded: LoadedFile, names, scalars, group, h5py, lazy=frozenset(),
-                    collect_errors=False) -> None:
+def read_open(fh, loaded: LoadedFile, names, scalars, group, h5py, lazy=frozenset(), collect_errors=False,
+              kind=None) -> None:
     path = loaded.path
     node = fh
     if group:
@@ -249,24 +252,27 @@ def read_open(fh, loaded: LoadedFile, names, scalars, group, h5py, lazy=frozense
                             and isinstance(fh.get(k), h5py.Group))
             raise InputFileError(f"{path}: no group {group!r} (groups at the root: {', '.join(groups) or 'none'})")
     loaded.keys = list(node.keys())
-    budget = Budget(path)
-    for name in names:
-        with collecting(loaded, name, collect_errors):
-            key = key_for(name, loaded.keys, path)
-            if key is None and "/" in name and walk(fh, node, name, path, h5py, name) is not None:
-                key = name  # a path inside the group (a Keras weights file's cell/vars/0)
+    keys = set(loaded.keys)
+    scalars = list(scalars)
+
+    def declare(name: str) -> Declared | None:
+        key = key_for(name, keys, path)
+        if name in scalars:
             if key is not None:
-                loaded.tensors[name] = read_dataset(fh, node, key, path, h5py, budget, lazy=name in lazy)
-    for name in scalars:
-        key = key_for(name, loaded.keys, path)
-        if key is not None:
-            loaded.scalars[name] = (read_dataset(fh, node, key, path, h5py, budget), "tensor")
-            continue
-        for attrs in (node.attrs, fh.attrs) if group else (node.attrs,):
-            akey = key_for(name, list(attrs.keys()), path)
-            if akey is not None:
-                loaded.scalars[name] = (read_attribute(attrs, akey, path, budget), "attribute")
-                break
+                return declare_dataset(fh, node, name, key, path, h5py)
+            for attrs in (node.attrs, fh.attrs) if group else (node.attrs,):
+                akey = key_for(name, list(attrs.keys()), path)
+                if akey is not None:
+                    return declare_attribute(attrs, name, akey, path)
+            return None
+        if key is None and "/" in name and walk(fh, node, name, path, h5py, name) is not None:
+            key = name  # a path inside the group (a Keras weights file's cell/vars/0)
+        if key is None:
+            return None
+        return declare_dataset(fh, node, name, key, path, h5py, lazy=name in lazy)
+
+    declared = checked(loaded, Budget(path, kind), names, scalars, declare)
+    read_checked(loaded, declared, scalars, collect_errors, collect_scalars=False)
 
 
 def walk(fh, start, target: str, path: Path, h5py, what: str, depth: int = 0):
@@ -300,7 +306,12 @@ def walk(fh, start, target: str, path: Path, h5py, what: str, depth: int = 0):
     return current
 
 
-def read_dataset(fh, node, key: str, path: Path, h5py, budget: Budget, lazy: bool = False):
+UNWRITTEN_LIMIT = 1 << 20  # bytes: an unwritten dataset larger than this is refused (its data would be made up)
+
+
+def declare_dataset(fh, node, name: str, key: str, path: Path, h5py, lazy: bool = False) -> Declared:
+    """The dataset at ``key`` as it declares itself (dataspace, type, layout, filters), refused for anything
+    lstmgrad does not read; its data is read by the declaration's ``read``."""
     obj = walk(fh, node, key, path, h5py, key)
     if not isinstance(obj, h5py.Dataset):
         kind = "group" if isinstance(obj, h5py.Group) else type(obj).__name__.lower()
@@ -320,12 +331,22 @@ def read_dataset(fh, node, key: str, path: Path, h5py, budget: Budget, lazy: boo
                              "expected a numeric array")
     if obj.chunks is not None:  # a chunk is decompressed whole: a huge chunk is a memory bomb too
         chunk_bytes = math.prod(obj.chunks) * dtype.itemsize
+        budget = Budget(path)
         if chunk_bytes > budget.limit:
             budget.take(key, obj.chunks, dtype, what="chunks of ")
-    if lazy and len(shape) >= 1 and dtype.isnative and dtype.kind == "f":
-        budget.check_slice(key, shape, dtype)
+    lazy = lazy and len(shape) >= 1 and dtype.isnative and dtype.kind == "f"
+    return Declared(name, key, tuple(shape), dtype, lambda: _read_dataset(obj, key, path, lazy), lazy=lazy)
+
+
+def _read_dataset(obj, key: str, path: Path, lazy: bool):
+    """The dataset's values (a ``LazyDataset`` when ``lazy``), once its declaration passed the checks."""
+    nbytes = math.prod(obj.shape) * obj.dtype.itemsize
+    if nbytes > UNWRITTEN_LIMIT and not obj.id.get_storage_size():
+        raise InputFileError(f"{path}: {key} declares shape {shape_text(obj.shape)} of {obj.dtype} = {human(nbytes)} "
+                             "but not one byte of it was ever written (an unallocated HDF5 dataset: its values would "
+                             "all be made up from the fill value); refused")
+    if lazy:
         return LazyDataset(obj, key, path)  # read later, a slice of time steps at a time
-    budget.take(key, shape, dtype)
     try:
         return native(np.asarray(obj[()]))
     except MemoryError:
@@ -347,19 +368,26 @@ def check_filters(dcpl, key: str, path: Path) -> None:
                                  "available here; install its plugin (e.g. the hdf5plugin package)")
 
 
-def read_attribute(attrs, akey: str, path: Path, budget: Budget) -> np.ndarray:
+def declare_attribute(attrs, name: str, akey: str, path: Path) -> Declared:
+    """An attribute holding a scalar parameter, declared from its dataspace and type."""
+    def read():
+        try:
+            return native(np.asarray(attrs[akey]))
+        except MemoryError:
+            raise InputFileError(f"{path}: attribute {akey} does not fit in memory") from None
+        except HDF5_ERRORS as err:
+            raise InputFileError(f"{path}: attribute {akey} cannot be read ({reason(err)})") from None
+
     try:
         attr = attrs.get_id(akey)
         shape, dtype = attr.shape, attr.dtype
-        if shape is not None and not dtype.hasobject:
-            budget.take(f"attribute {akey}", shape, dtype)
-        return native(np.asarray(attrs[akey]))
-    except LstmGradError:
-        raise
     except MemoryError:
         raise InputFileError(f"{path}: attribute {akey} does not fit in memory") from None
     except HDF5_ERRORS as err:
         raise InputFileError(f"{path}: attribute {akey} cannot be read ({reason(err)})") from None
+    if shape is None or dtype.hasobject:  # an empty or string attribute: small, and validation says what it is
+        shape, dtype = (), np.dtype(np.uint8)
+    return Declared(name, f"attribute {akey}", tuple(shape), dtype, read, origin="attribute")
 
 
 def type_text(obj) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import lzma
+import math
 import re
 import tokenize
 import warnings
@@ -31,58 +32,83 @@ CANONICAL_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d{0,4})', 'fortran_
                               r"'shape': \(((?:\d{1,18}, )*\d{1,18},?)?\), \} *\n")
 
 
-def read_npy(fp, size: int, key: str, path: Path, budget: Budget, container: str = "member") -> np.ndarray:
-    """The array of a ``.npy`` stream ``fp`` of ``size`` bytes (a zip ``member`` or a ``file``); InputFileError
-    for anything wrong with it.
+class NpyStream:
+    """A ``.npy`` stream ``fp`` of ``size`` bytes (a zip ``member`` or a ``file``) whose header has been parsed
+    (``shape``, ``dtype``; object arrays refused) and none of whose data has been read yet: ``read()`` reads it,
+    once the caller has checked the declaration.  InputFileError for anything wrong with it; the stream's own
+    read errors (a zip layer's CRC or decompression errors) propagate for the caller to word."""
 
-    The stream's own read errors (a zip layer's CRC or decompression errors) propagate for the
-    caller to word.
-    """
-    blob = None
-    if size <= WHOLE_READ:  # one read (the zip layer checks the CRC on reaching the end)
-        blob = fp.read(size + 1)
-        if len(blob) > size:
-            raise InputFileError(f"{path}: {key} holds more bytes than its {container} size; not a valid .npy "
-                                 f"{container}")
-        fp, size = io.BytesIO(blob), len(blob)
-    shape, fortran_order, dtype = npy_header(fp, key, path)
-    if dtype.hasobject:
-        raise InputFileError(f"{path}: {key} is a pickled object array (dtype {dtype}); "
-                             "lstmgrad never unpickles; refused")
-    if dtype.itemsize == 0:
-        raise InputFileError(f"{path}: {key} has a zero-size dtype ({dtype.str}); expected numbers")
-    nbytes = budget.take(key, shape, dtype)
-    available = size - fp.tell()
-    if nbytes > available:
-        raise InputFileError(f"{path}: {key} is truncated: its header declares shape {list(shape)} of {dtype} "
-                             f"= {nbytes} bytes but the {container} holds only "
-                             f"{max(available, 0)}")
-    if blob is not None:  # copied once, from the bytes read (the BytesIO's own buffer would be a copy more)
-        start = fp.tell()
-        data = np.frombuffer(blob, dtype=np.uint8, count=nbytes, offset=start).copy()
-        fp.seek(start + nbytes)
-        pos = nbytes
-    else:
-        data = np.empty(nbytes, dtype=np.uint8)
-        pos = 0
-    while pos < nbytes:
-        chunk = fp.read(min(READ_CHUNK, nbytes - pos))
-        if not chunk:
-            raise InputFileError(f"{path}: {key} is truncated: {pos} of {nbytes} bytes of data")
-        data[pos:pos + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
-        pos += len(chunk)
-    if fp.read(1):  # reading to the end also makes zipfile verify the CRC
-        raise InputFileError(f"{path}: {key} has data after the array it declares (shape {list(shape)}); "
-                             f"not a valid .npy {container}")
-    try:
-        if nbytes == 0:
-            array = np.zeros(shape, dtype=dtype)
+    def __init__(self, fp, size: int, key: str, path: Path, container: str = "member"):
+        self.key, self.path, self.container = key, path, container
+        self.blob = None
+        if size <= WHOLE_READ:  # one read (the zip layer checks the CRC on reaching the end)
+            self.blob = fp.read(size + 1)
+            if len(self.blob) > size:
+                raise InputFileError(f"{path}: {key} holds more bytes than its {container} size; not a valid .npy "
+                                     f"{container}")
+            fp, size = io.BytesIO(self.blob), len(self.blob)
+        self.fp, self.size = fp, size
+        self.shape, self.fortran_order, self.dtype = npy_header(fp, key, path)
+        if self.dtype.hasobject:
+            raise InputFileError(f"{path}: {key} is a pickled object array (dtype {self.dtype}); "
+                                 "lstmgrad never unpickles; refused")
+        if self.dtype.itemsize == 0:
+            raise InputFileError(f"{path}: {key} has a zero-size dtype ({self.dtype.str}); expected numbers")
+        self.start = fp.tell()
+        self.verified = False
+
+    def verify(self) -> None:
+        """The declared size is what the stream holds after the header (no more, no less)."""
+        path, key, container, shape, dtype = self.path, self.key, self.container, self.shape, self.dtype
+        nbytes = math.prod(shape) * dtype.itemsize
+        available = self.size - self.start
+        if nbytes > available:
+            raise InputFileError(f"{path}: {key} is truncated: its header declares shape {list(shape)} of {dtype} "
+                                 f"= {nbytes} bytes but the {container} holds only {max(available, 0)}")
+        if nbytes < available:
+            raise InputFileError(f"{path}: {key} has data after the array it declares (shape {list(shape)}); "
+                                 f"not a valid .npy {container}")
+        self.verified = True
+
+    def read(self) -> np.ndarray:
+        """The array, read in bounded chunks (its size verified first)."""
+        if not self.verified:
+            self.verify()
+        path, key, container, shape, dtype = self.path, self.key, self.container, self.shape, self.dtype
+        nbytes = math.prod(shape) * dtype.itemsize
+        fp = self.fp
+        if self.blob is not None:  # copied once, from the bytes read (the BytesIO's own buffer would be a copy more)
+            data = np.frombuffer(self.blob, dtype=np.uint8, count=nbytes, offset=self.start).copy()
+            fp.seek(self.start + nbytes)
+            pos = nbytes
         else:
-            array = data.view(dtype).reshape(shape, order="F" if fortran_order else "C")
-    except (ValueError, TypeError, MemoryError) as err:
-        raise InputFileError(
-            f"{path}: {key} cannot be read as {dtype} of shape {list(shape)} ({reason(err)})") from None
-    return native(array)
+            data = np.empty(nbytes, dtype=np.uint8)
+            pos = 0
+        while pos < nbytes:
+            chunk = fp.read(min(READ_CHUNK, nbytes - pos))
+            if not chunk:
+                raise InputFileError(f"{path}: {key} is truncated: {pos} of {nbytes} bytes of data")
+            data[pos:pos + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
+            pos += len(chunk)
+        if fp.read(1):  # reading to the end also makes zipfile verify the CRC
+            raise InputFileError(f"{path}: {key} has data after the array it declares (shape {list(shape)}); "
+                                 f"not a valid .npy {container}")
+        try:
+            if nbytes == 0:
+                array = np.zeros(shape, dtype=dtype)
+            else:
+                array = data.view(dtype).reshape(shape, order="F" if self.fortran_order else "C")
+        except (ValueError, TypeError, MemoryError) as err:
+            raise InputFileError(
+                f"{path}: {key} cannot be read as {dtype} of shape {list(shape)} ({reason(err)})") from None
+        return native(array)
+
+
+def read_npy(fp, size: int, key: str, path: Path, budget: Budget, container: str = "member") -> np.ndarray:
+    """The array of a ``.npy`` stream, its declared size taken from ``budget`` before it is read."""
+    stream = NpyStream(fp, size, key, path, container)
+    budget.take(key, stream.shape, stream.dtype)
+    return stream.read()
 
 
 def npy_header(fp, key: str, path: Path):

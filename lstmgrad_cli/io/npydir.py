@@ -3,7 +3,7 @@
 Many dump scripts save tensors this way (``np.save(f"{name}.npy", value)``).  The tensor's name is
 the file's stem; a group is a subdirectory, and the directory given may then hold nothing but subdirectories
 (``run/`` with ``--group step3``: ``sniff_group``).  Each file is parsed as NPZ members are (``npy.py``):
-never unpickled, its declared size checked against the budget and the file's length before reading.
+never unpickled, every header declared and checked (declared.py) before any data is read.
 Only regular files are read (a FIFO or device named ``x.npy`` is refused); other files are ignored.
 """
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from pathlib import Path, PurePosixPath
 
 from ..errors import InputFileError, LstmGradError
-from ._common import Budget, Format, LoadedFile, collecting, file_kind, key_for, reason
-from .npy import read_npy
+from ._common import Budget, Format, LoadedFile, key_for, open_regular, reason
+from .declared import Declared, checked, read_checked
+from .npy import NpyStream
 from .tfdbg import sniff as _is_dump
 
 SUFFIX = ".npy"
@@ -60,11 +60,11 @@ def input_format(path: str | os.PathLike, group: str | None = None) -> str:
 
 
 @contextlib.contextmanager
-def open_npy_dir(path: Path, names, scalars, group=None, lazy=(), collect_errors=False):
-    yield read_npy_dir(path, list(names), list(scalars), group, collect_errors)
+def open_npy_dir(path: Path, names, scalars, group=None, lazy=(), collect_errors=False, kind=None):
+    yield read_npy_dir(path, list(names), list(scalars), group, collect_errors, kind)
 
 
-def read_npy_dir(path: Path, names, scalars, group=None, collect_errors=False) -> LoadedFile:
+def read_npy_dir(path: Path, names, scalars, group=None, collect_errors=False, kind=None) -> LoadedFile:
     loaded = LoadedFile(path, "npy-dir")
     folder = path / _group_path(path, group) if group else path
     try:
@@ -77,17 +77,16 @@ def read_npy_dir(path: Path, names, scalars, group=None, collect_errors=False) -
         raise InputFileError(f"{path}: cannot list {folder}: {err.strerror or reason(err)}") from None
     files = {e[:-len(SUFFIX)]: e for e in entries if e.lower().endswith(SUFFIX)}
     loaded.keys = list(files)
-    budget = Budget(path)
-    for name in [*names, *scalars]:
-        with collecting(loaded, name, collect_errors):
-            key = key_for(name, loaded.keys, path)
+    with contextlib.ExitStack() as opened:
+        def declare(name: str) -> Declared | None:
+            key = key_for(name, files, path)
             if key is None:
-                continue
-            value = _read_file(folder / files[key], key, path, budget)
-            if name in scalars:
-                loaded.scalars[name] = (value, "tensor")
-            else:
-                loaded.tensors[name] = value
+                return None
+            stream = _open_file(folder / files[key], key, path, opened)
+            return Declared(name, key, stream.shape, stream.dtype, lambda: _guarded(stream.read, key, path),
+                            verify=stream.verify)
+
+        read_checked(loaded, checked(loaded, Budget(path, kind), names, scalars, declare), scalars, collect_errors)
     return loaded
 
 
@@ -99,13 +98,17 @@ def _group_path(path: Path, group: str) -> PurePosixPath:
     return relative
 
 
-def _read_file(file: Path, key: str, path: Path, budget: Budget):
+def _open_file(file: Path, key: str, path: Path, opened: contextlib.ExitStack) -> NpyStream:
+    """One .npy file, its header parsed; only a regular file is opened, and never in a way that could block."""
+    def parse():
+        fp = opened.enter_context(open_regular(file, f"{path}: {key}{SUFFIX}"))
+        return NpyStream(fp, os.fstat(fp.fileno()).st_size, key, path, container="file")
+    return _guarded(parse, key, path)
+
+
+def _guarded(action, key: str, path: Path):
     try:
-        info = os.stat(file)
-        if not stat.S_ISREG(info.st_mode):
-            raise InputFileError(f"{path}: {key}{SUFFIX} is not a regular file ({file_kind(info.st_mode)}); refused")
-        with open(file, "rb") as fp:
-            return read_npy(fp, info.st_size, key, path, budget, container="file")
+        return action()
     except LstmGradError:
         raise
     except MemoryError:

@@ -1,24 +1,30 @@
 """NPZ files (numpy's ``savez``): a zip archive of ``.npy`` members, read without ``np.load``.
 
 Members are parsed by hand (``npy.py``): object arrays are refused from the header alone, nothing
-is ever unpickled, and a member's declared size is checked before anything is allocated.  Every
-member is read to its end so the zip CRC is verified.  A group is a key prefix (``lstm/x.npy``).
+is ever unpickled, and every member asked for is declared before any is inflated: its zip entry's sizes
+(what the compression method can hold), then its ``.npy`` header (declared.py: the budget, the rank, the
+shapes against one another).  Every member is read to its end so the zip CRC is verified.  A name twice
+is refused.  A group is a key prefix (``lstm/x.npy``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import lzma
+import os
 import struct
 import zipfile
 import zlib
 from pathlib import Path
 
 from ..errors import InputFileError, LstmGradError
-from ._common import Budget, Format, LoadedFile, collecting, key_for, reason
-from .npy import read_npy
+from ._common import Budget, Format, LoadedFile, describe_keys, key_for, open_regular, reason
+from .declared import Declared, checked, read_checked
+from .npy import NpyStream
 
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+MAX_MEMBERS = 100_000  # members an archive may hold (zipfile's directory of them takes ~50 MB)
+_EOCD, _ZIP64_LOCATOR = 22, 20  # bytes of the end-of-directory record and of the zip64 locator before it
 TORCH_FILE = ("is a PyTorch file (torch.save writes a pickle, and lstmgrad never unpickles); save the tensors with "
               "safetensors instead: safetensors.torch.save_file(model.state_dict(), 'model.safetensors')")
 KERAS_ARCHIVE = ("is a Keras model archive (model.save('m.keras')); its weights are the model.weights.h5 inside it: "
@@ -35,55 +41,132 @@ def sniff(head: bytes) -> bool:
 
 
 @contextlib.contextmanager
-def open_npz(path: Path, names, scalars, group=None, lazy=(), collect_errors=False):
+def open_npz(path: Path, names, scalars, group=None, lazy=(), collect_errors=False, kind=None):
     """NPZ files are always read into memory (``lazy`` does not apply)."""
-    yield read_npz(path, list(names), list(scalars), group, collect_errors)
+    yield read_npz(path, list(names), list(scalars), group, collect_errors, kind)
 
 
-def read_npz(path: Path, names, scalars, group, collect_errors=False) -> LoadedFile:
+def read_npz(path: Path, names, scalars, group, collect_errors=False, kind=None) -> LoadedFile:
     loaded = LoadedFile(path, "npz")
     prefix = f"{group.strip('/')}/" if group else ""
     try:
-        archive = zipfile.ZipFile(path)
+        with open_regular(path, refusal="; expected an NPZ file") as fh:
+            archive_size = os.fstat(fh.fileno()).st_size
+            count = declared_members(fh, archive_size)
+            if count is not None and count > MAX_MEMBERS:  # zipfile would hold ~500 bytes for each
+                raise InputFileError(f"{path}: the archive declares {count} members, more than the {MAX_MEMBERS} an "
+                                     "input may hold; refused before reading its directory")
+            with zipfile.ZipFile(fh) as archive:
+                return _read_members(archive, _members(archive, path), archive_size, loaded, prefix, group, names,
+                                     scalars, collect_errors, kind)
+    except LstmGradError:
+        raise
     except MemoryError:
         raise InputFileError(f"{path}: corrupt NPZ file (its zip directory does not fit in memory)") from None
     except NPZ_ERRORS as err:
         raise InputFileError(f"{path}: corrupt or truncated NPZ file ({reason(err)})") from None
-    with archive:
-        members: dict[str, zipfile.ZipInfo] = {}
-        for info in archive.infolist():
-            if not info.filename or info.filename.endswith("/"):  # directories (is_dir() fails on a blank name)
-                continue
-            # numpy's convention: "x.npy" is the array "x"; other members keep their full name.
-            key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
-            members[key] = info
-        if any(k == "data.pkl" or k.endswith("/data.pkl") for k in members):
-            raise InputFileError(f"{path}: {TORCH_FILE}")
-        if {"config.json", "model.weights.h5"} <= members.keys():
-            raise InputFileError(f"{path}: {KERAS_ARCHIVE}")
-        keys = [k[len(prefix):] for k in members if k.startswith(prefix)]
-        if group and not keys:
-            raise InputFileError(f"{path}: no group {group!r} (no keys start with {prefix!r})")
-        loaded.keys = keys
-        budget = Budget(path)
-        for name in [*names, *scalars]:
-            with collecting(loaded, name, collect_errors):
-                key = key_for(name, keys, path)
-                if key is None:
-                    continue
-                value = _member(archive, members[prefix + key], prefix + key, path, budget)
-                if name in scalars:
-                    loaded.scalars[name] = (value, "tensor")
-                else:
-                    loaded.tensors[name] = value
+
+
+def declared_members(fh, size: int) -> int | None:
+    """The member count a zip archive's end-of-directory record declares (its zip64 record's, when it has one);
+    None when there is no such record (zipfile then says what is wrong)."""
+    tail = min(size, _EOCD + _ZIP64_LOCATOR)  # the record and a zip64 locator: an archive without a comment
+    fh.seek(size - tail)
+    data = fh.read(tail)
+    if data[-_EOCD:-_EOCD + 4] != b"PK\x05\x06":  # a comment follows the record: up to 64 KiB of it
+        tail = min(size, _EOCD + 0xFFFF + _ZIP64_LOCATOR)
+        fh.seek(size - tail)
+        data = fh.read(tail)
+    pos = data.rfind(b"PK\x05\x06")
+    if pos < 0 or pos + _EOCD > len(data):
+        return None
+    count = struct.unpack_from("<H", data, pos + 10)[0]
+    locator = pos - _ZIP64_LOCATOR
+    if locator >= 0 and data[locator:locator + 4] == b"PK\x06\x07":
+        offset = struct.unpack_from("<Q", data, locator + 8)[0]
+        if offset + 56 <= size:
+            fh.seek(offset)
+            record = fh.read(56)
+            if record[:4] == b"PK\x06\x06":
+                count = max(count, struct.unpack_from("<Q", record, 32)[0])
+    fh.seek(0)
+    return count
+
+
+def _members(archive: zipfile.ZipFile, path: Path) -> dict[str, zipfile.ZipInfo]:
+    """key -> member: numpy's convention, "x.npy" is the array "x" and other members keep their full name.  A key
+    twice is refused (zipfile and np.load would keep the last in silence)."""
+    members: dict[str, zipfile.ZipInfo] = {}
+    for info in archive.infolist():
+        if not info.filename or info.filename.endswith("/"):  # directories (is_dir() fails on a blank name)
+            continue
+        key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+        if key in members:
+            twice = info.filename if info.filename == members[key].filename else (
+                f"{members[key].filename} and {info.filename}")
+            raise InputFileError(f"{path}: the archive holds {describe_keys([twice])} twice (numpy would keep one in "
+                                 "silence); refused")
+        members[key] = info
+    return members
+
+
+def _read_members(archive, members, archive_size, loaded, prefix, group, names, scalars, collect_errors, kind):
+    path = loaded.path
+    if any(k == "data.pkl" or k.endswith("/data.pkl") for k in members):
+        raise InputFileError(f"{path}: {TORCH_FILE}")
+    if {"config.json", "model.weights.h5"} <= members.keys():
+        raise InputFileError(f"{path}: {KERAS_ARCHIVE}")
+    keys = {k[len(prefix):]: None for k in members if k.startswith(prefix)}
+    if group and not keys:
+        raise InputFileError(f"{path}: no group {group!r} (no keys start with {prefix!r})")
+    loaded.keys = list(keys)
+    with contextlib.ExitStack() as streams:
+        def declare(name: str) -> Declared | None:
+            key = key_for(name, keys, path)
+            if key is None:
+                return None
+            stream = _open_member(archive, members[prefix + key], prefix + key, path, archive_size, streams)
+            return Declared(name, prefix + key, stream.shape, stream.dtype,
+                            lambda: _guarded(stream.read, prefix + key, path), verify=stream.verify)
+
+        read_checked(loaded, checked(loaded, Budget(path, kind), names, scalars, declare), scalars, collect_errors)
     return loaded
 
 
-def _member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, path: Path, budget: Budget):
-    """One ``.npy`` member: header checked (no objects, size within budget) before its data is read."""
+def _open_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, path: Path, archive_size: int,
+                 streams: contextlib.ExitStack) -> NpyStream:
+    """One ``.npy`` member, its header parsed, after what its zip entry declares was checked: sizes a deflate
+    stream can hold (a zip bomb whose entry claims more is refused from the entry alone) inside the archive."""
+    if info.flag_bits & 1:
+        raise InputFileError(f"{path}: {key} is an encrypted (password-protected) zip member; refused")
+    if info.compress_size > archive_size:
+        raise InputFileError(f"{path}: {key} declares {info.compress_size} bytes of packed data, more than the "
+                             f"{archive_size}-byte archive holds; corrupt or truncated")
+    bound = _unpacked_bound(info)
+    if bound is not None and info.file_size > bound:
+        raise InputFileError(f"{path}: {key} declares {info.file_size} bytes unpacked from {info.compress_size} "
+                             f"packed, more than {_METHODS[info.compress_type][0]} can hold; corrupt (a zip bomb?)")
+    return _guarded(lambda: NpyStream(streams.enter_context(archive.open(info)), info.file_size, key, path),
+                    key, path)
+
+
+# compression method -> (its name, the most it can expand: unpacked bytes per packed byte, and a constant)
+_METHODS = {zipfile.ZIP_STORED: ("a stored member", 1, 0), zipfile.ZIP_DEFLATED: ("deflate", 1032, 64)}
+
+
+def _unpacked_bound(info: zipfile.ZipInfo) -> int | None:
+    """The most bytes a member of this method and packed size can unpack to (None: a method without a bound here;
+    deflate's longest match, 258 bytes, costs at least 2 bits: 1032 to 1)."""
+    if info.compress_type not in _METHODS:
+        return None
+    _, ratio, extra = _METHODS[info.compress_type]
+    return info.compress_size * ratio + extra
+
+
+def _guarded(action, key: str, path: Path):
+    """``action()``, with the zip and decompression layers' errors worded as one member's."""
     try:
-        with archive.open(info) as fp:
-            return read_npy(fp, info.file_size, key, path, budget)
+        return action()
     except LstmGradError:
         raise
     except MemoryError:

@@ -2,9 +2,10 @@
 
 A file is an 8-byte little-endian header length, a JSON header (``{name: {dtype, shape, data_offsets}}`` and an
 optional ``__metadata__`` of strings), then the raw data.  Before the package reads anything, the header is
-checked here: its length against a bound and the file, the JSON parsed with a nesting bound, every dtype
-against a whitelist, every shape and offset pair against the data area (inside it, no overlap, exactly the
-shape's size) and every declared size against the memory budget.  A group is a key prefix: a PyTorch
+checked here: its length against a bound and the file, its nesting (counted before the JSON is parsed),
+every dtype against a whitelist, every shape and offset pair against the data area (inside it, no overlap,
+exactly the shape's size), and the tensors asked for as every reader's are (declared.py: the memory budget,
+ranks, shapes against one another).  A group is a key prefix: a PyTorch
 state_dict's module path (``encoder.rnn`` selects ``encoder.rnn.weight_ih_l0``) or a ``/`` path.
 """
 
@@ -14,13 +15,15 @@ import contextlib
 import json
 import math
 import os
+import re
 import struct
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputFileError, LstmGradError
-from ._common import METADATA_KEY, Budget, Format, LoadedFile, collecting, key_for, reason
+from ._common import METADATA_KEY, Budget, Format, LoadedFile, collecting, key_for, open_regular, reason
+from .declared import Declared, checked
 
 SUFFIX = ".safetensors"
 MAX_HEADER = 16 * 2**20  # thousands of tensors' entries; the package itself allows 100 MiB
@@ -40,7 +43,7 @@ def sniff(head: bytes) -> bool:
 def read_header(path: Path) -> tuple[dict, dict, int]:
     """(tensors: name -> (dtype, shape, begin, end), metadata, start of the data area), every entry checked."""
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path, refusal="; expected a safetensors file") as fh:
             size = os.fstat(fh.fileno()).st_size
             head = fh.read(8)
             if len(head) < 8:
@@ -52,11 +55,14 @@ def read_header(path: Path) -> tuple[dict, dict, int]:
             raw = fh.read(length)
     except OSError as err:
         raise InputFileError(f"{path}: cannot read: {err.strerror or err}") from None
+    depth = nesting(raw)
+    if depth > MAX_DEPTH:  # before parsing: the JSON parser recurses once per level
+        raise InputFileError(f"{path}: its safetensors header is not a table of tensors (nested {depth} deep)")
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
         raise InputFileError(f"{path}: its safetensors header is not valid JSON ({reason(err)})") from None
-    if not isinstance(header, dict) or _depth(header) > MAX_DEPTH:
+    if not isinstance(header, dict):
         raise InputFileError(f"{path}: its safetensors header is not a table of tensors")
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
@@ -81,12 +87,15 @@ def _unique_keys(pairs):
     return dict(pairs)
 
 
-def _depth(value, level: int = 1) -> int:
-    if isinstance(value, dict):
-        return max((_depth(v, level + 1) for v in value.values()), default=level)
-    if isinstance(value, list):
-        return max((_depth(v, level + 1) for v in value), default=level)
-    return level
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def nesting(text: bytes) -> int:
+    """How deep the arrays and objects of a JSON text nest, in linear time and without recursion (brackets inside
+    strings do not count; in text that is not JSON the number is only an upper bound)."""
+    bare = np.frombuffer(_JSON_STRING.sub(b'""', text), dtype=np.uint8)
+    steps = ((bare == ord("[")) | (bare == ord("{"))).astype(np.int64) - ((bare == ord("]")) | (bare == ord("}")))
+    return int(np.cumsum(steps).max(initial=0))
 
 
 def _entry(path: Path, name: str, entry, data_size: int) -> tuple:
@@ -114,11 +123,11 @@ def _entry(path: Path, name: str, entry, data_size: int) -> tuple:
 
 
 @contextlib.contextmanager
-def open_safetensors(path: Path, names, scalars, group=None, lazy=(), collect_errors=False):
-    yield read_safetensors(path, list(names), list(scalars), group, collect_errors)
+def open_safetensors(path: Path, names, scalars, group=None, lazy=(), collect_errors=False, kind=None):
+    yield read_safetensors(path, list(names), list(scalars), group, collect_errors, kind)
 
 
-def read_safetensors(path: Path, names, scalars, group=None, collect_errors=False) -> LoadedFile:
+def read_safetensors(path: Path, names, scalars, group=None, collect_errors=False, kind=None) -> LoadedFile:
     tensors, metadata, _ = read_header(path)
     loaded = LoadedFile(path, "safetensors")
     if group:
@@ -133,22 +142,30 @@ def read_safetensors(path: Path, names, scalars, group=None, collect_errors=Fals
     loaded.keys = list(keys)
     if METADATA_KEY in metadata:
         loaded.keys.append(METADATA_KEY)
+
+    def declare(name: str) -> Declared | None:
+        if name == METADATA_KEY and METADATA_KEY in metadata:
+            return Declared(name, name, (), np.dtype(np.uint8), lambda: np.array(metadata[METADATA_KEY]))
+        key = key_for(name, keys, path)
+        if key is None:
+            return None
+        dtype, shape, _, _ = tensors[keys[key]]
+        if name in scalars and shape == (1,):  # safetensors' numpy API saves a 0-d array with shape [1]
+            shape = ()
+        return Declared(name, key, shape, dtype, lambda: None)  # (read below, all through one safe_open)
+
     wanted = []
-    budget = Budget(path)
-    for name in [*names, *scalars]:
+    for name, entry in checked(loaded, Budget(path, kind), names, scalars, declare).items():
         with collecting(loaded, name, collect_errors):
-            if name == METADATA_KEY and METADATA_KEY in metadata:
-                loaded.scalars[name] = (np.array(metadata[METADATA_KEY]), "tensor")
-                continue
-            key = key_for(name, keys, path)
-            if key is None:
-                continue
-            dtype, shape, _, _ = tensors[keys[key]]
-            budget.take(key, shape, dtype)  # before anything is read
-            wanted.append((name, keys[key]))
+            if isinstance(entry, InputFileError):
+                raise entry
+            if name == METADATA_KEY:
+                loaded.scalars[name] = (entry.read(), "tensor")
+            else:
+                wanted.append((name, keys[entry.key]))
     if wanted:
         for name, value in _read_with_package(path, wanted, collect_errors, loaded).items():
-            if name in scalars:  # safetensors' numpy API saves a 0-d array with shape [1]
+            if name in scalars:
                 loaded.scalars[name] = (value.reshape(()) if value.shape == (1,) else value, "tensor")
             else:
                 loaded.tensors[name] = value

@@ -12,7 +12,11 @@ A dump is one input holding many problems: every run of ``BlockLSTM``, ``BlockLS
 their gradient ops is an *execution*, named ``<graph>/<op name>#<k>`` (``eager/<op type>#<k>`` for eager
 ops; ``k`` counts the runs of that op).  ``index_dump`` streams the records once and keeps, per execution,
 only where each input and output value lies (file, record, position): memory grows with the number of
-records, not their data.  ``open_dump`` reads one execution's values, re-reading and re-checking their records.
+records, not their data.  ``open_dump`` reads one execution's values, re-reading and re-checking their records:
+every TensorProto is declared first (dtype, shape, and how many values it holds, counted from the lengths),
+checked with the others (declared.py), and only then decoded.  A hostile dump is bounded on the way: a shape
+of more than 254 dimensions (TensorFlow's limit) or an execution of more than 65,536 tensors is refused, and a
+record too large to hold in memory is walked on disk (tfrecord.py).
 
 How inputs are found.  In a graph, an input ``producer:slot`` is the latest traced output of that producer
 before the op ran; ops tfdbg2 never traces (``Identity``, loop plumbing) are followed to their own input.
@@ -25,8 +29,11 @@ is recorded: the layout follows from the forward op's type, ``use_peephole`` fro
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
+import urllib.parse
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +43,8 @@ from ..errors import InputFileError, LstmGradError
 from ..spec import GRADIENT_OPS, SIGNATURES
 from . import protowire as pw
 from ._common import Budget, Format, LoadedFile, describe_keys, max_tensor_bytes
-from .tfrecord import read_record_at, read_records
+from .declared import Declared, checked, store
+from .tfrecord import open_record, read_records
 
 SUFFIXES = ("metadata", "source_files", "stack_frames", "graphs", "execution", "graph_execution_traces")
 FULL_TENSOR = 7
@@ -50,6 +58,8 @@ OPS = SIGNATURES  # op type -> (kind, layout, forward op, input names, output na
 _PASS_THROUGH = {"Identity": 0, "Snapshot": 0, "Enter": 0, "Exit": 0, "NextIteration": 0, "Switch": 0,
                  "RefIdentity": 0, "StopGradient": 0, "IdentityN": None}  # None: the input of the same slot
 _MAX_FOLLOW = 64
+MAX_TENSORS_PER_OP = 65536  # inputs, outputs or recorded values of one eager execution (no op has so many)
+MAX_DIMS = 254  # TensorFlow's own limit on a shape's rank (TensorShape::MaxDimensions)
 # TensorFlow DataType -> numpy dtype and the TensorProto field of its typed values
 _DTYPES = {1: (np.float32, 5), 2: (np.float64, 6), 3: (np.int32, 7), 9: (np.int64, 10), 10: (np.bool_, 11),
            19: (np.float16, 13)}
@@ -164,11 +174,12 @@ def file_sets(path: Path) -> list[dict[str, Path]]:
         names = sorted(os.listdir(path))
     except OSError as err:
         raise InputFileError(f"{path}: cannot list the dump: {err.strerror or err}") from None
+    present = set(names)  # (a list here made a directory of 32,000 files take 90 s to list)
     sets = []
     for name in names:
         if name.endswith(".metadata"):
             prefix = name[:-len("metadata")]
-            sets.append({s: path / (prefix + s) for s in SUFFIXES if (prefix + s) in names})
+            sets.append({s: path / (prefix + s) for s in SUFFIXES if (prefix + s) in present})
     if not sets:
         raise InputFileError(f"{path}: no *.metadata file: not a TensorFlow debug dump")
     return sets
@@ -212,7 +223,7 @@ def _index(path: Path) -> DumpIndex:
             for record in _records(files, suffix, limit, path):
                 count += 1
                 try:
-                    event = {number: value for number, _wire, value in pw.fields(memoryview(record.data))}
+                    event = {number: value for number, _wire, value in pw.fields(_message(record.data))}
                     if suffix == "metadata" and 3 in event:
                         version = _text_field(event[3], 1) or version
                     elif suffix == "graphs" and 7 in event:
@@ -228,6 +239,11 @@ def _index(path: Path) -> DumpIndex:
                     raise InputFileError(f"{path}: the {suffix} record at byte {record.offset} is not a valid "
                                          f"DebugEvent ({err})") from None
     return DumpIndex(path, version, executions, modes, count)
+
+
+def _message(data):
+    """A record's data as ``protowire.fields`` walks it (a large record stays a FileSpan on disk)."""
+    return memoryview(data) if isinstance(data, bytes | bytearray) else data
 
 
 def _records(files: dict, suffix: str, limit: int, path: Path):
@@ -290,13 +306,17 @@ def _eager(state: _Runs, file: Path, record, message, modes: dict) -> None:
     for n, wire, value in pw.fields(message):
         if n == 1:
             op_type = pw.as_text(wire, value)
-        elif n == 4:
-            inputs += pw.packed_varints(wire, value)
-        elif n == 5:
-            outputs += pw.packed_varints(wire, value)
+        elif n in (4, 5):
+            ids = inputs if n == 4 else outputs
+            if len(ids) + (pw.count_varints(value) if wire == pw.LENGTH else 1) > MAX_TENSORS_PER_OP:
+                raise pw.WireError(f"an execution with more than {MAX_TENSORS_PER_OP} "
+                                   f"{'inputs' if n == 4 else 'outputs'}")
+            ids += pw.packed_varints(wire, value)
         elif n == 6:
             mode = pw.as_int(wire, value)
         elif n == 7:
+            if len(protos) == MAX_TENSORS_PER_OP:
+                raise pw.WireError(f"an execution recording more than {MAX_TENSORS_PER_OP} tensors")
             protos.append(_tensor_header(pw.as_bytes(wire, value)))
     modes[MODES.get(mode, str(mode))] = modes.get(MODES.get(mode, str(mode)), 0) + 1
     refs = [TensorRef(file, record.offset, j, mode, dtype, shape) for j, (dtype, shape) in enumerate(protos)]
@@ -454,6 +474,8 @@ def _shape(message) -> tuple:
     dims = []
     for n, wire, value in pw.fields(message):
         if n == 2:
+            if len(dims) == MAX_DIMS:  # (a million dims took seconds to walk, then a traceback)
+                raise pw.WireError(f"a shape of more than {MAX_DIMS} dimensions (TensorFlow's limit)")
             size = 0
             for m, w2, v2 in pw.fields(pw.as_bytes(wire, value)):
                 if m == 1:
@@ -464,43 +486,77 @@ def _shape(message) -> tuple:
     return tuple(dims)
 
 
-def tensor_value(proto, budget: Budget, key: str) -> np.ndarray:
-    """A TensorProto as a numpy array: ``tensor_content`` bytes, or the typed values (the last one repeated to
-    fill the shape, as TensorFlow does); the declared size is checked against the budget before allocating."""
-    code, shape, content, typed, count = None, (), None, [], 0
-    for n, wire, value in pw.fields(proto):
-        if n == 1:
-            code = pw.as_int(wire, value)
-        elif n == 2:
-            shape = _shape(pw.as_bytes(wire, value))
-        elif n == 4:
-            content = pw.as_bytes(wire, value)
-        elif code in _DTYPES and n == _DTYPES[code][1]:
-            typed.append((wire, value))
-    path = budget.path
-    if code not in _DTYPES:
-        raise InputFileError(f"{path}: {key} has dtype {_DTYPE_NAMES.get(code, f'DataType {code}')}; expected a "
-                             "float, integer or boolean tensor")
-    if shape is None or any(d < 0 for d in shape):
-        raise InputFileError(f"{path}: {key} has an unknown shape ({shape}); refused")
-    dtype = np.dtype(_DTYPES[code][0]).newbyteorder("<")
-    nbytes = budget.take(key, shape, dtype)
-    size = int(np.prod(shape, dtype=np.int64))
-    if content is not None and len(content):
-        if len(content) != nbytes:
-            raise InputFileError(f"{path}: {key} holds {len(content)} bytes of data for shape {list(shape)} of "
-                                 f"{dtype.name} ({nbytes} bytes); corrupt")
-        return np.frombuffer(content, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
-    values = _typed_values(code, typed, key, path)
-    count = len(values)
-    if count > size:
-        raise InputFileError(f"{path}: {key} holds {count} values for shape {list(shape)}; corrupt")
-    out = np.zeros(shape, dtype=dtype.newbyteorder("="))
-    if count:
-        flat = out.reshape(-1)
-        flat[:count] = values
-        flat[count:] = values[-1]  # TensorFlow repeats the last value to fill the shape
-    return out
+class _Proto:
+    """A TensorProto walked once, nothing decoded: its dtype and shape, where its values are and how many there
+    are (counted from the lengths: 20 million one-value fields are not walked past the shape's size)."""
+
+    def __init__(self, proto, key: str, path):
+        self.key, self.path = key, path
+        self.code, self.shape, self.content, self.typed, self.count, self.more = None, (), None, [], 0, False
+        for n, wire, value in pw.fields(proto):
+            if n == 1:
+                self.code = pw.as_int(wire, value)
+            elif n == 2:
+                self.shape = _shape(pw.as_bytes(wire, value))
+            elif n == 4:
+                self.content = pw.as_bytes(wire, value)
+            elif self.code in _DTYPES and n == _DTYPES[self.code][1]:
+                self.typed.append((wire, value))
+                self.count += _value_count(self.code, wire, value, key, path)
+                if self._known() and self.count > math.prod(self.shape):
+                    self.more = wire != pw.LENGTH  # (one value per field: stop counting)
+                    break
+
+    def _known(self) -> bool:
+        return self.shape is not None and all(d >= 0 for d in self.shape)
+
+    def declared(self) -> tuple[np.dtype, tuple]:
+        """(dtype, shape), or InputFileError for a dtype or shape lstmgrad does not read."""
+        if self.code not in _DTYPES:
+            raise InputFileError(f"{self.path}: {self.key} has dtype "
+                                 f"{_DTYPE_NAMES.get(self.code, f'DataType {self.code}')}; expected a float, integer "
+                                 "or boolean tensor")
+        if not self._known():
+            raise InputFileError(f"{self.path}: {self.key} has an unknown shape ({self.shape}); refused")
+        return np.dtype(_DTYPES[self.code][0]).newbyteorder("<"), tuple(self.shape)
+
+    def verify(self) -> None:
+        """The values the proto holds fit its shape (checked from their lengths, once the shape is within budget)."""
+        dtype, shape = self.declared()
+        nbytes = math.prod(shape) * dtype.itemsize
+        if self.content is not None and len(self.content) and len(self.content) != nbytes:
+            raise InputFileError(f"{self.path}: {self.key} holds {len(self.content)} bytes of data for shape "
+                                 f"{list(shape)} of {dtype.name} ({nbytes} bytes); corrupt")
+        if (self.content is None or not len(self.content)) and self.count > math.prod(shape):
+            raise InputFileError(f"{self.path}: {self.key} holds {'at least ' if self.more else ''}{self.count} "
+                                 f"values for shape {list(shape)}; corrupt")
+
+    def value(self) -> np.ndarray:
+        """The array: ``tensor_content`` bytes, or the typed values (the last one repeated to fill the shape, as
+        TensorFlow does).  Call after ``verify``."""
+        dtype, shape = self.declared()
+        if self.content is not None and len(self.content):
+            return np.frombuffer(pw.buffer(self.content), dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
+        values = _typed_values(self.code, self.typed, self.key, self.path)
+        out = np.zeros(shape, dtype=dtype.newbyteorder("="))
+        if len(values):
+            flat = out.reshape(-1)
+            flat[:len(values)] = values
+            flat[len(values):] = values[-1]  # TensorFlow repeats the last value to fill the shape
+        return out
+
+
+def _value_count(code: int, wire: int, value, key: str, path) -> int:
+    """How many values one typed field holds, from its length alone (packed) or 1 (one value per field)."""
+    if wire != pw.LENGTH:
+        return 1
+    if code in (1, 2):  # float_val, double_val: packed fixed-width
+        width = 4 if code == 1 else 8
+        if len(value) % width:
+            raise InputFileError(f"{path}: {key} has malformed values ({len(value)} bytes of packed "
+                                 f"{'float' if code == 1 else 'double'}s)")
+        return len(value) // width
+    return pw.count_varints(value)
 
 
 def _typed_values(code: int, typed: list, key: str, path) -> np.ndarray:
@@ -522,20 +578,14 @@ def _typed_values(code: int, typed: list, key: str, path) -> np.ndarray:
         raise InputFileError(f"{path}: {key} has malformed values ({err})") from None
 
 
-def read_value(ref: TensorRef, budget: Budget, key: str, label: Path) -> np.ndarray:
-    """The value ``ref`` points at: its record read again (checksums again) and decoded."""
-    if ref.mode != FULL_TENSOR:
-        raise InputFileError(mode_error(label, MODES.get(ref.mode, str(ref.mode))))
-    data = read_record_at(ref.file, ref.offset, budget.limit, label=f"{label}/{ref.file.name}")
-    try:
-        event = {n: v for n, _w, v in pw.fields(memoryview(data))}
-        message = event.get(10) if 10 in event else event.get(9)
-        protos = [v for n, w, v in pw.fields(message) if n == (5 if 10 in event else 7)] if message is not None else []
-        if ref.index >= len(protos):
-            raise InputFileError(f"{label}: {key}: its record changed since the dump was indexed")
-        return tensor_value(protos[ref.index], budget, key)
-    except pw.WireError as err:
-        raise InputFileError(f"{label}: {key} is not a valid TensorProto ({err})") from None
+def _record_protos(data, ref: TensorRef, key: str, label) -> list:
+    """The TensorProto fields of a record's execution or trace."""
+    event = {n: v for n, _w, v in pw.fields(_message(data))}
+    message = event.get(10) if 10 in event else event.get(9)
+    protos = [v for n, w, v in pw.fields(message) if n == (5 if 10 in event else 7)] if message is not None else []
+    if ref.index >= len(protos):
+        raise InputFileError(f"{label}: {key}: its record changed since the dump was indexed")
+    return protos
 
 
 def mode_error(path, mode: str) -> str:
@@ -546,12 +596,12 @@ def mode_error(path, mode: str) -> str:
 # -- the Format entry ------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def open_dump(path: Path, names, scalars, group=None, lazy=(), collect_errors=False):
+def open_dump(path: Path, names, scalars, group=None, lazy=(), collect_errors=False, kind=None):
     """One execution's tensors under TF's names (``group`` names the execution; a dump of exactly one
     gradient execution needs none).  ``LoadedFile.info`` says which op ran, the forward op, what is missing."""
     index = index_dump(path)
     execution = select(index, group)
-    yield load_execution(index, execution, list(names), list(scalars), collect_errors)
+    yield load_execution(index, execution, list(names), list(scalars), collect_errors, kind)
 
 
 def select_executions(index: DumpIndex, kind: str | None, member: str | None = None, op: str | None = None,
@@ -600,7 +650,8 @@ def select(index: DumpIndex, member: str | None) -> OpExecution:
                          f"--group ({listing})")
 
 
-def load_execution(index: DumpIndex, execution: OpExecution, names, scalars, collect_errors=False) -> LoadedFile:
+def load_execution(index: DumpIndex, execution: OpExecution, names, scalars, collect_errors=False,
+                   kind: str | None = None) -> LoadedFile:
     path = index.path
     if execution.mode != FULL_TENSOR:
         raise InputFileError(mode_error(path, MODES.get(execution.mode, str(execution.mode))))
@@ -613,23 +664,44 @@ def load_execution(index: DumpIndex, execution: OpExecution, names, scalars, col
                    "outputs": list(execution.outputs)}
     if execution.forward_op in OPS:
         loaded.info["layout"] = OPS[execution.forward_op][1]
-    budget = Budget(path)
-    for name in [*names, *scalars]:
-        ref = available.get(name)
-        if ref is None or isinstance(ref, Missing):
-            continue
-        try:
-            value = read_value(ref, budget, name, path)
-        except LstmGradError as err:
-            if not collect_errors:
-                raise
-            loaded.errors[name] = err
-            continue
-        if name in scalars:
-            loaded.scalars[name] = (value, "tensor")
-        else:
-            loaded.tensors[name] = value
+
+    records: dict[tuple, object] = {}  # (file, offset) -> the record's data, read once for every tensor in it
+    with contextlib.ExitStack() as opened:
+        def declare(name: str) -> Declared | None:
+            ref = available.get(name)
+            if ref is None or isinstance(ref, Missing):
+                return None
+            if ref.mode != FULL_TENSOR:
+                raise InputFileError(mode_error(path, MODES.get(ref.mode, str(ref.mode))))
+            if (ref.file, ref.offset) not in records:
+                records[ref.file, ref.offset] = opened.enter_context(
+                    open_record(ref.file, ref.offset, max_tensor_bytes(), label=f"{path}/{ref.file.name}"))
+            try:
+                parsed = _Proto(_record_protos(records[ref.file, ref.offset], ref, name, path)[ref.index], name, path)
+                dtype, shape = parsed.declared()
+            except pw.WireError as err:
+                raise InputFileError(f"{path}: {name} is not a valid TensorProto ({err})") from None
+            return Declared(name, name, shape, dtype, lambda: _decoded(parsed, name, path), verify=parsed.verify)
+
+        for name, entry in checked(loaded, Budget(path, kind or execution.kind), names, scalars, declare).items():
+            try:
+                if isinstance(entry, InputFileError):
+                    raise entry
+                value = entry.read()
+            except LstmGradError as err:
+                if not collect_errors:
+                    raise
+                loaded.errors[name] = err
+                continue
+            store(loaded, entry, value, scalars)
     return loaded
+
+
+def _decoded(parsed: _Proto, name: str, path) -> np.ndarray:
+    try:
+        return parsed.value()
+    except pw.WireError as err:
+        raise InputFileError(f"{path}: {name} is not a valid TensorProto ({err})") from None
 
 
 def check_values_recorded(index: DumpIndex) -> None:
@@ -643,6 +715,16 @@ def member_slug(member: str) -> str:
     """An execution's name as part of a file name: 'train_step/gradient_tape/BlockLSTMGrad#0' ->
     'train_step.gradient_tape.BlockLSTMGrad.0'."""
     return re.sub(r"[^A-Za-z0-9_.-]+", ".", member).strip(".")
+
+
+def member_slugs(members) -> dict[str, str]:
+    """Each execution's name as part of a file name, distinct within ``members``: ``member_slug``, except where two
+    executions' names differ only in characters a file name cannot hold ('g!#0' and 'g?#0' are both 'g.0'); those
+    are percent-encoded instead ('g%21%230', 'g%3F%230'), which tells them apart and says which execution each is."""
+    members = list(dict.fromkeys(members))
+    plain = {m: member_slug(m) for m in members}
+    shared = {slug for slug, n in Counter(plain.values()).items() if n > 1}
+    return {m: urllib.parse.quote(m, safe="") if plain[m] in shared else plain[m] for m in members}
 
 
 FORMAT = Format("tfdbg2", "a TensorFlow debug dump (tfdbg2)", True, sniff, open_dump, "npz")
