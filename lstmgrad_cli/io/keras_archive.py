@@ -40,11 +40,11 @@ def sniff(head: bytes) -> bool:
 
 
 @contextlib.contextmanager
-def open_keras(path: Path, names, scalars, group=None, lazy=(), collect_errors=False):
+def open_keras(path: Path, names, scalars, group=None, lazy=(), collect_errors=False, kind=None):
     """The tensors of the archive's ``model.weights.h5`` (``group`` a layer's group in it), with its configuration
     in ``info``."""
     with model_weights(path) as (weights, config, version, relabel):
-        with hdf5.open_hdf5_inputs(weights, names, scalars, group, (), collect_errors) as loaded:
+        with hdf5.open_hdf5_inputs(weights, names, scalars, group, (), collect_errors, kind) as loaded:
             loaded.path, loaded.format = path, "keras"
             loaded.info.update(keras_model_config=config, keras_config_source=f"{path.name} config.json",
                                keras_version=version)
