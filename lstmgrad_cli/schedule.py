@@ -32,6 +32,7 @@ class Schedule:
     source: np.ndarray | None = None  # [T, B] run step of each returned output, -1: zeros (None: plain)
     last: np.ndarray | None = None  # [B] run step of the last output the layer returns (its return_sequences=False
     #                                 output), -1: zeros (None: from ``source``)
+    mirrored: bool = False  # take is source, and each maps run steps to times as times to run steps (lengths)
 
     # -- construction ------------------------------------------------------------------------------------
 
@@ -53,7 +54,7 @@ class Schedule:
         valid = s < n[None, :]
         take = np.where(valid, (n[None, :] - 1 - s) if reversed else s, 0)
         source = np.where(valid, take, -1)  # the output at time p comes from the step that read time p
-        return cls(T, B, take=take, steps=n, source=source)
+        return cls(T, B, take=take, steps=n, source=source, mirrored=True)
 
     @classmethod
     def from_mask(cls, mask: np.ndarray, *, backwards: bool = False, outputs_in_x_order: bool = False,
@@ -112,9 +113,7 @@ class Schedule:
         """The op's x [T, B, I]: run order, zeros at steps an example does not run."""
         if self.plain_order:
             return np.ascontiguousarray(x[::-1]) if self.reversed else x
-        out = x[self.take, np.arange(self.B)]
-        out[np.arange(self.T)[:, None] >= self.steps[None, :]] = 0
-        return out
+        return self._gather(x, self.take)
 
     def outputs(self, h: np.ndarray) -> np.ndarray:
         """The layer's returned output sequence [T, B, C] from the op's ``h`` (run order)."""
@@ -137,7 +136,9 @@ class Schedule:
         order returned) and at the last output only ([B, C]); either may be None."""
         out = np.zeros((self.T + 1, self.B, C), dtype)  # row T collects what goes to no step (-1)
         cols = np.arange(self.B)
-        if h_grad is not None:
+        if h_grad is not None and self.mirrored:  # each output is one run step's, and the other way round
+            out[:self.T] = self._gather(h_grad, self.source)
+        elif h_grad is not None:
             if self.source is None:
                 out[:self.T] = h_grad[::-1] if self.reversed and not self.outputs_in_run_order else h_grad
             else:
@@ -163,10 +164,19 @@ class Schedule:
             idle = self.final_step() < 0
             initial_grad[idle] += final_grad[idle]
 
+    def _gather(self, a: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """``a[index[s, b], b]`` [T, B, ...], zeros where the run step is not run (s >= steps[b]) or index is -1."""
+        unused = (np.arange(self.T)[:, None] >= self.steps[None, :]) | (index < 0)
+        out = a[np.maximum(index, 0), np.arange(self.B)]
+        out[unused] = 0
+        return out
+
     def x_grad(self, x_grad: np.ndarray) -> np.ndarray:
         """x's gradient [T, B, I] in x's time order from the op's (run order); zero at times no step read."""
         if self.plain_order:
             return np.ascontiguousarray(x_grad[::-1]) if self.reversed else x_grad
+        if self.mirrored:
+            return self._gather(x_grad, self.take)
         out = np.zeros_like(x_grad)
         ran = np.arange(self.T)[:, None] < self.steps[None, :]
         s, b = np.nonzero(ran)
