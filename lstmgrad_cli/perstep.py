@@ -223,9 +223,14 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def save_plot(report: dict, path, title: str) -> None:
-    """The per-step norms as a figure (matplotlib, the optional ``plot`` extra)."""
+def save_plot(report: dict, path, title: str, force: bool = False) -> None:
+    """The per-step norms as a figure (matplotlib, the optional ``plot`` extra), written as every output is: into a
+    temporary file beside ``path``, renamed into place when complete (an existing file replaced only with
+    ``force``)."""
+    from .io.atomic import atomic_file  # noqa: PLC0415 - (only a run that draws writes a figure)
+
     plt = _pyplot()
+    path = Path(path)
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     labels = {"x_grad": "|x_grad[t]|", "h_prev_grad": "|dL/dh[t-1]| carried", "cs_prev_grad": "|dL/dcs[t-1]| carried",
@@ -242,7 +247,8 @@ def save_plot(report: dict, path, title: str) -> None:
     ax.legend()
     fig.tight_layout()
     try:
-        fig.savefig(path)
+        with atomic_file(path, force) as tmp, open(tmp.fd, "wb", closefd=False) as fh:
+            fig.savefig(fh, format=path.suffix.lower().lstrip("."))
     except (OSError, ValueError) as err:
         raise LstmGradError(f"{path}: cannot write the figure: {err}") from None
     finally:

@@ -210,7 +210,7 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
                     say(console, f"{source} -> {result.output}: {words(result.notes[0])}")
             if result.status == "ok" and plot is not None and result.per_step is not None:
                 try:
-                    save_plot(result.per_step, plot, f"{result.op}: {Path(result.input).name}")
+                    save_plot(result.per_step, plot, f"{result.op}: {Path(result.input).name}", force=options.force)
                 except LstmGradError as err:
                     result.status, result.error = "failed", one_line(err)
                     click.echo(f"Error: {one_line(result.error)}", err=True)
