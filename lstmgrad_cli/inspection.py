@@ -271,11 +271,24 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectRepor
                 report.notes.append(_keras_layer_note(path, layer, source))
             _framework_roles(report, "weights")
             return True
+        if fmt == "keras":  # a model without an LSTM layer lstmgrad computes
+            report.kind = "keras-weights"
+            for why in frameworks.weights_files.keras_other_recurrent(path, fmt) or ["no LSTM layer"]:
+                report.warn(None, why)
+            _framework_roles(report, "weights")
+            return True
     keys = [k for k in raw if not k.startswith("@")]
     torch = frameworks.torch_state_dict_layers(keys)
     if torch and "x" not in raw:
         report.kind, report.framework_layers = "torch-weights", torch
         for prefix in dict.fromkeys(layer["prefix"] for layer in torch):
+            recurrent = raw.get(f"{prefix}.weight_hh_l0" if prefix else "weight_hh_l0")
+            if recurrent is not None and (recurrent.ndim != 2 or recurrent.shape[0] != 4 * recurrent.shape[1]):
+                gates = recurrent.shape[0] // max(recurrent.shape[-1], 1) if recurrent.ndim == 2 else "?"
+                report.warn(None, f"{prefix or 'the state_dict'}: weight_hh_l0 has shape {list(recurrent.shape)}, "
+                                  f"{gates} gates: not an nn.LSTM (a GRU has 3, a plain RNN 1); lstmgrad computes "
+                                  "LSTMs")
+                continue
             report.notes.append(_torch_module_note(path, [t for t in torch if t["prefix"] == prefix], prefix))
         for layer in torch:
             if layer["projection"]:

@@ -20,7 +20,7 @@ import numpy as np
 from . import decide, detect, frameworks, io, ops, validation
 from .decide import Given
 from .errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
-from .messages import Message, Param, message_of
+from .messages import Message, Param
 from .spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OPS, TIME_MAJOR  # noqa: F401 - (re-exported)
 
 
@@ -174,13 +174,16 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
             else:
                 problem = _problem_from(path, loaded, kind, layout, use_peephole, seq_len_max, forget_bias,
                                         cell_clip)
-        except InvalidArgumentError as err:
+        except InvalidArgumentError:
             if weights is None or weights_group is not None or supplied:
                 raise
-            where, stacked = _layers_in(weights, keys)
-            if stacked:  # what was missing is beside the point: the cells are not layers
-                raise InvalidArgumentError(f"{path}: {weights} {where}") from None
-            raise InvalidArgumentError(Message(message_of(err), where)) from None
+            where = _layers_in(weights, keys)
+            if not where:
+                raise
+            # what was missing is beside the point: nothing could be read from a file that keeps its layers in
+            # groups (or holds none lstmgrad computes)
+            raise InvalidArgumentError(Message.format("{}: nothing was read from {}, which {}", path, weights,
+                                                      where)) from None
         problem.notes = notes + problem.notes
         if plan is not None:
             problem.framework = plan
@@ -262,23 +265,29 @@ def _module_problem(path: Path, loaded: io.LoadedFile, plan: frameworks.Plan) ->
     return problem
 
 
-def _layers_in(weights, keys) -> tuple[str, bool]:
-    """Where the LSTM layers of a ``--weights`` file that supplied nothing are (it holds them in groups), in words
-    to add to the error that followed ("" when it holds none); True when all it holds are the cells of a
-    StackedRNNCells (words that replace the error)."""
+def _layers_in(weights, keys) -> Message | str:
+    """What a ``--weights`` file that supplied nothing holds instead, in words ("" when nothing useful): where it
+    keeps its LSTM layers (in groups), or that it holds none lstmgrad computes (the cells of a StackedRNNCells, a GRU,
+    an nn.LSTMCell)."""
     try:
-        if io.sniff_format(weights) == "hdf5":
-            groups = [layer["group"] for layer in frameworks.keras_layers(weights)]
+        fmt = io.sniff_format(weights)
+        if fmt in ("hdf5", "keras"):
+            layers, _source = frameworks.weights_files.keras_model_layers(weights, fmt)
+            groups = [layer["group"] for layer in layers]
+            refused = frameworks.weights_files.keras_other_recurrent(weights, fmt) if not groups else []
         else:
             groups = list(dict.fromkeys(d["prefix"] for d in frameworks.torch_state_dict_layers(keys) if d["prefix"]))
+            refused = frameworks.pytorch.cells_in(keys) if not groups else []
     except LstmGradError:  # (it was read a moment ago: what is wrong with it now is for the next run to say)
-        return "", False
+        return ""
+    if refused:
+        return f"holds no LSTM layer lstmgrad computes: {'; '.join(refused)}"
+    if groups and all("/cells/" in g for g in groups):
+        return f"holds the LSTM cells of a {frameworks.weights_files.STACKED}"
     if not groups:
-        return "", False
-    if all("/cells/" in g for g in groups):
-        return f"holds the LSTM cells of a {frameworks.weights_files.STACKED}", True
-    return (Message.format("; {} holds LSTM layers at {}{}: name one with {}", weights, ", ".join(groups[:6]),
-                           ", ..." if len(groups) > 6 else "", Param("weights_group")), False)
+        return ""
+    return Message.format("holds LSTM layers at {}{}: name one with {}", ", ".join(groups[:6]),
+                          ", ..." if len(groups) > 6 else "", Param("weights_group"))
 
 
 def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) -> tuple:
@@ -290,9 +299,9 @@ def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) 
     tensors = [n for n in wanted if n not in loaded.tensors]
     params = [n for n in scalars if n not in loaded.scalars and n != io.METADATA_KEY]
     extra = io.read_inputs(weights, tensors, params, weights_group)
-    layers = [n for n in frameworks.pytorch.parameter_names(extra.keys) if n not in extra.tensors
-              and n not in loaded.tensors]
-    if layers:  # an nn.LSTM's other layers and directions, now that the names say which there are
+    layers = [n for n in (*frameworks.pytorch.parameter_names(extra.keys), *frameworks.keras.wrapped_names(extra.keys))
+              if n not in extra.tensors and n not in loaded.tensors]
+    if layers:  # an nn.LSTM's other layers and directions, a Bidirectional's layers, now that the names say which
         extra.tensors.update(io.read_inputs(weights, layers, (), weights_group).tensors)
     loaded.tensors.update(extra.tensors)
     loaded.scalars.update(extra.scalars)

@@ -499,7 +499,8 @@ def test_inspect_finds_lstm_layers_inside_wrappers_and_older_files(runner, tmp_p
 def test_a_weights_file_without_its_group_says_where_the_layers_are(runner, tmp_path, data, weights, groups):
     result = runner.invoke(main, ["seq", str(data), "--weights", str(weights), "-o", str(tmp_path / "g.npz")])
     assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
-    assert f"{weights} holds LSTM layers at {groups}: name one with --weights-group" in result.stderr
+    assert f"nothing was read from {weights}, which holds LSTM layers at {groups}: name one with --weights-group" \
+        in result.stderr
 
 
 def _archive(path, config, weights=KERAS / "keras_two_layers.weights.h5"):
@@ -700,3 +701,135 @@ def test_inspect_checks_a_step_file_with_its_model(runner):
     result = runner.invoke(main, ["inspect", str(KERAS / "keras_dropout.in.npz"), "--weights",
                                   str(KERAS / "keras_dropout.keras"), "--weights-group", "layers/lstm", "--inference"])
     assert result.exit_code == 0, result.output
+
+
+def test_a_keras_archive_whose_weights_start_where_hdf5_is_looked_for_is_still_an_archive(runner, tmp_path):
+    """Keras stores model.weights.h5 uncompressed: when its bytes start at 4096 (a config.json of the right length,
+    which Keras itself writes) the zip also bears HDF5's signature at an offset HDF5 looks at. It was read as a bare
+    weights file, its recorded activation=relu ignored: every gradient ~100% off, exit 0."""
+    with zipfile.ZipFile(KERAS / "keras_relu.keras") as zf:
+        members = {name: zf.read(name) for name in ("metadata.json", "config.json", "model.weights.h5")}
+    before = 30 + len("metadata.json") + len(members["metadata.json"]) + 30 + len("config.json") + len(
+        members["config.json"]) + 30 + len("model.weights.h5")
+    members["config.json"] += b" " * (4096 - before)  # (JSON allows trailing spaces; Keras loads it unchanged)
+    padded = tmp_path / "m.keras"
+    with zipfile.ZipFile(padded, "w", zipfile.ZIP_STORED) as out:
+        for name, data in members.items():
+            out.writestr(zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0)), data)
+    with open(padded, "rb") as fh:
+        fh.seek(4096)
+        assert fh.read(8) == b"\x89HDF\r\n\x1a\n"
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(KERAS / "keras_relu.in.npz"), "--weights", str(padded),
+                                  "--weights-group", "layers/lstm", "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert_matches(npz(out), npz(KERAS / "keras_relu.expected.npz"))
+
+
+def test_a_bidirectionals_backward_layer_zeroes_masked_outputs_as_keras_sets_it():
+    """A Bidirectional returning sequences gives both its layers zero_output_for_mask=True: reverse=True (its backward
+    layer) says so, as the group name backward_layer does (it was taken as False: the gradient ~100% off with a mask
+    that has holes)."""
+    rng = np.random.default_rng(11)
+    B, T, I, C = 2, 5, 3, 2  # noqa: E741
+    x, h_grad = rng.normal(size=(B, T, I)), rng.normal(size=(B, T, C))
+    kernel, recurrent, bias = rng.normal(size=(I, 4 * C)), rng.normal(size=(C, 4 * C)), rng.normal(size=4 * C)
+    mask = np.array([[0, 0, 1, 1, 1], [1, 0, 1, 1, 0]], bool)
+    implied = lg.keras_lstm_grad(x, kernel, recurrent, bias, h_grad=h_grad, mask=mask, reverse=True)
+    said = lg.keras_lstm_grad(x, kernel, recurrent, bias, h_grad=h_grad, mask=mask, reverse=True,
+                              zero_output_for_mask=True)
+    carried = lg.keras_lstm_grad(x, kernel, recurrent, bias, h_grad=h_grad, mask=mask, reverse=True,
+                                 zero_output_for_mask=False)
+    np.testing.assert_array_equal(implied.kernel_grad, said.kernel_grad)
+    assert not np.allclose(implied.kernel_grad, carried.kernel_grad)
+
+
+def test_a_whole_bidirectional_of_a_full_model_h5_file(runner, tmp_path):
+    """model.save("m.h5") keeps a Bidirectional's layers under their own names (forward_lstm_1/, backward_lstm_1/ for a
+    second one): the wrapper's group is computed whole, with what its model_config records."""
+    case = next(c for c in KERAS_MANIFEST if c["name"] == "keras_bidir_concat")
+    with zipfile.ZipFile(KERAS / case["files"]["model"]) as zf:
+        config = json.loads(zf.read("config.json"))
+        with h5py.File(io.BytesIO(zf.read("model.weights.h5"))) as fh:
+            weights = {d: [fh[f"layers/bidirectional/{d}_layer/cell/vars/{k}"][()] for k in range(3)]
+                       for d in ("forward", "backward")}
+    wrapper = next(layer for layer in config["config"]["layers"] if layer["class_name"] == "Bidirectional")
+    wrapper["config"]["name"] = "bidirectional_1"
+    legacy = tmp_path / "m.h5"
+    with h5py.File(legacy, "w") as fh:
+        fh.attrs["model_config"] = json.dumps(config)
+        fh.attrs["keras_version"] = "3.15.1"
+        for d, values in weights.items():
+            cell = fh.create_group(f"model_weights/bidirectional_1/bidirectional_1/{d}_lstm_1/lstm_cell")
+            for name, value in zip(("kernel", "recurrent_kernel", "bias"), values, strict=True):
+                cell[name] = value
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(KERAS / case["files"]["in"]), "--weights", str(legacy),
+                                  "--weights-group", "model_weights/bidirectional_1/bidirectional_1", "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert_matches(npz(out), npz(KERAS / case["files"]["expected"]))
+
+
+@pytest.mark.parametrize(("layer", "said"), [
+    ({"class_name": "GRU", "config": {"name": "gru"}}, "layers/gru is a GRU layer, not an LSTM"),
+    ({"class_name": "RNN", "config": {"name": "rnn", "cell": {"class_name": "StackedRNNCells", "config": {}}}},
+     "layers/rnn is a keras.layers.RNN over StackedRNNCells"),
+])
+def test_recurrent_layers_that_are_not_lstms_are_named_from_an_archive(runner, tmp_path, layer, said):
+    config = {"class_name": "Sequential", "config": {"layers": [layer]}}
+    weights = tmp_path / "w.h5"
+    group = f"layers/{'gru' if 'GRU' in said else 'rnn'}"
+    with h5py.File(weights, "w") as fh:  # a GRU's weights: 3 gates (the RNN's group too: its weights are no matter)
+        cell = fh.create_group(f"{group}/cell/vars")
+        cell["0"], cell["1"], cell["2"] = np.ones((3, 6), "f4"), np.ones((2, 6), "f4"), np.ones(6, "f4")
+    archive = _archive(tmp_path / "m.keras", config, weights)
+    for flags in ([], ["--weights-group", group]):
+        result = runner.invoke(main, ["seq", str(KERAS / "keras_relu.in.npz"), "--weights", str(archive), *flags,
+                                      "-o", str(tmp_path / "g.npz")])
+        assert result.exit_code == 1 and said in result.stderr and result.stderr.count("\n") == 1, result.stderr
+        assert "missing tensors" not in result.stderr
+
+
+def test_an_rnn_over_one_lstmcell_is_an_lstm_layer(runner, tmp_path):
+    """keras.layers.RNN(LSTMCell(...)) keeps its weights where an LSTM does, and computes what the cell was made
+    with (the cell's activation, the RNN's return_sequences)."""
+    relu = json.loads(zipfile.ZipFile(KERAS / "keras_relu.keras").read("config.json"))
+    lstm = next(layer for layer in relu["config"]["layers"] if layer["class_name"] == "LSTM")
+    cell_options = {k: lstm["config"][k] for k in ("units", "activation", "recurrent_activation", "use_bias")}
+    rnn = {"class_name": "RNN", "config": {"name": "rnn", "return_sequences": True,
+                                           "cell": {"class_name": "LSTMCell", "config": cell_options}}}
+    weights = tmp_path / "w.h5"
+    with zipfile.ZipFile(KERAS / "keras_relu.keras") as zf:
+        weights.write_bytes(zf.read("model.weights.h5"))
+    archive = _archive(tmp_path / "m.keras", {"class_name": "Sequential", "config": {"layers": [rnn]}}, weights)
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(KERAS / "keras_relu.in.npz"), "--weights", str(archive),
+                                  "--weights-group", "layers/lstm", "-o", str(out)])
+    assert result.exit_code == 1 and "no LSTM layer at 'layers/lstm' (its LSTM layers' groups: layers/rnn)" in \
+        result.stderr  # (the RNN's group is layers/rnn: a weights file of its own has its weights there)
+    with h5py.File(weights, "a") as fh:
+        fh.move("layers/lstm", "layers/rnn")
+    archive = _archive(tmp_path / "m2.keras", {"class_name": "Sequential", "config": {"layers": [rnn]}}, weights)
+    result = runner.invoke(main, ["seq", str(KERAS / "keras_relu.in.npz"), "--weights", str(archive),
+                                  "--weights-group", "layers/rnn", "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert_matches(npz(out), npz(KERAS / "keras_relu.expected.npz"))
+
+
+def test_an_lstmcell_or_gru_in_a_state_dict_is_named(runner, tmp_path):
+    from safetensors.numpy import save_file
+
+    step = write_npz(tmp_path / "step.npz", {"x": np.ones((4, 2, 3), np.float32),
+                                             "h_grad": np.ones((4, 2, 2), np.float32)})
+    save_file({"cell.weight_ih": np.ones((8, 3), np.float32), "cell.weight_hh": np.ones((8, 2), np.float32)},
+              str(tmp_path / "cell.safetensors"))
+    result = runner.invoke(main, ["seq", str(step), "--weights", str(tmp_path / "cell.safetensors"), "-o",
+                                  str(tmp_path / "g.npz")])
+    assert result.exit_code == 1 and "cell holds an nn.LSTMCell's weights" in result.stderr, result.stderr
+    save_file({"rnn.weight_ih_l0": np.ones((6, 3), np.float32), "rnn.weight_hh_l0": np.ones((6, 2), np.float32)},
+              str(tmp_path / "gru.safetensors"))
+    result = runner.invoke(main, ["inspect", str(tmp_path / "gru.safetensors")])
+    assert "weight_hh_l0 has shape [6, 2], 3 gates: not an nn.LSTM" in " ".join(result.stdout.split())
+    result = runner.invoke(main, ["seq", str(step), "--weights", str(tmp_path / "gru.safetensors"),
+                                  "--weights-group", "rnn", "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 1 and "a GRU has 3 gates" in result.stderr, result.stderr

@@ -68,7 +68,7 @@ def detect(keys, options: FrameworkOptions) -> str:
     if {"w", "i", "cs", "cs_prev", "h_prev"} & keys:
         return "tf"
     if ("recurrent_kernel" in keys or "cell" in keys or "lstm_cell" in keys or {"kernel", "x"} <= keys
-            or {"forward_layer", "backward_layer"} & keys):
+            or any(keras.direction_of(k) for k in keys if "/" not in k and not k.endswith("_grad"))):
         return "keras"
     if any(pytorch.WEIGHT.match(k) for k in keys) or set(pytorch.CELL_KEYS) <= keys:
         return "torch"
@@ -86,8 +86,8 @@ def plan(framework: str, tensors: dict, options: FrameworkOptions, layer: KerasL
 
 def keras_lstm_grad(x, kernel=None, recurrent_kernel=None, bias=None, *, weights=None, merge_mode="concat",
                     h_grad=None, h0=None, c0=None, hn_grad=None, cn_grad=None, mask=None, activation="tanh",
-                    recurrent_activation="sigmoid", zero_output_for_mask=None, time_major=False, go_backwards=False,
-                    reverse=False, backend=None, compute_dtype=None):
+                    recurrent_activation="sigmoid", zero_output_for_mask=None, unroll=False, time_major=False,
+                    go_backwards=False, reverse=False, backend=None, compute_dtype=None):
     """The gradients of a Keras ``LSTM`` layer, as GradientTape gives them.
 
     ``h_grad`` is the gradient at the layer's output: [B, T, C] with return_sequences, else [B, C];
@@ -97,7 +97,9 @@ def keras_lstm_grad(x, kernel=None, recurrent_kernel=None, bias=None, *, weights
     layer was made (tanh, sigmoid, hard_sigmoid, relu, linear).  ``go_backwards``: the layer was made with
     go_backwards=True (``h_grad`` in the order it returns its outputs, last step of x first); ``reverse``: it is the
     backward layer of a ``Bidirectional`` (``h_grad``, its half of the wrapper's output gradient, in x's time order).
-    ``zero_output_for_mask`` None: Keras' default (False; a Bidirectional returning sequences sets it).
+    ``zero_output_for_mask`` None: Keras' default (False; a Bidirectional returning sequences sets it, for its backward
+    layer ``reverse`` says so).  ``unroll``: the layer was made with unroll=True (masked and run backwards with zeroed
+    outputs, Keras' unrolled loop masks by the mask not reversed: refused).
 
     With ``weights``, a dict of a whole ``Bidirectional``'s (``forward_kernel``, ``forward_recurrent_kernel``,
     ``forward_bias``, ``backward_...``): both layers, merged by ``merge_mode``; ``h_grad`` is the gradient at the
@@ -106,8 +108,8 @@ def keras_lstm_grad(x, kernel=None, recurrent_kernel=None, bias=None, *, weights
     """
     options = FrameworkOptions("keras", time_major=time_major, go_backwards=go_backwards, reverse=reverse)
     layer = KerasLayer(keras_activation(activation), keras_activation(recurrent_activation),
-                       zero_output_for_mask=zero_output_for_mask, merge_mode=merge_mode if weights else None,
-                       source="the arguments")
+                       zero_output_for_mask=zero_output_for_mask, unroll=unroll,
+                       merge_mode=merge_mode if weights else None, source="the arguments")
     given = dict(kernel=kernel, recurrent_kernel=recurrent_kernel, bias=bias)
     if weights is not None:
         if any(v is not None for v in given.values()):
@@ -144,8 +146,9 @@ def torch_lstm_grad(x, weight_ih=None, weight_hh=None, bias_ih=None, bias_hh=Non
     backward one, run from x's last step), returned as ``TorchLSTMGradOutputs``; h0, c0 and the final-state
     gradients [B, C].  ``lengths`` [B]: a packed batch's per-example lengths (pack_padded_sequence).
     """
-    state = {"x": x, "h0": h0, "c0": c0, "h_grad": h_grad, "hn_grad": hn_grad, "cn_grad": cn_grad,
-             "lengths": lengths}
+    state = {n: None if v is None else _numpy(v) for n, v in (
+        ("x", x), ("h0", h0), ("c0", c0), ("h_grad", h_grad), ("hn_grad", hn_grad), ("cn_grad", cn_grad),
+        ("lengths", lengths))}
     if state_dict is not None:
         if weight_ih is not None or weight_hh is not None:
             raise TypeError("torch_lstm_grad takes a state_dict or weight_ih/weight_hh, not both")
@@ -156,7 +159,8 @@ def torch_lstm_grad(x, weight_ih=None, weight_hh=None, bias_ih=None, bias_hh=Non
     options = FrameworkOptions("torch", batch_first=batch_first, layer=0, reverse=reverse)
     names = pytorch.names(0, reverse)
     tensors = {names["weight_ih"]: weight_ih, names["weight_hh"]: weight_hh, names["bias_ih"]: bias_ih,
-               names["bias_hh"]: bias_hh, **state}
+               names["bias_hh"]: bias_hh}
+    tensors = {**{n: None if v is None else _numpy(v) for n, v in tensors.items()}, **state}
     out = pytorch.plan({n: v for n, v in tensors.items() if v is not None}, options).gradients(backend, compute_dtype)
     return TorchLSTMGradOutputs(out["x_grad"], out[f"{names['weight_ih']}_grad"], out[f"{names['weight_hh']}_grad"],
                                 out.get(f"{names['bias_ih']}_grad"), out.get(f"{names['bias_hh']}_grad"),

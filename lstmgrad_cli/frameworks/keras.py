@@ -39,9 +39,22 @@ ALIASES = {
                          "lstm_cell/recurrent_kernel:0"),
     "bias": ("bias", "cell/vars/2", "lstm_cell/bias", "lstm_cell/bias:0"),
 }
-# A whole Bidirectional's two layers: Keras 3 keeps them at forward_layer/ and backward_layer/, tf.keras under the
-# layers' own names (forward_lstm/, backward_lstm/ by default).
+# A whole Bidirectional's two layers: Keras 3 keeps them at forward_layer/ and backward_layer/, full-model files
+# under the layers' own names, forward_ and backward_ then the wrapped layer's name (forward_lstm_1/, ...).
 WRAPPED = {"forward": ("forward_layer", "forward_lstm"), "backward": ("backward_layer", "backward_lstm")}
+
+
+def direction_of(group: str) -> str | None:
+    """"forward" or "backward" for a Bidirectional's layer group name (forward_layer, backward_lstm_1, ...)."""
+    return next((d for d in WRAPPED if group.startswith(f"{d}_")), None)
+
+
+def wrapped_names(keys) -> list[str]:
+    """The weights' names under a Bidirectional's two layer groups among ``keys`` (a group's entries), whatever the
+    layers were called: read once the entries say which there are."""
+    plain = [alias for aliases in ALIASES.values() for alias in aliases if "/" in alias]
+    return [f"{key}/{alias}" for key in keys if direction_of(key) and key not in WRAPPED["forward"] + WRAPPED[
+        "backward"] for alias in plain]
 STATE_NAMES = ("x", "h0", "c0", "h_grad", "hn_grad", "cn_grad", "mask")
 
 
@@ -61,11 +74,12 @@ def tensors_of(held: dict) -> dict:
         value = next((held[a] for a in aliases if a in held), None)
         if value is not None:
             out[name] = value
-        for direction, groups in WRAPPED.items():
+        for direction in WRAPPED:
             key = f"{direction}_{name}"
             value = held.get(key)
-            if value is None:
-                value = next((held[f"{g}/{a}"] for g in groups for a in aliases if f"{g}/{a}" in held), None)
+            if value is None:  # under the layer's group, whatever it is called
+                value = next((v for k, v in held.items() if "/" in k and direction_of(k.split("/", 1)[0]) == direction
+                              and k.split("/", 1)[1] in aliases), None)
             if value is not None:
                 out[key] = value
     return out
@@ -159,6 +173,8 @@ def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = No
     layer = layer or KerasLayer()
     if options.reverse and not layer.reverse:
         layer = replace(layer, reverse=True)
+    if layer.reverse:  # a Bidirectional's backward layer: what the wrapper sets holds for it
+        layer = replace(layer, wrapped=True)
     if options.go_backwards:
         layer = replace(layer, go_backwards=True)
     bidirectional = "forward_kernel" in tensors or "backward_kernel" in tensors

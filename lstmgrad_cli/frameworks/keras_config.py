@@ -44,6 +44,7 @@ class Found:
     layer: dict  # the LSTM's serialised config (a wrapper's forward layer for the whole wrapper)
     wrapper: dict | None
     backward: bool | None
+    refused: str = ""  # a recurrent layer that is not an LSTM's maths: why (GRU, StackedRNNCells, ...)
 
     def legacy_match(self, parts: list[str]) -> bool:
         """Whether a legacy full-model file's group (``model_weights/<name>/.../<name>``) holds this layer."""
@@ -81,11 +82,42 @@ def _walk(config: dict, prefix: str = "", names: tuple = (), depth: int = 0) -> 
             yield Found(f"{group}/backward_layer", path, backward, layer, True)
         elif kind in ("LSTM", "CuDNNLSTM"):
             yield Found(group, path, layer, None, False)
+        elif kind == "RNN":
+            yield _rnn(group, path, layer, inner)
+        elif kind in OTHER_RECURRENT:
+            yield Found(group, path, layer, None, False, f"{group} is a {kind} layer, not an LSTM: lstmgrad computes "
+                                                         "LSTM layers")
+
+
+# Recurrent layers that are not LSTMs: named when a group holds one.
+OTHER_RECURRENT = ("GRU", "SimpleRNN", "CuDNNGRU", "ConvLSTM1D", "ConvLSTM2D", "ConvLSTM3D")
+
+
+def _rnn(group: str, path: tuple, layer: dict, inner: dict) -> Found:
+    """``keras.layers.RNN(cell)``: over one LSTMCell it is an LSTM layer (the cell's activations, the RNN's
+    go_backwards, return_sequences, ...); over StackedRNNCells or another cell it is refused by name."""
+    cell = inner.get("cell") if isinstance(inner.get("cell"), dict) else {}
+    cell_kind = str(cell.get("class_name", "a cell"))
+    if cell_kind == "LSTMCell":
+        cell_config = cell.get("config", {}) if isinstance(cell.get("config"), dict) else {}
+        merged = {**cell_config, **{k: v for k, v in inner.items() if k != "cell"}}
+        return Found(group, path, {"class_name": "LSTM", "config": merged}, None, False)
+    if cell_kind == "StackedRNNCells":
+        from .weights_files import STACKED  # noqa: PLC0415 - (the words shared with bare weights files)
+
+        return Found(group, path, layer, None, False, f"{group} is a {STACKED}")
+    return Found(group, path, layer, None, False, f"{group} is a keras.layers.RNN over {cell_kind}, not an LSTM: "
+                                                  "lstmgrad computes LSTM layers")
 
 
 def lstm_groups(model_config: dict) -> list[str]:
     """Every LSTM layer's (and Bidirectional's) group a configuration describes (Keras 3 names)."""
-    return [found.group for found in _walk(model_config)]
+    return [found.group for found in _walk(model_config) if not found.refused]
+
+
+def other_recurrent(model_config: dict) -> list[str]:
+    """Why each recurrent layer of a configuration that lstmgrad does not compute is refused."""
+    return [found.refused for found in _walk(model_config) if found.refused]
 
 
 def layer_options(model_config: dict, group: str, *, keras_version: str = "", source: str = "",
@@ -99,6 +131,8 @@ def layer_options(model_config: dict, group: str, *, keras_version: str = "", so
     major = keras_major(keras_version)
     for found in _walk(model_config):
         if (found.legacy_match(parts[1:]) if legacy else wanted == found.group):
+            if found.refused:
+                raise InvalidArgumentError(found.refused)
             options = KerasLayer.from_config(found.layer, keras_major=major, source=source, wrapper=found.wrapper,
                                              backward=bool(found.backward), inference=inference)
             if found.wrapper is not None and found.backward is None:  # the whole wrapper: both layers must agree
@@ -110,6 +144,9 @@ def layer_options(model_config: dict, group: str, *, keras_version: str = "", so
                                                "each layer's group (forward_layer, backward_layer) on its own")
             return options
     groups = ", ".join(lstm_groups(model_config)) or "none"
+    refused = other_recurrent(model_config)
+    if groups == "none" and refused:
+        raise InvalidArgumentError(f"the model has no LSTM layer lstmgrad computes: {'; '.join(refused)}")
     if not wanted:
         raise InvalidArgumentError(Message.format("the model has several layers: name one with {} (its LSTM layers' "
                                                   "groups: {})", Param("weights_group"), groups))

@@ -70,6 +70,16 @@ def state_dict_layers(keys) -> list[dict]:
 CELL_KEYS = ("weight_ih", "weight_hh")
 
 
+def cells_in(keys) -> list[str]:
+    """Where a state_dict keeps an nn.LSTMCell's weights (``<prefix>.weight_ih`` without a layer suffix), in
+    words of refusal; [] when it holds none."""
+    keys = set(keys)
+    prefixes = sorted({k.rpartition(".")[0] for k in keys if k.endswith(".weight_ih") and
+                       f"{k.rpartition('.')[0]}.weight_hh" in keys})
+    return [f"{p} holds an nn.LSTMCell's weights (one step, called in a Python loop), not an nn.LSTM's: copy them into "
+            "an nn.LSTM (weight_ih_l0 = cell.weight_ih, ...) and give the whole sequence" for p in prefixes]
+
+
 def _refuse_other_modules(tensors: dict) -> None:
     if all(k in tensors for k in CELL_KEYS):
         raise InvalidArgumentError(

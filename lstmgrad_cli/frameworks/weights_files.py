@@ -115,6 +115,19 @@ def keras_model_layers(path, fmt: str) -> tuple[list[dict], str | None]:
     return layers, source
 
 
+def keras_other_recurrent(path, fmt: str) -> list[str]:
+    """Why each recurrent layer a Keras archive's or full-model file's configuration holds, and lstmgrad does not
+    compute, is refused (a GRU, an RNN over StackedRNNCells, ...); [] for a bare weights file."""
+    from ..io import keras_archive  # noqa: PLC0415
+    from .keras_config import other_recurrent  # noqa: PLC0415
+
+    if fmt == "keras":
+        with keras_archive.model_weights(path) as (_weights, config, _version, _relabel):
+            return other_recurrent(config)
+    found = keras_archive.hdf5_model_config(path)
+    return other_recurrent(found[0]) if found is not None else []
+
+
 def _with_wrappers(layers: list[dict]) -> list[dict]:
     """Each Bidirectional's two layers, and before them the wrapper itself (its group, both layers' shapes)."""
     out = []

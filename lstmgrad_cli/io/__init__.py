@@ -74,7 +74,9 @@ __all__ = [
 
 # Every input format, in the order they are tried.  File formats are told apart by their first bytes;
 # directory formats by the names of the directory's entries.
-FORMATS: dict[str, Format] = {f.name: f for f in (hdf5.FORMAT, keras_archive.FORMAT, npz.FORMAT, safetensors.FORMAT,
+# A Keras archive before HDF5: it stores model.weights.h5 uncompressed, so HDF5's signature may sit at one of the
+# offsets HDF5 looks at (512 ... 8192) inside the zip.
+FORMATS: dict[str, Format] = {f.name: f for f in (keras_archive.FORMAT, hdf5.FORMAT, npz.FORMAT, safetensors.FORMAT,
                                                    tfdbg.FORMAT, npydir.FORMAT)}
 
 _os_reason = os_reason  # the name tests and older callers use
