@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import OutputExistsError, OutputFileError
+from ..messages import Message, Param
 from ._common import METADATA_KEY
 from .atomic import atomic_file, os_reason, synced_behind
 from .hdf5_writer import hdf5_writer
@@ -46,7 +47,7 @@ def check_output(path: Path, force: bool, inputs: Iterable[Path] = (), others: M
     """Refuse, before any work, an output that could not or must not be written; returns its format.
 
     An output that is (or would replace) an input, ``inputs`` or one of ``others`` (what else the run reads, by
-    what the user calls it: ``{"the --weights file": path}``), is refused even with ``force``: the same path, a
+    what the user calls it: ``{"the weights file": path}``), is refused even with ``force``: the same path, a
     hard link or a symbolic link to it."""
     with contextlib.suppress(OSError):
         if path.is_dir():
@@ -64,7 +65,8 @@ def check_output(path: Path, force: bool, inputs: Iterable[Path] = (), others: M
         if not parent.is_dir():
             raise OutputFileError(f"{path}: output directory {parent} does not exist")
         if path.exists() and not force:
-            raise OutputExistsError(f"{path}: already exists; use --force to overwrite")
+            raise OutputExistsError(Message.format("{}: already exists; use {} to overwrite", path,
+                                                   Param("force", True)))
     except OSError as err:  # e.g. a name longer than the file system allows
         raise OutputFileError(f"{path}: cannot write there: {os_reason(err)}") from None
     return fmt
