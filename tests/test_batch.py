@@ -53,6 +53,17 @@ def assert_same_outputs(a: dict, b: dict):
             np.testing.assert_array_equal(a[name][key], b[name][key], err_msg=f"{name}:{key}")
 
 
+@pytest.fixture
+def worker_signal(monkeypatch):
+    """What a stop signal does in a local worker process (interrupts.py's handler), called in this process: a
+    fresh worker state, and the signals recorded in a state of their own (given back after)."""
+    from lstmgrad_cli import interrupts, local_workers
+
+    monkeypatch.setattr(local_workers, "_state", local_workers._WorkerState())
+    with interrupts.caught(signals=()):
+        yield lambda signum: interrupts._handler(signum, None)
+
+
 @pytest.fixture(scope="module")
 def serial_outputs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("serial")
@@ -766,8 +777,9 @@ def test_small_files_are_bundled_in_order_and_large_or_special_ones_go_alone(tmp
     assert all(len(bundle) == 1 for bundle in bundled(workers=len(tasks)))  # too short a batch to share out evenly
 
 
-def test_a_bundle_runs_its_files_in_turn_and_stops_at_a_failure_or_an_interrupt(tmp_path, monkeypatch):
-    from lstmgrad_cli import batch, local_workers
+def test_a_bundle_runs_its_files_in_turn_and_stops_at_a_failure_or_an_interrupt(tmp_path, monkeypatch,
+                                                                                   worker_signal):
+    from lstmgrad_cli import batch, interrupts, local_workers
     from lstmgrad_cli.jobs import GradOptions
 
     inputs = make_inputs(tmp_path / "in")[:3]
@@ -795,15 +807,14 @@ def test_a_bundle_runs_its_files_in_turn_and_stops_at_a_failure_or_an_interrupt(
 
     def signalled_in_the_second(task, options):
         if task is tasks[1]:
-            local_workers._stop_signal(signal.SIGINT, None)  # in a task: raises KeyboardInterrupt here
+            worker_signal(signal.SIGINT)  # in a task: raises KeyboardInterrupt here
         return real_run_task(task, options)
 
-    monkeypatch.setattr(local_workers, "_state", local_workers._WorkerState())
     monkeypatch.setattr(batch, "run_task", signalled_in_the_second)
     values = batch.run_tasks_unpublished(tasks, GradOptions("seq"), keep_going=True)
     assert kinds(values) == ["unpublished", "interrupted", None]  # the parent reports it (batch._failure)
     assert [p.name for p in out.iterdir()] == [values[0].output.tmp.name]
-    assert local_workers._state == local_workers._WorkerState()  # taken: the worker's next task runs
+    assert not interrupts.pending() and not local_workers._state.in_task  # taken: the worker's next task runs
 
 
 def test_a_bundles_results_are_taken_once_and_a_dead_worker_fails_each_of_its_files(tmp_path):
@@ -1239,31 +1250,36 @@ def test_a_worker_interrupted_mid_bundle_keeps_the_files_before_and_runs_none_af
     assert sorted(p.name for p in out.iterdir()) == sorted(tasks[k].output.name for k in range(len(tasks))
                                                            if status.get(tasks[k].input.name) == "ok")
 
-def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_path, monkeypatch):
-    from lstmgrad_cli import batch, local_workers
+def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_path, monkeypatch, worker_signal):
+    from lstmgrad_cli import batch, interrupts, local_workers
     from lstmgrad_cli.io.atomic import atomic_file
     from lstmgrad_cli.jobs import GradOptions
 
-    tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:2], None, tmp_path / "out")
+    tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:3], None, tmp_path / "out")
     (tmp_path / "out").mkdir()
-    monkeypatch.setattr(local_workers, "_state", local_workers._WorkerState())
-    local_workers._stop_signal(signal.SIGINT, None)  # between tasks: remembered, not raised (SIGTERM would end pytest)
+    worker_signal(signal.SIGINT)  # between tasks: remembered, not raised (SIGTERM would end pytest)
     with pytest.raises(KeyboardInterrupt):
         batch.run_task_unpublished(tasks[0], GradOptions("seq"))
     assert list((tmp_path / "out").iterdir()) == []
-    assert local_workers._state == local_workers._WorkerState()  # delivered: the next task runs
+    assert not interrupts.pending() and not local_workers._state.in_task  # delivered: the next task runs
 
     def written_then_signalled(task, options):  # the signal lands after the output is written and handed over
         with atomic_file(task.output, force=False) as tmp:
             tmp.path.write_bytes(b"complete")
-        local_workers._stop_signal(signal.SIGINT, None)
+        worker_signal(signal.SIGINT)
+        return batch.GradResult(str(task.input), str(task.output), "op")
 
-    monkeypatch.setattr(local_workers, "_state", local_workers._WorkerState())
+    # Handed over, the file is committed: it is not interrupted, its output goes to the parent to be put in place,
+    # and the signal interrupts the next file as it starts.
     monkeypatch.setattr(batch, "run_task", written_then_signalled)
+    value = batch.run_task_unpublished(tasks[1], GradOptions("seq"))
+    assert isinstance(value, batch.Unpublished)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [value.output.tmp.name]
+    assert interrupts.pending()
     with pytest.raises(KeyboardInterrupt):
-        batch.run_task_unpublished(tasks[1], GradOptions("seq"))
-    assert list((tmp_path / "out").iterdir()) == []  # its temporary file is removed: no one would publish it
-    assert local_workers._state == local_workers._WorkerState()
+        batch.run_task_unpublished(tasks[2], GradOptions("seq"))
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [value.output.tmp.name]
+    assert not interrupts.pending()
 
 
 SIGNALLED_AS_IT_STARTS = """
