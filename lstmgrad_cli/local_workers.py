@@ -105,6 +105,11 @@ def _start_all_workers(pool: cf.ProcessPoolExecutor) -> None:
     launch = getattr(pool, "_launch_processes", None)
     if launch is not None:
         launch()
+        # And the manager now, as the pool's first submit would: without it, a pool that ends before its first
+        # task (a Ctrl-C as it starts) sends its workers no word to end, and the exiting command waits on them.
+        manage = getattr(pool, "_start_executor_manager_thread", None)
+        if manage is not None:
+            manage()
 
 
 @contextlib.contextmanager

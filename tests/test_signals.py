@@ -115,7 +115,8 @@ def _round(inputs: Path, out: Path, sig: int, when: float, extra: list[str], gro
     """One batch over ``inputs`` with --json, sent ``sig`` ``when`` seconds after it starts; what it left."""
     shutil.rmtree(out, ignore_errors=True)
     proc = subprocess.Popen(CLI + ["seq", str(inputs), "--out-dir", str(out), "--json", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1"})  # (where it hangs, if it does)
     try:
         _catching(proc.pid)
         time.sleep(when)
@@ -125,7 +126,13 @@ def _round(inputs: Path, out: Path, sig: int, when: float, extra: list[str], gro
             os.killpg(proc.pid, sig)
         else:
             proc.send_signal(sig)
-        stdout, stderr = proc.communicate(timeout=60)
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGABRT)  # every process's threads' stacks, on stderr
+            _, stderr = proc.communicate(timeout=30)
+            raise AssertionError(f"no end 60 s after {signal.Signals(sig).name} at {when:.2f} s:\n"
+                                 f"{stderr[-6000:]}") from None
         took = time.monotonic() - sent
     finally:
         if proc.poll() is None:

@@ -172,6 +172,7 @@ def atomic_file(path: Path, force: bool) -> Iterator[Temporary]:
     """
     parent = path.parent if str(path.parent) else Path(".")
     made: list[tuple[int, Path]] = []
+    handing = False
     try:
         with interrupts.held():  # a stop signal waits until the file is made and recorded, then raises below
             try:
@@ -180,18 +181,19 @@ def atomic_file(path: Path, force: bool) -> Iterator[Temporary]:
                 raise OutputFileError(_create_failure(path, parent, err)) from None
         fd, tmp = made[0]
         yield Temporary(tmp, fd)
+        # Handed over whole: from here the output will be in place, so the caller's work is committed (a stop
+        # signal no longer interrupts it, and the result that reports the output is not lost: interrupts.commit).
+        with interrupts.held():
+            handing = True  # (what fails from here cleans up after itself: the descriptor may be another's now)
+            _hand_over(fd, tmp, path, force)
+            interrupts.commit()
     except BaseException as err:
-        if made:
+        if made and not handing:
             _discard(*made[0])
         failure = _failure(path, err)
         if failure is err:
             raise
         raise failure from None
-    # Handed over whole: from here the output will be in place, so the caller's work is committed (a stop signal
-    # no longer interrupts it, and the result that reports the output is not lost: interrupts.commit).
-    with interrupts.held():
-        _hand_over(fd, tmp, path, force)
-        interrupts.commit()
 
 
 def _hand_over(fd: int, tmp: Path, path: Path, force: bool) -> None:
