@@ -426,7 +426,8 @@ def _stdout_failure_noted(failed: list):
 
 
 def _lost_message(dask_address: str | None, counts: dict, not_run: int) -> str:
-    return (f"the Dask cluster at {dask_address} went away before every result came back (the scheduler or a "
-            f"connection to it was lost): {counts['ok'] + counts['skipped']} files done, {counts['failed']} failed, "
+    return (f"the Dask cluster at {dask_address} went away before every result came back (the scheduler, the "
+            f"connection to it or every worker was lost): {counts['ok'] + counts['skipped']} files done, "
+            f"{counts['failed']} failed, "
             f"{counts['lost']} lost (their workers may still write them), {not_run} not run; rerun with "
             "--skip-existing to finish")
