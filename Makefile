@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test lint bench bench-batch bench-stream bench-lengths fuzz fixtures conformance docs clean
+.PHONY: demo test lint bench bench-batch bench-stream bench-lengths fuzz signals fixtures conformance docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ fuzz: $(STAMP)
 	LSTMGRAD_FUZZ_EXAMPLES=$${LSTMGRAD_FUZZ_EXAMPLES:-20000} $(PY) -m pytest -p no:cacheprovider tests/test_fuzz.py \
 		tests/test_hostile_files.py tests/test_tfdbg_hostile.py tests/test_hostile_safetensors.py \
 		--hypothesis-show-statistics -q
+
+# Ctrl-C, SIGTERM and SIGKILL at random moments of real batches, 50 rounds per case (`make test` runs two).
+signals: $(STAMP)
+	LSTMGRAD_SIGNAL_ROUNDS=$${LSTMGRAD_SIGNAL_ROUNDS:-50} $(PY) -m pytest -p no:cacheprovider tests/test_signals.py -q
 
 # TensorFlow-computed cases kept outside this repository, in ../shared/conformance (CONFORMANCE=DIR to point
 # elsewhere); the repository's own TF golden files are fixtures/, which `make test` checks.

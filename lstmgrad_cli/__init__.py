@@ -1,21 +1,28 @@
 """lstmgrad: TensorFlow's block-LSTM gradients (BlockLSTMGradV2, BlockLSTMGrad, LSTMBlockCellGrad)
-from saved forward-pass tensors, without TensorFlow."""
+from saved forward-pass tensors, without TensorFlow.
 
-from .errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
-from .frameworks import KerasLSTMGradOutputs, TorchLSTMGradOutputs, keras_lstm_grad, torch_lstm_grad
-from .loading import OpInputs, load
-from .ops import (
-    block_lstm,
-    block_lstm_grad,
-    block_lstm_grad_v2,
-    block_lstm_v2,
-    lstm_block_cell,
-    lstm_block_cell_grad,
-    lstm_block_cell_grad_full,
-)
-from .results import BlockLSTMGradOutputs, BlockLSTMOutputs, LSTMBlockCellGradFullOutputs, LSTMBlockCellGradOutputs
+The names below are imported when first used (PEP 562), so that the command line can take Ctrl-C its own way
+before numpy and the rest load (cli.LazyGroup.main: no traceback from a half-done import).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "InvalidArgumentError": "errors", "LstmGradError": "errors", "UnrecordedTensorsError": "errors",
+    "KerasLSTMGradOutputs": "frameworks", "TorchLSTMGradOutputs": "frameworks", "keras_lstm_grad": "frameworks",
+    "torch_lstm_grad": "frameworks",
+    "OpInputs": "loading", "load": "loading",
+    "block_lstm": "ops", "block_lstm_grad": "ops", "block_lstm_grad_v2": "ops", "block_lstm_v2": "ops",
+    "lstm_block_cell": "ops", "lstm_block_cell_grad": "ops", "lstm_block_cell_grad_full": "ops",
+    "BlockLSTMGradOutputs": "results", "BlockLSTMOutputs": "results", "LSTMBlockCellGradFullOutputs": "results",
+    "LSTMBlockCellGradOutputs": "results",
+}
 
 __all__ = [
     "BlockLSTMGradOutputs", "BlockLSTMOutputs", "InvalidArgumentError", "KerasLSTMGradOutputs",
@@ -24,3 +31,41 @@ __all__ = [
     "lstm_block_cell", "lstm_block_cell_grad", "lstm_block_cell_grad_full", "torch_lstm_grad",
     "UnrecordedTensorsError",
 ]
+
+if TYPE_CHECKING:
+    from .errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
+    from .frameworks import KerasLSTMGradOutputs, TorchLSTMGradOutputs, keras_lstm_grad, torch_lstm_grad
+    from .loading import OpInputs, load
+    from .ops import (
+        block_lstm,
+        block_lstm_grad,
+        block_lstm_grad_v2,
+        block_lstm_v2,
+        lstm_block_cell,
+        lstm_block_cell_grad,
+        lstm_block_cell_grad_full,
+    )
+    from .results import (
+        BlockLSTMGradOutputs,
+        BlockLSTMOutputs,
+        LSTMBlockCellGradFullOutputs,
+        LSTMBlockCellGradOutputs,
+    )
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:  # a submodule (lstmgrad_cli.io), as the package gave once it had imported them all
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import io, local_workers
+from . import interrupts, io, local_workers
 from .allocator import keep_heap_top
 from .backends import _blas
 from .dask_executor import NotStarted, SchedulerLost, dask_executor
@@ -46,8 +46,9 @@ class DumpSelection:
 
 
 def plan_tasks(inputs: Sequence[Path], output: Path | None, out_dir: Path | None,
-               dumps: DumpSelection = DumpSelection()) -> list[Task]:
-    """The output of each input: ``-o`` for a single input, else ``<stem>.grads.<ext>`` (in ``out_dir``).
+               dumps: DumpSelection = DumpSelection(), subdirs: Mapping[Path, Path] | None = None) -> list[Task]:
+    """The output of each input: ``-o`` for a single input, else ``<stem>.grads.<ext>`` (in ``out_dir``, in the
+    input's subdirectory ``subdirs[input]`` there where one is given: a tree of inputs mirrored).
 
     A TensorFlow debug dump gives one task per selected gradient-op execution, written to
     ``<dump>.<execution>.grads.npz``.  An input named twice is run once; two inputs that would write the
@@ -65,7 +66,7 @@ def plan_tasks(inputs: Sequence[Path], output: Path | None, out_dir: Path | None
         seen_inputs.add(key)
         for group, target, error, fmt in _targets(path, output, dumps):
             if out_dir is not None and output is None:
-                target = out_dir / target.name
+                target = out_dir / (subdirs or {}).get(path, Path()) / target.name
             other = targets.setdefault(resolve(target), path)
             if other is not path:
                 raise OutputFileError(Message.format("{} and {} would both write {}; give them separate {} runs",
@@ -128,20 +129,21 @@ def run_task(task: Task, options: GradOptions, blas_threads: int | None = None) 
     limits = _blas_limits(blas_threads)
     if task.group is not None:
         options = replace(options, group=task.group)
+    names = (task.input, task.output, options.weights)  # (their newlines and tabs escaped, not made spaces)
     try:
         with limits:
             return run_grad_file(task.input, task.output, options, input_format=task.input_format)
     except LstmGradError as err:
-        return failed(task, options, one_line(err))
+        return failed(task, options, one_line(err, names))
     except MemoryError:
-        return failed(task, options, f"{task.input}: out of memory")
+        return failed(task, options, one_line(f"{task.input}: out of memory", names))
     except OSError as err:  # an I/O failure nothing above foresaw: still this file's failure, not a traceback
         reason = err.strerror or " ".join(str(err).split()) or type(err).__name__
-        return failed(task, options, f"{task.input}: {reason}")
+        return failed(task, options, one_line(f"{task.input}: {reason}", names))
     except Exception as err:  # noqa: BLE001 - a bug met on one file is that file's failure; the batch goes on
         reason = " ".join(str(err).split())[:300]
-        return failed(task, options, f"{task.input}: unexpected {type(err).__name__}{f': {reason}' if reason else ''} "
-                                     "(a bug in lstmgrad: please report it)")
+        said = f"{task.input}: unexpected {type(err).__name__}{f': {reason}' if reason else ''}"
+        return failed(task, options, one_line(f"{said} (a bug in lstmgrad: please report it)", names))
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,7 @@ def run_task_unpublished(task: Task, options: GradOptions) -> GradResult | Unpub
     """``run_task`` in a local worker process: an output written is returned ``Unpublished``, for the parent to
     fsync and rename (``_outcomes``).  Interrupted (local_workers._stop_signal), it raises KeyboardInterrupt and
     leaves nothing."""
+    local_workers.note_output(task.output)
     with io.handed_to_parent() as handoffs:
         try:
             with local_workers.interruptible_task():
@@ -387,6 +390,32 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
         if on_result is not None:
             on_result(tasks[index], result)
 
+    with interrupts.interruptible():  # (what it finds is reported as it goes: an interrupt loses nothing)
+        pending = _not_done(tasks, options, skip_existing, keep_going, finish)
+    if not pending:  # (None: a file found there stopped the batch)
+        return results
+    if dask_address:  # workers elsewhere: each makes its outputs durable itself
+        # Their working directory is not this one: they get absolute paths, and the results say the paths as given.
+        sent = [replace(t, input=t.input.absolute(), output=t.output.absolute()) for t in tasks]
+        if options.weights is not None:
+            options = replace(options, weights=str(Path(options.weights).absolute()))
+
+        def finish_as_given(index: int, result: GradResult) -> None:
+            finish(index, _as_given(result, tasks[index]))
+
+        return _run_pending(sent, pending, options, results, finish_as_given, workers, dask_address, keep_going, stop)
+    # This process and its local workers write into a few directories: each is fsynced once, at the end.
+    with io.directories_synced_at_end() as directories:
+        try:
+            return _run_pending(tasks, pending, options, results, finish, workers, dask_address, keep_going, stop)
+        finally:
+            directories.update(Path(r.output).parent for r in results if r is not None and r.status == "ok")
+
+
+def _not_done(tasks: Sequence[Task], options: GradOptions, skip_existing: bool, keep_going: bool,
+              finish: Callable[[int, GradResult], None]) -> list[int] | None:
+    """The indexes of the tasks to run: with ``skip_existing``, not those whose output is complete (reported
+    skipped) nor those whose output differs (failed, unless ``--force``); None when one of those stops the batch."""
     pending = []
     for index, task in enumerate(tasks):
         if skip_existing and task.output.exists():
@@ -400,19 +429,15 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
                 finish(index, failed(task, options, Message.format("{}: exists but {}; use {} to replace it",
                                                                    task.output, difference, Param("force", True))))
                 if not keep_going:
-                    return results
+                    return None
                 continue
         pending.append(index)
-    if not pending:
-        return results
-    if dask_address:  # workers elsewhere: each makes its outputs durable itself
-        return _run_pending(tasks, pending, options, results, finish, workers, dask_address, keep_going, stop)
-    # This process and its local workers write into a few directories: each is fsynced once, at the end.
-    with io.directories_synced_at_end() as directories:
-        try:
-            return _run_pending(tasks, pending, options, results, finish, workers, dask_address, keep_going, stop)
-        finally:
-            directories.update(Path(r.output).parent for r in results if r is not None and r.status == "ok")
+    return pending
+
+
+def _as_given(result: GradResult, task: Task) -> GradResult:
+    """A result of a task sent with absolute paths, naming its input and output as ``task`` does."""
+    return replace(result, input=str(task.input), output=None if result.output is None else str(task.output))
 
 
 def _run_pending(tasks, pending, options, results, finish, workers, dask_address, keep_going, stop):
@@ -422,7 +447,10 @@ def _run_pending(tasks, pending, options, results, finish, workers, dask_address
     bundles = bundle_small(tasks, pending, options, workers) if local and workers > 1 else [[i] for i in pending]
     # No more worker processes than tasks: all of them start before the first (local_workers._start_all_workers).
     try:
-        with make_executor(min(workers, len(bundles)), dask_address, _worker_started) as (executor, threads):
+        with contextlib.ExitStack() as running:
+            with interrupts.interruptible():  # (starting the pool, connecting to Dask: a signal interrupts them)
+                executor, threads = running.enter_context(make_executor(min(workers, len(bundles)), dask_address,
+                                                                        _worker_started))
             if executor is None:
                 return _run_serially(tasks, pending, options, results, finish, keep_going, stop)
             # Local workers were started with their BLAS thread counts set (local_workers._thread_env), and leave
@@ -431,22 +459,36 @@ def _run_pending(tasks, pending, options, results, finish, workers, dask_address
             # outputs.
             pids = frozenset(getattr(executor, "_processes", None) or ()) if local else frozenset()
             try:
-                for bundle in bundles:  # one at a time: interrupted meanwhile, those handed out are waited for
-                    futures[_submit(executor, [tasks[i] for i in bundle], options, threads, local, keep_going)] = bundle
-                for future in cf.as_completed(futures):
-                    failed_now = False
-                    for index, result in _outcomes(future, futures[future], tasks, options, results, pids):
-                        finish(index, result)
-                        failed_now = failed_now or result.status == "failed"
-                    if stop() or (failed_now and not keep_going):
-                        break
+                with interrupts.deferred():  # a stop signal interrupts the waits only (interrupts.py)
+                    for bundle in bundles:  # one at a time: interrupted meanwhile, those handed out are waited for
+                        futures[_submit(executor, [tasks[i] for i in bundle], options, threads, local,
+                                        keep_going)] = bundle
+                    completed = cf.as_completed(futures)
+                    while (future := _next_interruptibly(completed)) is not None:
+                        failed_now = False
+                        for index, result in _outcomes(future, futures[future], tasks, options, results, pids):
+                            finish(index, result)
+                            failed_now = failed_now or result.status == "failed"
+                        if stop() or (failed_now and not keep_going):
+                            break
             finally:
                 if hasattr(executor, "stop_queued"):  # local workers: the bundles they hold go no further
                     executor.stop_queued()
+                if interrupts.received() and hasattr(executor, "interrupt_workers"):
+                    # stopped by a signal this process got (a terminal's Ctrl-C reaches the workers too; kill, a
+                    # parent process or a scheduler may signal this one alone): the files in hand are interrupted
+                    executor.interrupt_workers()
+                interrupts.take()  # (what stopped the batch: a signal now interrupts the wait for those started)
                 _finish_started(futures, tasks, options, results, finish, local, pids)
     finally:
         _discard_unpublished(futures)
     return results
+
+
+def _next_interruptibly(completed: Iterator[cf.Future]) -> cf.Future | None:
+    """The next future ``cf.as_completed`` gives (None at the end), waited for where a stop signal interrupts."""
+    with interrupts.interruptible():
+        return next(completed, None)
 
 
 def _discard_unpublished(futures) -> None:
@@ -485,12 +527,13 @@ def _run_serially(tasks, pending, options, results, finish, keep_going, stop):
     # One file: nothing to overlap its publishing with.  BLAS thread counts change only when a file needs
     # other counts than the last (_blas.counts_held).
     with (io.published_behind() if len(pending) > 1 else contextlib.nullcontext()) as publisher, \
-            _blas.counts_held():
+            _blas.counts_held(), interrupts.deferred():  # a stop signal interrupts a file's run only
         try:
             for index in pending:
                 if stop():
                     break
-                result = run_task(tasks[index], options)
+                with interrupts.interruptible():  # (not once its output is handed over: interrupts.commit)
+                    result = run_task(tasks[index], options)
                 previous, held = held, (index, result)  # held first: an interrupt in settle() still reports it
                 failed_now = settle(previous)
                 if result.seconds is None or result.seconds >= SETTLE_AT_ONCE_SECONDS:
@@ -541,9 +584,11 @@ def _finish_started(futures: dict, tasks: Sequence[Task], options: GradOptions, 
     started = [future for future in futures
                if not future.cancel() and any(results[index] is None for index in futures[future])]
     try:
-        for future in cf.as_completed(started):
-            for index, result in _outcomes(future, futures[future], tasks, options, results, worker_pids):
-                finish(index, result)
+        with interrupts.deferred():  # a stop signal interrupts the wait only
+            completed = cf.as_completed(started)
+            while (future := _next_interruptibly(completed)) is not None:
+                for index, result in _outcomes(future, futures[future], tasks, options, results, worker_pids):
+                    finish(index, result)
     except KeyboardInterrupt:
         fate = "nothing of it is kept" if local else "its output may still be written"
         for future in started:

@@ -64,6 +64,8 @@ def inspect_dump(path) -> DumpReport:
     read at all."""
     index = tfdbg.index_dump(path)
     report = DumpReport(str(path), "tfdbg2", index.tensorflow_version, index.modes, index.records)
+    if index.dropped:  # (its circular buffer: some executions cannot be found, or lack values)
+        report.warnings.append(index.dropped)
     if not index.executions:
         report.errors.append("no execution of BlockLSTM, BlockLSTMV2, LSTMBlockCell or their gradient ops is "
                              "recorded in this dump")

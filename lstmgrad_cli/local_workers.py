@@ -3,7 +3,8 @@
 Each is forked from the command where that is safe (``start_method``), else spawned, and runs ``_worker_begins``
 first, then the batch's own initializer.  SIGINT and SIGTERM reach every process of a terminal's or a job
 scheduler's process group; in a worker they interrupt the file it is on as Ctrl-C does the command, never in
-the middle of an import, and a SIGTERM ends the worker a second later (``_stop_signal``).
+the middle of an import, and a SIGTERM ends the worker a second later (``_worker_signal``).  A worker whose
+parent dies (killed) ends too, its temporary files removed (``_watch_parent``).
 """
 
 from __future__ import annotations
@@ -14,13 +15,19 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from . import interrupts
 from .backends import _blas
 
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the signals the command line catches (_interruptible)
+STOP_SIGNALS = interrupts.STOP_SIGNALS  # the signals the command line catches
+# What a worker gets from its parent, whose batch stopped on a signal (pool's interrupt_workers), or from the
+# system when its parent died (_watch_parent): a signal of its own, as a worker may ignore SIGINT or SIGTERM.
+PARENT_SIGNAL = getattr(signal, "SIGUSR1", None)
+HELD_SIGNALS = STOP_SIGNALS + ((PARENT_SIGNAL,) if PARENT_SIGNAL is not None else ())
 
 
 @contextlib.contextmanager
@@ -31,6 +38,9 @@ def pool(workers: int, initializer: Callable[[], None] | None = None
 
     The pool's ``stop_queued()`` says that the batch has stopped: a worker then runs no more of the files it
     was handed than the one in hand (``queued_stopped``), as the pool's queue holds tasks it cannot take back.
+    Its ``interrupt_workers()`` interrupts the file each is on, as a stop signal to the whole process group
+    would (for a batch stopped by a signal only the command got).  Every worker ends when this process does,
+    killed or not (``_watch_parent``).
     """
     import multiprocessing  # noqa: PLC0415 - only parallel runs pay for it
 
@@ -43,10 +53,20 @@ def pool(workers: int, initializer: Callable[[], None] | None = None
         pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_begins,
                                       initargs=(method == "fork", threads, ignored, initializer, stopped))
         pool.stop_queued = stopped.set  # (every worker holds ``stopped``: _worker_begins)
+        pool.interrupt_workers = lambda: _interrupt(pool)
         with pool:
             with _stop_signals_held():
                 _start_all_workers(pool)
             yield pool, threads
+
+
+def _interrupt(pool: cf.ProcessPoolExecutor) -> None:
+    """Send each of the pool's worker processes ``PARENT_SIGNAL``: the file it is on is interrupted."""
+    if PARENT_SIGNAL is None:
+        return
+    for pid in list(getattr(pool, "_processes", None) or ()):
+        with contextlib.suppress(OSError):  # gone already
+            os.kill(pid, PARENT_SIGNAL)
 
 
 def start_method() -> str:
@@ -85,6 +105,11 @@ def _start_all_workers(pool: cf.ProcessPoolExecutor) -> None:
     launch = getattr(pool, "_launch_processes", None)
     if launch is not None:
         launch()
+        # And the manager now, as the pool's first submit would: without it, a pool that ends before its first
+        # task (a Ctrl-C as it starts) sends its workers no word to end, and the exiting command waits on them.
+        manage = getattr(pool, "_start_executor_manager_thread", None)
+        if manage is not None:
+            manage()
 
 
 @contextlib.contextmanager
@@ -104,13 +129,14 @@ def _thread_env(threads: int) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _stop_signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM blocked in this thread meanwhile, and so in the worker processes it starts, until each
-    has its handlers (_worker_begins): one that arrives while a worker starts is neither taken by the handler a
-    fork copied nor a traceback from a half-started interpreter.  Here it waits, and is delivered after."""
+    """SIGINT, SIGTERM and PARENT_SIGNAL blocked in this thread meanwhile, and so in the worker processes it starts,
+    until each has its handlers (_worker_begins): one that arrives while a worker starts is neither taken by the
+    handler a fork copied nor a traceback from a half-started interpreter.  Here it waits, and is delivered
+    after."""
     if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
     try:
         yield
     finally:
@@ -143,18 +169,21 @@ def _worker_begins(forked: bool, threads: int, ignored: frozenset[int], initiali
     if initializer is not None:
         initializer()
     if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
 
 
 # -- in a worker process -----------------------------------------------------------------------------------------
 
 @dataclass
 class _WorkerState:
-    """Where a local worker process stands with the stop signals (module state of that process)."""
+    """Where a local worker process stands (module state of that process); the stop signals themselves are
+    interrupts.py's."""
 
-    in_task: bool = False  # a task runs (interruptible_task): _stop_signal raises KeyboardInterrupt
-    kept: list[int] = field(default_factory=list)  # stop signals got that no task has taken yet
-    ending: bool = False  # a SIGTERM came: the process ends within a second (_stop_signal)
+    in_task: bool = False  # a task runs (interruptible_task)
+    ending: bool = False  # a SIGTERM came, or the parent is gone: the process ends within a second
+    orphaned: bool = False  # the parent is gone: nothing will publish this worker's outputs
+    parent: int | None = None  # the parent's pid, while this worker watches it
+    output_dirs: set = field(default_factory=set)  # where this worker's tasks write (its temporary files)
     batch_stopped: object = None  # the pool's Event: the batch has stopped (its stop_queued(): pool)
 
 
@@ -168,71 +197,118 @@ def queued_stopped() -> bool:
 
 
 def catch_stop_signals() -> None:
-    """In a local worker process: SIGINT and SIGTERM stop it as _stop_signal says (unless ignored)."""
-    for sig in STOP_SIGNALS:
-        if signal.getsignal(sig) == _fresh_handler(sig):
-            signal.signal(sig, _stop_signal)
-    sys.unraisablehook = _dropped_interrupt_unreported
+    """In a local worker process: SIGINT and SIGTERM (unless ignored) and ``PARENT_SIGNAL`` stop it as
+    ``_worker_signal`` says, raising KeyboardInterrupt only inside a task (interrupts.py); the worker ends when
+    its parent does (``_watch_parent``)."""
+    if PARENT_SIGNAL is not None:
+        signal.signal(PARENT_SIGNAL, signal.SIG_DFL)  # caught even where the command was started ignoring it
+    interrupts.catch(HELD_SIGNALS, _worker_signal)
+    _watch_parent()
+
+
+def note_output(path) -> None:
+    """A task of this worker writes ``path``: were its parent to die, the temporary file is removed there."""
+    _state.output_dirs.add(os.path.dirname(os.fspath(path)) or ".")
 
 
 @contextlib.contextmanager
 def interruptible_task() -> Iterator[None]:
-    """A task in a local worker process: a stop signal during it raises KeyboardInterrupt there; one kept from
-    before it (or a worker ending) raises at once.  The caller calls ``interrupt_taken`` once it has cleaned up
-    after a KeyboardInterrupt."""
-    try:
-        _state.in_task = True  # from here _stop_signal raises KeyboardInterrupt
-        if _state.kept or _state.ending:  # signalled where the interrupt could not land, or ending
-            raise KeyboardInterrupt
-        yield
-    finally:
-        _state.in_task = False
+    """A task in a local worker process: a stop signal during it raises KeyboardInterrupt there (until its output
+    is handed over: interrupts.commit); one got before it and not yet taken, or a worker ending, raises at once.
+    The caller calls ``interrupt_taken`` once it has cleaned up after a KeyboardInterrupt."""
+    with interrupts.interruptible():
+        _state.in_task = True
+        try:
+            if _state.ending:
+                raise KeyboardInterrupt
+            yield
+        finally:
+            _state.in_task = False
 
 
 def interrupt_taken() -> None:
-    """A KeyboardInterrupt reached the task's caller, which has cleaned up: the signals kept so far are delivered,
-    and no task runs (also where the interrupt came as the task ended, before ``interruptible_task`` could say
-    so)."""
+    """A KeyboardInterrupt reached the task's caller, which has cleaned up: the signals got so far are acted on,
+    and the next task runs (also where the interrupt came as the task ended).  An orphaned worker ends here."""
     _state.in_task = False
-    _state.kept.clear()
+    interrupts.take()
+    if _state.orphaned:
+        _end_orphan()
 
 
-def _stop_signal(signum, frame) -> None:
-    """SIGINT and SIGTERM in a local worker process.
-
-    During a task: KeyboardInterrupt, so the task unwinds (its temporary file removed) and is reported
-    "interrupted", as Ctrl-C does in the command itself.  Not during an import (cut short, it would leave a
-    module half made for every later file), nor where Python drops the interrupt (a weakref callback): then
-    the task goes on, and the next one is interrupted as it starts.  A Ctrl-C between tasks is kept the same
-    way, so a worker waiting for work never dies of it with a traceback.
+def _worker_signal(signum) -> None:
+    """What a stop signal does in a local worker process besides interrupting its task (interrupts.py: during a
+    task, not in an import, nor once its output is handed over; else the next task is interrupted as it starts,
+    so a worker waiting for work never dies of it with a traceback).
 
     SIGTERM also ends the process, a second later: time for an interrupted task's result to go back, and for
     a parent that got it too to stop handing out work and shut the pool down, which ends an idle worker
     cleanly (dying at once, it would break the pool: "worker process failed" for the files still out).  Every
     task it gets meanwhile is interrupted as it starts.  The pool itself ends its workers with SIGTERM when one
-    has died (it may have died holding the lock of the queue the others wait on) and waits for them to go."""
-    if signum == signal.SIGTERM:
+    has died (it may have died holding the lock of the queue the others wait on) and waits for them to go.
+
+    ``PARENT_SIGNAL`` comes from the parent, whose batch stopped on a signal of its own (``pool``'s
+    ``interrupt_workers``), or from the system when the parent died (``_watch_parent``): then the worker ends,
+    its task interrupted, and removes the temporary files its parent will never publish."""
+    if signum == signal.SIGTERM and not _state.ending:
         signal.signal(signum, signal.SIG_DFL)
-        ending = threading.Timer(1.0, os.kill, (os.getpid(), signum))
-        ending.daemon = True
-        ending.start()
-        _state.ending = True  # every task it is still handed is interrupted as it starts
-    _state.kept.append(signum)  # until a task takes it (interruptible_task)
-    if _state.in_task and not _importing(frame):
-        raise KeyboardInterrupt
+        _end_soon(lambda: os.kill(os.getpid(), signum))
+    if _state.parent is not None and not _state.orphaned and os.getppid() != _state.parent:
+        _state.orphaned = True
+        if not _state.in_task:  # nothing to unwind (waiting for work, or sending a result to no one)
+            _end_orphan()
+        _end_soon(_end_orphan)  # (a task unwinds first, its own temporary file removed: interrupt_taken)
 
 
-def _importing(frame) -> bool:
-    """Whether the code at ``frame`` runs inside an import."""
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return True
-        frame = frame.f_back
-    return False
+def _end_soon(end) -> None:
+    _state.ending = True  # every task it is still handed is interrupted as it starts
+    timer = threading.Timer(1.0, end)
+    timer.daemon = True
+    timer.start()
 
 
-def _dropped_interrupt_unreported(unraisable) -> None:
-    """``sys.unraisablehook`` in a local worker process: a KeyboardInterrupt Python could not raise (a weakref
-    callback, a ``__del__``) is not printed; _stop_signal kept it for the next task."""
-    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
-        sys.__unraisablehook__(unraisable)
+def _watch_parent() -> None:
+    """Make the worker hear of its parent's death: on Linux the system sends ``PARENT_SIGNAL`` then (prctl's
+    PR_SET_PDEATHSIG); elsewhere, or where that fails, a thread looks at the parent's pid four times a second.
+    A worker whose parent died already ends at once."""
+    _state.parent = os.getppid()
+    if not _parent_death_signal():
+        watcher = threading.Thread(target=_poll_parent, name="lstmgrad-parent-watch", daemon=True)
+        with contextlib.suppress(RuntimeError):  # no thread can start (a tight ulimit -v): not watched
+            watcher.start()
+    if os.getppid() != _state.parent or _state.parent == 1:  # died before it was watched
+        _state.orphaned = True
+        _end_orphan()
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _parent_death_signal() -> bool:
+    """Ask Linux to send ``PARENT_SIGNAL`` to this process when its parent ends; whether it took."""
+    if not sys.platform.startswith("linux") or PARENT_SIGNAL is None:
+        return False
+    try:
+        import ctypes  # noqa: PLC0415 - only where it applies
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(PARENT_SIGNAL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _poll_parent() -> None:
+    import _thread  # noqa: PLC0415
+
+    while os.getppid() == _state.parent:
+        time.sleep(0.25)
+    _thread.interrupt_main(PARENT_SIGNAL if PARENT_SIGNAL is not None else signal.SIGINT)
+
+
+def _end_orphan() -> None:
+    """End a worker whose parent is gone, with the temporary files of its outputs removed (those it handed over,
+    which no one will publish now, and one it was writing)."""
+    from .io import remove_temporaries_of  # noqa: PLC0415 - (imported already by any worker that wrote)
+
+    for directory in list(_state.output_dirs):
+        remove_temporaries_of(directory, os.getpid())
+    os._exit(1)

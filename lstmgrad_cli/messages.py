@@ -80,9 +80,11 @@ class Message(str):
     def render(self, spell: Spelling = python_spelling) -> str:
         return _render(self.parts, spell)
 
-    def one_line(self) -> Message:
-        """Runs of whitespace (newlines included) as one space, none at the ends, as ``" ".join(text.split())``."""
-        parts = [re.sub(r"\s+", " ", p) if isinstance(p, str) else p for p in self.parts]
+    def one_line(self, names: Iterable[str] = ()) -> Message:
+        """Runs of whitespace (newlines included) as one space, none at the ends, as ``" ".join(text.split())``;
+        but the ``names`` in it (file names) keep theirs, escaped (``escape_names``)."""
+        names = list(names)
+        parts = [re.sub(r"\s+", " ", escape_names(p, names)) if isinstance(p, str) else p for p in self.parts]
         if parts and isinstance(parts[0], str):
             parts[0] = parts[0].lstrip()
         if parts and isinstance(parts[-1], str):
@@ -107,12 +109,23 @@ def message_of(error: BaseException) -> Message | str:
     return str(error)
 
 
-def one_line(text) -> Message | str:
-    """An exception's or a text's words on one line, a ``Message``'s parameters kept."""
+def one_line(text, names: Iterable[object] = ()) -> Message | str:
+    """An exception's or a text's words on one line, a ``Message``'s parameters kept.  The ``names`` in it (file
+    names, which may hold a newline or a tab) have their control characters escaped instead (``escape_names``)."""
     text = message_of(text) if isinstance(text, BaseException) else text
+    names = [str(n) for n in names if n is not None]
     if isinstance(text, Message):
-        return text.one_line()
-    return " ".join(str(text).split())
+        return text.one_line(names)
+    return " ".join(escape_names(str(text), names).split())
+
+
+def escape_names(text: str, names: Iterable[str]) -> str:
+    """``text`` with each of ``names`` in it written with its control characters escaped as Python writes them
+    (``a\\nb.npz``), the longest first: as the command line's tables show file names."""
+    for name in sorted({n for n in names if n and not n.isprintable()}, key=len, reverse=True):
+        if name in text:
+            text = text.replace(name, "".join(c if c.isprintable() else repr(c)[1:-1] for c in name))
+    return text
 
 
 def prefixed(prefix: str, error: BaseException | str) -> Message:

@@ -53,6 +53,17 @@ def assert_same_outputs(a: dict, b: dict):
             np.testing.assert_array_equal(a[name][key], b[name][key], err_msg=f"{name}:{key}")
 
 
+@pytest.fixture
+def worker_signal(monkeypatch):
+    """What a stop signal does in a local worker process (interrupts.py's handler), called in this process: a
+    fresh worker state, and the signals recorded in a state of their own (given back after)."""
+    from lstmgrad_cli import interrupts, local_workers
+
+    monkeypatch.setattr(local_workers, "_state", local_workers._WorkerState())
+    with interrupts.caught(signals=()):
+        yield lambda signum: interrupts._handler(signum, None)
+
+
 @pytest.fixture(scope="module")
 def serial_outputs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("serial")
@@ -766,8 +777,9 @@ def test_small_files_are_bundled_in_order_and_large_or_special_ones_go_alone(tmp
     assert all(len(bundle) == 1 for bundle in bundled(workers=len(tasks)))  # too short a batch to share out evenly
 
 
-def test_a_bundle_runs_its_files_in_turn_and_stops_at_a_failure_or_an_interrupt(tmp_path, monkeypatch):
-    from lstmgrad_cli import batch, local_workers
+def test_a_bundle_runs_its_files_in_turn_and_stops_at_a_failure_or_an_interrupt(tmp_path, monkeypatch,
+                                                                                   worker_signal):
+    from lstmgrad_cli import batch, interrupts, local_workers
     from lstmgrad_cli.jobs import GradOptions
 
     inputs = make_inputs(tmp_path / "in")[:3]
@@ -795,15 +807,14 @@ def test_a_bundle_runs_its_files_in_turn_and_stops_at_a_failure_or_an_interrupt(
 
     def signalled_in_the_second(task, options):
         if task is tasks[1]:
-            local_workers._stop_signal(signal.SIGINT, None)  # in a task: raises KeyboardInterrupt here
+            worker_signal(signal.SIGINT)  # in a task: raises KeyboardInterrupt here
         return real_run_task(task, options)
 
-    monkeypatch.setattr(local_workers, "_state", local_workers._WorkerState())
     monkeypatch.setattr(batch, "run_task", signalled_in_the_second)
     values = batch.run_tasks_unpublished(tasks, GradOptions("seq"), keep_going=True)
     assert kinds(values) == ["unpublished", "interrupted", None]  # the parent reports it (batch._failure)
     assert [p.name for p in out.iterdir()] == [values[0].output.tmp.name]
-    assert local_workers._state == local_workers._WorkerState()  # taken: the worker's next task runs
+    assert not interrupts.pending() and not local_workers._state.in_task  # taken: the worker's next task runs
 
 
 def test_a_bundles_results_are_taken_once_and_a_dead_worker_fails_each_of_its_files(tmp_path):
@@ -1239,31 +1250,36 @@ def test_a_worker_interrupted_mid_bundle_keeps_the_files_before_and_runs_none_af
     assert sorted(p.name for p in out.iterdir()) == sorted(tasks[k].output.name for k in range(len(tasks))
                                                            if status.get(tasks[k].input.name) == "ok")
 
-def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_path, monkeypatch):
-    from lstmgrad_cli import batch, local_workers
+def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_path, monkeypatch, worker_signal):
+    from lstmgrad_cli import batch, interrupts, local_workers
     from lstmgrad_cli.io.atomic import atomic_file
     from lstmgrad_cli.jobs import GradOptions
 
-    tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:2], None, tmp_path / "out")
+    tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:3], None, tmp_path / "out")
     (tmp_path / "out").mkdir()
-    monkeypatch.setattr(local_workers, "_state", local_workers._WorkerState())
-    local_workers._stop_signal(signal.SIGINT, None)  # between tasks: remembered, not raised (SIGTERM would end pytest)
+    worker_signal(signal.SIGINT)  # between tasks: remembered, not raised (SIGTERM would end pytest)
     with pytest.raises(KeyboardInterrupt):
         batch.run_task_unpublished(tasks[0], GradOptions("seq"))
     assert list((tmp_path / "out").iterdir()) == []
-    assert local_workers._state == local_workers._WorkerState()  # delivered: the next task runs
+    assert not interrupts.pending() and not local_workers._state.in_task  # delivered: the next task runs
 
     def written_then_signalled(task, options):  # the signal lands after the output is written and handed over
         with atomic_file(task.output, force=False) as tmp:
             tmp.path.write_bytes(b"complete")
-        local_workers._stop_signal(signal.SIGINT, None)
+        worker_signal(signal.SIGINT)
+        return batch.GradResult(str(task.input), str(task.output), "op")
 
-    monkeypatch.setattr(local_workers, "_state", local_workers._WorkerState())
+    # Handed over, the file is committed: it is not interrupted, its output goes to the parent to be put in place,
+    # and the signal interrupts the next file as it starts.
     monkeypatch.setattr(batch, "run_task", written_then_signalled)
+    value = batch.run_task_unpublished(tasks[1], GradOptions("seq"))
+    assert isinstance(value, batch.Unpublished)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [value.output.tmp.name]
+    assert interrupts.pending()
     with pytest.raises(KeyboardInterrupt):
-        batch.run_task_unpublished(tasks[1], GradOptions("seq"))
-    assert list((tmp_path / "out").iterdir()) == []  # its temporary file is removed: no one would publish it
-    assert local_workers._state == local_workers._WorkerState()
+        batch.run_task_unpublished(tasks[2], GradOptions("seq"))
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [value.output.tmp.name]
+    assert not interrupts.pending()
 
 
 SIGNALLED_AS_IT_STARTS = """
@@ -1395,3 +1411,100 @@ def test_executions_whose_names_differ_only_in_characters_a_file_name_cannot_hol
     assert outputs["train_step/other#0"].name == "dump.train_step.other.0.grads.npz"  # a name of its own: as before
     for member, path in outputs.items():
         assert read_metadata(path)["group"] == member
+
+
+# -- what a folder INPUT gives ------------------------------------------------------------------------------------
+
+def _write_safetensors_input(path: Path, tensors: dict) -> Path:
+    pytest.importorskip("safetensors")
+    from lstmgrad_cli.io.safetensors import write_safetensors
+
+    with open(path, "wb") as fh:
+        write_safetensors(fh, tensors, {})
+    return path
+
+
+def test_every_file_format_lstmgrad_reads_is_picked_up_in_a_folder():
+    # A new input format must say whether a folder gives its files (a Keras model archive is a --weights file).
+    from lstmgrad_cli import io
+    from lstmgrad_cli.cli import grad_cmd
+
+    files = {name for name, fmt in io.FORMATS.items() if not fmt.directory}
+    assert files == set(grad_cmd.INPUT_SUFFIXES) | set(grad_cmd.NOT_FROM_FOLDERS)
+
+
+def test_a_folder_gives_its_safetensors_files_and_a_folder_of_them_alone_is_a_batch(runner, tmp_path):
+    inputs = load_case("seq_v2_peep")[0]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    _write_safetensors_input(folder / "a.safetensors", inputs)
+    _write_safetensors_input(folder / "b.safetensors", inputs)
+    (folder / "c.safetensors").write_bytes(b"not a safetensors file")
+    result = runner.invoke(main, ["seq", str(folder), "--out-dir", str(tmp_path / "out"), "--json", "--keep-going"])
+    assert result.exit_code == 1, result.stderr
+    doc = json.loads(result.stdout)
+    assert [(Path(r["input"]).name, r["status"]) for r in doc["results"]] == [
+        ("a.safetensors", "ok"), ("b.safetensors", "ok"), ("c.safetensors", "failed")]  # the corrupt one reported
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.grads.safetensors", "b.grads.safetensors"]
+
+
+def test_recursive_looks_in_subfolders_and_mirrors_them_under_out_dir(runner, tmp_path):
+    inputs = load_case("seq_v2_peep")[0]
+    top = tmp_path / "runs"
+    for relative in ("day1/a.npz", "day1/late/b.npz", "day2/a.npz", "c.npz"):
+        (top / relative).parent.mkdir(parents=True, exist_ok=True)
+        write_npz(top / relative, inputs)
+    (top / "day2" / "a.grads.npz").write_bytes(b"an earlier output: never an input")
+    (top / "npydir").mkdir()  # a folder that is one input (its .npy files): given whole, not looked into
+    for name, value in inputs.items():
+        np.save(top / "npydir" / f"{name}.npy", value)
+    out = tmp_path / "out"
+
+    flat = runner.invoke(main, ["seq", str(top), "--out-dir", str(out), "-q"])
+    assert flat.exit_code == 0, flat.stderr
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.grads.*")) == ["c.grads.npz", "npydir.grads.npz"]
+
+    deep = runner.invoke(main, ["seq", str(top), "--out-dir", str(out), "--recursive", "--json"])
+    assert deep.exit_code == 0, deep.stderr
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.grads.*")) == [
+        "c.grads.npz", "day1/a.grads.npz", "day1/late/b.grads.npz", "day2/a.grads.npz", "npydir.grads.npz"]
+    statuses = {Path(r["input"]).relative_to(top).as_posix(): r["status"] for r in json.loads(deep.stdout)["results"]}
+    assert statuses == {"c.npz": "skipped", "npydir": "skipped", "day1/a.npz": "ok", "day1/late/b.npz": "ok",
+                        "day2/a.npz": "ok"}  # depth first, in name order; the first run's outputs kept
+
+
+def test_a_folder_of_subfolders_only_says_recursive_looks_in_them(runner, tmp_path):
+    (tmp_path / "runs" / "day1").mkdir(parents=True)
+    write_npz(tmp_path / "runs" / "day1" / "a.npz", load_case("seq_v2_peep")[0])
+    result = runner.invoke(main, ["seq", str(tmp_path / "runs"), "-q"])
+    assert result.exit_code == 2
+    assert "no input files found: " in result.stderr and "holds only subfolders; --recursive looks" in result.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = runner.invoke(main, ["seq", str(empty), "-q"])
+    assert result.exit_code == 2 and "no input files found\n" in result.stderr  # nothing to hint at
+
+
+def test_the_weights_file_in_a_folder_is_not_one_of_its_inputs(runner, tmp_path):
+    inputs = load_case("seq_v2_peep")[0]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    weights = {k: inputs.pop(k) for k in ("w", "wci", "wcf", "wco", "b")}
+    write_npz(folder / "step1.npz", inputs)
+    write_npz(folder / "step2.npz", inputs)
+    write_npz(folder / "weights.npz", weights)
+    result = runner.invoke(main, ["seq", str(folder), "--weights", str(folder / "weights.npz"), "--json",
+                                  "--out-dir", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.stderr
+    assert [Path(r["input"]).name for r in json.loads(result.stdout)["results"]] == ["step1.npz", "step2.npz"]
+
+
+def test_quiet_still_prints_the_counts_of_a_batch_with_failures(runner, tmp_path):
+    paths = make_inputs(tmp_path / "in")
+    clean = runner.invoke(main, ["seq", str(tmp_path / "in"), "--out-dir", str(tmp_path / "out"), "-q"])
+    assert clean.exit_code == 0 and clean.stdout == "" and clean.stderr == ""  # -q: nothing on success
+    paths[2].write_bytes(b"broken")
+    failed = runner.invoke(main, ["seq", str(tmp_path / "in"), "--out-dir", str(tmp_path / "out2"), "-q",
+                                  "--keep-going"])
+    assert failed.exit_code == 1 and failed.stdout == ""
+    assert failed.stderr.splitlines()[-1] == "batch: 6 files, 5 done, 1 failed, 0 skipped, 0 not run"

@@ -380,3 +380,154 @@ def test_an_output_that_is_a_directory_is_one_error_line(runner, tmp_path):
         assert result.exit_code == 1
         assert result.stderr == f"Error: {tmp_path}: is a directory; name an output file (.npz, .h5, .hdf5, " \
                                 ".safetensors)\n"
+
+
+# -- one JSON document, one line on stderr, whatever happens -----------------------------------------------------
+
+@pytest.mark.parametrize("args", [["inspect", "{bad}", "--json"], ["check", "{bad}", "-r", "{bad}", "--json"],
+                                  ["forward", "seq", "{bad}", "-o", "{out}", "--json"], ["inspect", "{gone}", "--json"],
+                                  ["seq", "{bad}", "--bogus-option", "--json"]])
+def test_json_prints_one_document_when_a_command_refuses_its_input(runner, tmp_path, args):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"x,y\n1,2\n")
+    args = [a.format(bad=bad, gone=tmp_path / "gone.npz", out=tmp_path / "f.npz") for a in args]
+    result = runner.invoke(main, args)
+    expected_code = 2 if "--bogus-option" in args else 1  # the exit status is the command's, as without --json
+    assert result.exit_code == expected_code, result.stderr
+    document = json.loads(result.stdout)
+    assert document["command"] == args[0] and document["exit_code"] == expected_code
+    stderr_error = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert stderr_error == [f"Error: {document['error']}"]  # the same line, still on stderr
+    assert not (tmp_path / "f.npz").exists()
+
+
+def test_a_stdout_that_cannot_be_written_is_one_line_after_the_output_was_written(tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    src = write_npz(tmp_path / "a.npz", load_case("seq_v2_peep")[0])
+    for args in (["--help"], ["seq", "--help"], ["inspect", str(src)], ["seq", str(src), "-o", str(tmp_path / "t.npz")],
+                 ["seq", str(src), "-o", str(tmp_path / "j.npz"), "--json"],
+                 ["forward", "seq", str(src), "-o", str(tmp_path / "f.npz")]):
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run(CLI + args, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+        assert proc.returncode == 1, (args, proc.stderr)
+        assert len(proc.stderr.splitlines()) == 1, (args, proc.stderr)
+        assert proc.stderr.startswith("Error: cannot write to stdout: no space left on device"), proc.stderr
+    assert is_complete_output(tmp_path / "t.npz") and is_complete_output(tmp_path / "j.npz")  # only the printout
+    assert (tmp_path / "f.npz").exists()  # was lost
+
+
+def test_error_lines_escape_newlines_and_tabs_in_file_names_as_the_tables_do(runner, tmp_path):
+    name = tmp_path / "two\nlines\tand tab.npz"
+    name.write_bytes(b"not an input")
+    shown = str(name).replace("\n", "\\n").replace("\t", "\\t")
+    for args in (["seq", str(name)], ["inspect", str(name)], ["seq", str(name), "--json"]):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 1
+        assert result.stderr.startswith(f"Error: {shown}: not an HDF5, NPZ or safetensors file"), result.stderr
+        assert len(result.stderr.splitlines()) == 1
+
+
+# -- Dask: every wait bounded by LSTMGRAD_DASK_TIMEOUT -----------------------------------------------------------
+
+@pytest.mark.parametrize(("address", "says"), [
+    ("", "--dask takes the address of a Dask scheduler"),
+    ("inproc://somewhere", "inproc:// reaches a scheduler inside the same Python process"),
+    ("ucx://127.0.0.1:8786", "ucx:// needs the distributed-ucxx package"),
+    ("tls://127.0.0.1:8786", "tls:// needs Dask's TLS settings"),
+])
+def test_a_dask_address_lstmgrad_cannot_reach_a_scheduler_through_is_a_usage_error(runner, address, says):
+    pytest.importorskip("distributed")
+    if address.startswith("ucx") and __import__("importlib").util.find_spec("distributed_ucxx"):
+        pytest.skip("distributed-ucxx is installed")
+    start = time.monotonic()
+    result = runner.invoke(main, ["seq", str(PEEP), "--dask", address, "-q"])
+    assert result.exit_code == 2 and says in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and time.monotonic() - start < 5
+
+
+@contextlib.contextmanager
+def _listener(answer: bytes | None):
+    """A TCP listener on loopback that answers every connection with ``answer`` (None: never answers, reads on)."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.1)
+        conns = []
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            conns.append(conn)
+            if answer is not None:
+                with contextlib.suppress(OSError):
+                    conn.sendall(answer)
+        for conn in conns:
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.getsockname()[1]}"  # (no scheme: tcp://, as Dask takes it)
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+
+
+@pytest.mark.parametrize(("answer", "says"), [(None, "it did not answer within 1 s"),
+                                              (b"HTTP/1.1 400 Bad Request\r\n\r\n", "does not speak Dask's protocol"),
+                                              (b"SSH-2.0-OpenSSH_9.6\r\n" * 8, "does not speak Dask's protocol")])
+def test_a_listener_that_is_not_a_dask_scheduler_is_one_line_within_the_timeout(tmp_path, answer, says):
+    pytest.importorskip("distributed")
+    with _listener(answer) as address:
+        start = time.monotonic()
+        proc = subprocess.run(CLI + ["seq", str(PEEP), "-o", str(tmp_path / "g.npz"), "--dask", address],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "LSTMGRAD_DASK_TIMEOUT": "1s"})
+        took = time.monotonic() - start
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"Error: cannot reach the Dask scheduler at tcp://{address}: "), proc.stderr
+    assert says in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert took < 30, f"{took:.0f} s"  # (it waited for ever: 90-180 s and counting)
+    assert not (tmp_path / "g.npz").exists()
+
+
+def test_dask_workers_get_absolute_paths_and_a_cluster_whose_workers_died_ends_within_the_timeout(tmp_path):
+    pytest.importorskip("distributed")
+    (tmp_path / "in").mkdir()
+    for k in range(3):
+        write_npz(tmp_path / "in" / f"s{k}.npz", load_case("seq_v2_peep")[0])
+    _long_inputs(tmp_path / "long", 4, T=60_000)
+    with dask_cluster(tmp_path, workers=1) as (address, _scheduler, workers):
+        # Relative paths, from a folder that is not the workers' working directory.
+        relative = subprocess.run(CLI + ["seq", "in", "--out-dir", "out", "--dask", address, "--json"], cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=120)
+        assert relative.returncode == 0, relative.stderr
+        doc = json.loads(relative.stdout)
+        assert [(r["input"], r["output"], r["status"]) for r in doc["results"]] == [
+            (f"in/s{k}.npz", f"out/s{k}.grads.npz", "ok") for k in range(3)]  # named as given
+        # Then the cluster's only worker dies: nothing can run what is out, and the run ends after the timeout.
+        proc = subprocess.Popen(CLI + ["seq", str(tmp_path / "long"), "--out-dir", str(tmp_path / "long_out"),
+                                       "--dask", address, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, "LSTMGRAD_DASK_TIMEOUT": "2s"})
+        try:
+            time.sleep(3)
+            workers[0].kill()
+            start = time.monotonic()
+            stdout, stderr = proc.communicate(timeout=120)
+            took = time.monotonic() - start
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 1, stderr
+    summary = json.loads(stdout)["summary"]
+    assert summary["lost"] >= 1 and summary["done"] + summary["lost"] + summary["not_run"] == 4
+    assert "has had no worker for 2 s" in stdout
+    assert took < 30, f"{took:.0f} s"  # (it waited for ever)

@@ -360,3 +360,44 @@ def test_a_dump_cut_short_says_what_it_could_not_compare(runner, tmp_path):
     assert report["not_in_reference"] == ["b_grad"]
     assert ("the dump recorded 7 of the gradient op's 8 outputs (cut short, or still being written?): b_grad could "
             "not be compared") in report["warnings"]
+
+
+def _buffered_dump(folder, runs: int, size: int):
+    """A tf.function called ``runs`` times (a .execution record each, as TensorFlow writes them) and dumped through
+    a circular buffer of ``size`` records: each of .execution and .graph_execution_traces keeps its last ``size``
+    (all of them for size -1)."""
+    from tfdbg_builder import event, field, record
+
+    run = consistent_inputs(T=3, B=2, I=3, C=2, seed=1)
+    tensors = {**run, **lg.block_lstm_grad_v2(3, **run, use_peephole=True)._asdict(), "seq_len_max": np.int64(3)}
+    dump = graph_training_dump(folder, [tensors] * runs)
+    calls = [event(9, field(1, "__inference_train_step_7") + field(2, 1) + field(3, "graph-0")) for _ in range(runs)]
+    traces_file = next(dump.glob("*.graph_execution_traces"))
+    traces = [r.data for r in tfrecord.read_records(traces_file, 1 << 30)]
+    assert len(traces) == 26 * runs  # 11 inputs read, 7 activations, 8 gradients a call
+    keep = slice(None) if size < 0 else slice(-size, None)
+    traces_file.write_bytes(b"".join(record(bytes(t)) for t in traces[keep]))
+    next(dump.glob("*.execution")).write_bytes(b"".join(record(c) for c in calls[keep]))
+    return dump
+
+
+def test_a_dump_whose_circular_buffer_dropped_records_says_so_and_how_many_at_least(runner, tmp_path):
+    assert tfdbg.index_dump(_buffered_dump(tmp_path / "whole", 4, -1)).dropped is None
+    assert all(tfdbg.index_dump(DUMPS / name).dropped is None for name in MANIFEST)  # TensorFlow's own, unbuffered
+
+    # 4 calls kept, but the traces of 40/26 of them: 4 x 26 - 40 dropped at least.
+    dump = _buffered_dump(tmp_path / "traces", 4, 40)
+    dropped = tfdbg.index_dump(dump).dropped
+    assert dropped.startswith("its circular buffer dropped at least 64 graph execution traces (tfdbg2 keeps the "
+                              "last 40 records of each kind: circular_buffer_size=40"), dropped
+    assert "full too" not in dropped and "dump again with circular_buffer_size=-1" in dropped
+    result = runner.invoke(main, ["seq", str(dump), "--out-dir", str(tmp_path / "out"), "--json", "--keep-going"])
+    assert result.stderr.count(f"Warning: {dump}: its circular buffer dropped at least 64 ") == 1, result.stderr
+    assert json.loads(result.stdout)["warnings"] == [f"{dump}: {dropped}"]
+    shown = runner.invoke(main, ["inspect", str(dump), "--json"])
+    assert dropped in json.loads(shown.stdout)["result"]["warnings"]
+
+    # Both files full (3 records each): the executions before them were dropped too.
+    dropped = tfdbg.index_dump(_buffered_dump(tmp_path / "both", 4, 3)).dropped
+    assert "at least 6 graph execution traces" in dropped  # 3 calls x the 3 outputs seen - 3 (a lower bound)
+    assert "its .execution file is full too (3 records): earlier executions were dropped" in dropped

@@ -7,14 +7,25 @@ in one place (``_common.handle_errors``); usage errors exit 2.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import signal
+import sys
 import warnings
 
 import click
 
-from .. import __version__
+from .. import __version__, interrupts
 from ..allocator import keep_heap_top
-from ._common import one_line, tolerate_unencodable_output
+from ._common import (
+    StdoutError,
+    documents,
+    error_document,
+    one_line,
+    print_json,
+    silence_closed_stdout,
+    tolerate_unencodable_output,
+)
 
 # command name -> "module:attribute", in the order `lstmgrad --help` lists them
 COMMANDS = {
@@ -29,7 +40,18 @@ COMMANDS = {
 
 
 class LazyGroup(click.Group):
-    """A group whose commands are imported on first use."""
+    """A group whose commands are imported on first use, and whose invocation ends as ``run_command`` says."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        argv = list(sys.argv[1:] if args is None else args)
+        # The command line's own process keeps its handlers to the end (a signal as it exits is no traceback);
+        # an invocation inside another program (CliRunner) gives them back.
+        with interrupts.caught(restore=args is not None), interrupts.interruptible():
+            code = run_command(lambda: super(LazyGroup, self).main(argv, prog_name, complete_var,
+                                                                    standalone_mode=False, **extra), argv)
+        sys.exit(code)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
@@ -64,3 +86,65 @@ def main() -> None:
 def _warning_on_one_line(message, category, filename, lineno, file=None, line=None) -> None:
     """Library warnings (a broken backend plugin, an unknown LSTMGRAD_BLAS) as ``Warning: ...`` lines."""
     click.echo(f"Warning: {one_line(message)}", err=True)
+
+
+def run_command(invoke, argv: list[str]) -> int:
+    """Run a command line (``invoke``: click's main, not standalone) and say how it ended: its exit status, after
+    one line on stderr for an error, and with ``--json`` one JSON document on stdout whatever happened (the
+    command's own, or one holding the error).
+
+    Ctrl-C and SIGTERM (interrupts.py: they interrupt the command where that is safe) end it with 130 or 143, as
+    shells report them.  A stdout that cannot be written (a full disk; ``--help > /dev/full``) is one line and
+    exit 1, never a traceback; one whose reader exited is told by the command (exit 1 here)."""
+    documents.printed = False
+    error: str | None = None
+    try:
+        code = invoke()
+        code = code if isinstance(code, int) else 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except click.ClickException as err:
+        code, error = err.exit_code, err.format_message()
+        _json_error(argv, one_line(error), code)
+        with contextlib.suppress(OSError):
+            err.show()
+    except (click.Abort, KeyboardInterrupt):
+        caught = interrupts.received()
+        code = 128 + (caught[0] if caught else signal.SIGINT)
+        what = signal.Signals(code - 128).name if caught else "SIGINT"
+        _json_error(argv, f"interrupted ({what})", code)
+        _say_on_stderr("Aborted!")
+    except BrokenPipeError:
+        silence_closed_stdout()
+        code = 1
+    except OSError as err:  # what click printed itself (--help, --version) could not be written
+        code = 1
+        _stdout_failed(StdoutError(err.errno, err.strerror))
+    try:
+        sys.stdout.flush()  # (what is left of it, here rather than as the interpreter exits)
+    except BrokenPipeError:
+        silence_closed_stdout()
+    except OSError as err:
+        code = code or 1
+        _stdout_failed(StdoutError(err.errno, err.strerror))
+    return code
+
+
+def _stdout_failed(err: StdoutError) -> None:
+    silence_closed_stdout()
+    _say_on_stderr(f"Error: {err}")
+
+
+def _say_on_stderr(text: str) -> None:
+    with contextlib.suppress(OSError):
+        click.echo(text, err=True)
+
+
+def _json_error(argv: list[str], error: str, code: int) -> None:
+    """With ``--json``, the error document, unless the command printed its own."""
+    options = argv[:argv.index("--")] if "--" in argv else argv
+    if "--json" not in options or documents.printed:
+        return
+    command = next((arg for arg in options if arg in COMMANDS), None)
+    with contextlib.suppress(OSError):
+        print_json(error_document(command, error, code))

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ..errors import InvalidOptionError, LstmGradError, OutputFileError
-from ..messages import spelled
-from ..summary import json_safe
+from ..messages import escape_names, spelled
 from ._words import flag, words
 
 if TYPE_CHECKING:  # rich is imported when something is shown (~25 ms a quiet or --json command does not pay)
@@ -45,10 +44,46 @@ def _stdout_console_class() -> type[Console]:
 def stdout_console() -> Console:
     # Made per invocation (not at import) so NO_COLOR and redirection are honoured each run.
     console_class = _stdout_console_class()
-    console = console_class(soft_wrap=False)
+    console = console_class(soft_wrap=False, file=StdoutFile())
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = console_class(soft_wrap=False, width=PIPE_WIDTH)
+        console = console_class(soft_wrap=False, width=PIPE_WIDTH, file=StdoutFile())
     return console
+
+
+class StdoutError(OSError):
+    """Writing to stdout failed other than by its reader closing it (a full disk, an I/O error): one line,
+    ``cannot write to stdout: no space left on device``."""
+
+    def __str__(self) -> str:
+        reason = os.strerror(self.errno) if self.errno else (self.strerror or "an I/O error")
+        return f"cannot write to stdout: {reason[:1].lower()}{reason[1:]}"
+
+
+class StdoutFile:
+    """The invocation's stdout as commands write to it: a write or flush that fails raises ``StdoutError`` (the
+    file system's reason, told apart from a failing input or output file), a closed pipe ``BrokenPipeError``."""
+
+    def __init__(self, stream=None) -> None:
+        self._stream = stream if stream is not None else sys.stdout
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise StdoutError(err.errno, err.strerror) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise StdoutError(err.errno, err.strerror) from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def stderr_console() -> Console:
@@ -57,8 +92,31 @@ def stderr_console() -> Console:
     return Console(stderr=True)
 
 
+class _Documents:
+    """Whether this invocation has printed its JSON document (``print_json``): a command that then fails prints no
+    second one (the command line's ``json_error_document``)."""
+
+    printed = False
+
+
+documents = _Documents()
+
+
 def print_json(document) -> None:
-    click.echo(json.dumps(spelled(json_safe(document), flag), indent=2, allow_nan=False, default=_jsonable))
+    """The invocation's one JSON document, on stdout."""
+    from ..summary import json_safe  # noqa: PLC0415 - (numpy: not before the command needs it)
+
+    documents.printed = True
+    click.echo(json.dumps(spelled(json_safe(document), flag), indent=2, allow_nan=False, default=_jsonable),
+               file=StdoutFile())
+
+
+def error_document(command: str | None, error: str, exit_code: int) -> dict:
+    """The JSON document of a command that ended without a result of its own: one line of ``error``, and the
+    exit status it ends with."""
+    from .. import __version__  # noqa: PLC0415
+
+    return {"lstmgrad": __version__, "command": command, "error": error, "exit_code": exit_code}
 
 
 def _jsonable(value):
@@ -122,8 +180,23 @@ def print_table(console: Console, table, heading: object = None, footer: object 
         say(console, footer)
 
 
-def one_line(message) -> str:
-    return printable(" ".join(words(message).split())) or "unknown error"
+def one_line(message, names=()) -> str:
+    """A message on one line: its runs of whitespace as one space, but for the ``names`` in it (file names),
+    whose newlines, tabs and other control characters are escaped as the tables show them."""
+    return printable(" ".join(escape_names(words(message), [str(n) for n in names if n is not None]).split())) \
+        or "unknown error"
+
+
+def paths_in(values) -> list[str]:
+    """The file names among a command's arguments (its Path values, and those of its tuples: INPUT...)."""
+    from pathlib import PurePath  # noqa: PLC0415
+
+    found = []
+    for value in values:
+        for item in value if isinstance(value, tuple | list) else (value,):
+            if isinstance(item, PurePath) or (isinstance(value, tuple) and isinstance(item, str)):
+                found.append(str(item))
+    return found
 
 
 def check_output_extension(path, ctx=None, param=None) -> None:
@@ -158,21 +231,26 @@ def handle_errors(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        names = paths_in(kwargs.values())
         try:
             return func(*args, **kwargs)
         except InvalidOptionError as err:
-            raise click.UsageError(one_line(err)) from None
+            raise click.UsageError(one_line(err, names)) from None
         except LstmGradError as err:
-            raise click.ClickException(one_line(err)) from None
+            raise click.ClickException(one_line(err, names)) from None
         except MemoryError:
             raise click.ClickException("out of memory") from None
         except BrokenPipeError:  # stdout's reader exited: nothing more can reach it; say so where it can be seen
             silence_closed_stdout()
             raise click.ClickException("stdout was closed before everything was printed") from None
+        except StdoutError as err:  # (a full disk): what is still to be printed goes nowhere
+            silence_closed_stdout()
+            raise click.ClickException(str(err)) from None
         except ImportError as err:  # a library that cannot load now ("failed to map segment": a memory limit)
             raise click.ClickException(one_line(f"cannot load {err.name or 'a library'}: {err}")) from None
         except OSError as err:  # an unexpected I/O failure is still one line, not a traceback
-            raise click.ClickException(one_line(f"{err.filename or ''}: {err.strerror or err}")) from None
+            where = f"{err.filename}: " if err.filename else ""
+            raise click.ClickException(one_line(f"{where}{err.strerror or err}", names)) from None
 
     return wrapper
 

@@ -22,6 +22,7 @@ from ..io import npydir, tfdbg
 from . import _options as opt
 from . import render
 from ._common import (
+    StdoutError,
     check_output_extension,
     handle_errors,
     is_terminal,
@@ -122,6 +123,10 @@ def _forward(input_path, output, options: ForwardOptions, as_json: bool, quiet: 
         silence_closed_stdout()
         click.echo(f"Warning: stdout was closed (its reader exited) before everything was printed; {result.output} "
                    "is written and complete", err=True)
+    except StdoutError as err:  # (a full disk): what was to be shown is lost, the output is not
+        silence_closed_stdout()
+        raise click.ClickException(one_line(f"{err}; {result.output} is written and complete",
+                                            [result.output])) from None
 
 
 # -- check ----------------------------------------------------------------------------------------
@@ -202,6 +207,8 @@ def _check_dump(dump: Path, reference, options: CheckOptions, op, execution, wor
     """Every selected gradient-op execution of a dump, checked; a summary table; exit 1 if any fails."""
     index = tfdbg.index_dump(dump)
     tfdbg.check_values_recorded(index)
+    if index.dropped:
+        click.echo(f"Warning: {one_line(f'{dump}: {index.dropped}', [dump])}", err=True)
     members = [e.member for e in tfdbg.select_executions(index, options.kind, options.group, op, execution)]
     console = stdout_console()
     show = len(members) > 1 and not as_json and is_terminal(sys.stderr)

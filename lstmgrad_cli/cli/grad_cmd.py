@@ -4,38 +4,40 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import os
 import signal
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
 
-from .. import __version__, io
+from .. import __version__, interrupts, io
 from ..backends import get_backend, resolve_name
-from ..batch import DumpSelection, plan_tasks, run_batch
+from ..batch import DumpSelection, Task, plan_tasks, run_batch
 from ..dask_executor import check_options as check_dask_options
 from ..errors import InvalidOptionError, LstmGradError
 from ..frameworks import FrameworkOptions
-from ..io import npydir
+from ..io import npydir, tfdbg
 from ..jobs import GradOptions, GradResult
 from ..messages import prefixed
 from ..perstep import check_plot_path, save_plot
 from . import _options as opt
 from . import render
 from ._common import (
+    StdoutError,
     check_output_extension,
     handle_errors,
     is_terminal,
     one_line,
     print_json,
+    printable,
     progress_bar,
     say,
     silence_closed_stdout,
     stdout_console,
 )
 from ._words import words
-
-INPUT_SUFFIXES = (".h5", ".hdf5", ".npz")
 
 
 def _shared_options(kind: str):
@@ -63,6 +65,8 @@ def _shared_options(kind: str):
                      help="Report a bad file and go on with the rest (exit 1 at the end)."),
         click.option("--skip-existing", is_flag=True,
                      help="Skip inputs whose output is already complete (resumes an interrupted batch)."),
+        click.option("-r", "--recursive", is_flag=True,
+                     help="Look for inputs in the subfolders of a folder INPUT too (--out-dir mirrors them)."),
         click.option("--strict", is_flag=True, help="Treat NaN or Inf in inputs or gradients, and activations that "
                                                     "contradict what was asked or fit nothing, as a failure (exit 1)."),
         click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
@@ -133,43 +137,112 @@ def cell_command(backend, use_peephole, group, compute_dtype, force, weights, we
     _run("cell", options, plot=None, **flags)
 
 
-def expand_inputs(patterns, group: str | None = None) -> list[Path]:
+# The files a folder INPUT gives, by their format in io.FORMATS (tests/test_batch.py checks that every file format is
+# here or below).  A Keras model archive is never a run's tensors: it is read with --weights.
+INPUT_SUFFIXES = {"hdf5": (".h5", ".hdf5"), "npz": (".npz",), "safetensors": (".safetensors",)}
+NOT_FROM_FOLDERS = {"keras": ".keras"}
+
+
+@dataclass
+class Inputs:
+    """What the INPUT arguments give: the paths, each one's folder relative to the folder INPUT it was found in
+    (``subdirs``, mirrored under --out-dir), and the folders that gave nothing but subfolders (for the hint)."""
+
+    paths: list[Path] = field(default_factory=list)
+    subdirs: dict[Path, Path] = field(default_factory=dict)
+    only_subfolders: list[Path] = field(default_factory=list)
+
+
+def expand_inputs(patterns, group: str | None = None, recursive: bool = False, exclude=()) -> Inputs:
     """Paths as given; quoted glob patterns expanded.  A directory that is itself one input (a directory of .npy
-    files, or one whose --group subdirectory is: npydir.sniff_group) stays one; any other directory gives its
-    .h5/.hdf5/.npz files and its subdirectories that are inputs."""
-    paths: list[Path] = []
+    files, a TensorFlow debug dump, or one whose --group subdirectory is: npydir.sniff_group) stays one; any other
+    directory gives its input files (``INPUT_SUFFIXES``) and its subdirectories that are inputs, and with
+    ``recursive`` those of its other subdirectories, depth first in name order.  Earlier outputs (``.grads.``) and
+    the files of ``exclude`` (the --weights file, the --out-dir folder) are never inputs."""
+    found = Inputs()
+    excluded = {_resolved(p) for p in exclude if p is not None}
     for pattern in patterns:
         path = Path(pattern)
         if path.is_dir() and io.input_directory_format(path) is None and not npydir.sniff_group(path, group):
-            paths.extend(sorted(p for p in path.iterdir() if ".grads." not in p.name and (
-                (p.suffix.lower() in INPUT_SUFFIXES and p.is_file())
-                or (p.is_dir() and io.input_directory_format(p) is not None))))
+            before = len(found.paths)
+            subfolders = _folder_inputs(path, Path(), recursive, excluded, found)
+            if len(found.paths) == before and subfolders:
+                found.only_subfolders.append(path)
         elif not path.exists() and glob.has_magic(pattern):
             matches = sorted(glob.glob(pattern, recursive=True))
             if not matches:
                 raise click.BadParameter(f"no files match {pattern!r}", param_hint="INPUT")
-            paths.extend(Path(m) for m in matches if ".grads." not in Path(m).name)  # not earlier outputs
+            found.paths.extend(Path(m) for m in matches if ".grads." not in Path(m).name)  # not earlier outputs
         else:
-            paths.append(path)
-    return paths
+            found.paths.append(path)
+    return found
+
+
+def _folder_inputs(top: Path, relative: Path, recursive: bool, excluded: set, found: Inputs) -> int:
+    """Add the inputs of the folder ``top / relative`` to ``found`` (see expand_inputs); how many subfolders it
+    holds that are not inputs themselves (looked in with ``recursive``; symbolic links to folders are not)."""
+    suffixes = tuple(suffix for group in INPUT_SUFFIXES.values() for suffix in group)
+    folder = top / relative
+    try:
+        with os.scandir(folder) as listing:
+            entries = sorted(listing, key=lambda e: e.name)
+    except OSError:  # the run says what is wrong with it
+        found.paths.append(folder)
+        return 0
+    subfolders = []
+    for entry in entries:
+        path = folder / entry.name
+        if ".grads." in entry.name or (excluded and _resolved(path) in excluded):
+            continue
+        try:
+            is_file, is_dir = entry.is_file(), entry.is_dir()
+        except OSError:
+            continue
+        if is_file and entry.name.lower().endswith(suffixes):
+            found.paths.append(path)
+            found.subdirs[path] = relative
+        elif is_dir and io.input_directory_format(path) is not None:
+            found.paths.append(path)
+            found.subdirs[path] = relative
+        elif is_dir and not entry.is_symlink():
+            subfolders.append(entry.name)
+    if recursive:
+        for name in subfolders:
+            _folder_inputs(top, relative / name, recursive, excluded, found)
+    return len(subfolders)
+
+
+def _resolved(path) -> Path | None:
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError):
+        return None
+
+
+def _no_inputs_message(inputs: Inputs, recursive: bool) -> str:
+    if inputs.only_subfolders and not recursive:
+        folders = ", ".join(printable(p) for p in inputs.only_subfolders[:3])
+        return f"no input files found: {folders} holds only subfolders; --recursive looks for inputs in them"
+    return "no input files found"
 
 
 def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, quiet, keep_going, skip_existing,
-         workers, dask_address, plot, dump_op, dump_execution) -> None:
+         recursive, workers, dask_address, plot, dump_op, dump_execution) -> None:
     if plot is not None and len(inputs) != 1:
         raise click.UsageError("--plot takes a single INPUT")
-    paths = expand_inputs(inputs, options.group)
+    found = expand_inputs(inputs, options.group, recursive, exclude=(options.weights, out_dir))
+    paths = found.paths
     if output is not None and (len(paths) != 1 or out_dir is not None):
         raise click.UsageError("-o/--output takes a single INPUT and no --out-dir; use --out-dir for several")
-    if workers > 1 and dask_address:
+    if workers > 1 and dask_address is not None:
         raise click.UsageError("--workers and --dask exclude each other")
     if not paths:
-        raise click.UsageError("no input files found")
+        raise click.UsageError(_no_inputs_message(found, recursive))
     check_output_extension(output)
     try:
         get_backend(resolve_name(options.backend))  # an unknown or missing backend fails once, up front
-        if dask_address:
-            check_dask_options(dask_address)  # a malformed address or timeout, before connecting
+        if dask_address is not None:  # a malformed address or timeout, before connecting (host:port is tcp://)
+            dask_address, _timeout = check_dask_options(dask_address)
     except InvalidOptionError as err:
         raise click.UsageError(one_line(err)) from None
     except LstmGradError as err:
@@ -177,88 +250,146 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
 
     dumps = DumpSelection(command, options.group, dump_op, dump_execution)
     try:
-        tasks = plan_tasks(paths, output, out_dir, dumps)
+        tasks = plan_tasks(paths, output, out_dir, dumps, found.subdirs)
     except LstmGradError as err:
-        raise click.UsageError(one_line(err)) from None
+        raise click.UsageError(one_line(err, paths)) from None
     if (dump_op is not None or dump_execution is not None) and not any(
             io.input_directory_format(p) == "tfdbg2" for p in paths):
         raise click.UsageError("--op and --execution choose executions of TensorFlow debug dumps; no INPUT is one")
     if plot is not None:
         _check_plot(plot, tasks, inputs[0], options, output)
+    warnings = _dump_warnings(tasks)
+    for warning in warnings:
+        click.echo(f"Warning: {one_line(warning, paths)}", err=True)
     if out_dir is not None:  # made when missing, as batch tools do; only once the options are known to be usable
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise click.ClickException(one_line(f"{out_dir}: cannot create the output directory: "
-                                                f"{err.strerror or err}")) from None
+        for folder in dict.fromkeys(t.output.parent for t in tasks):  # (--recursive: the tree of the inputs)
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise click.ClickException(one_line(f"{folder}: cannot create the output directory: "
+                                                    f"{err.strerror or err}", [folder])) from None
 
     console = None if (quiet or as_json) else stdout_console()  # (nothing is shown on it otherwise)
     show_progress = len(tasks) > 1 and not (quiet or as_json) and is_terminal(sys.stderr)
+    # stdout's reader exited (| head), or stdout cannot be written (a full disk): the batch stops, as the pipe's
+    # writer would; what went wrong (BrokenPipeError, StdoutError)
+    stdout_failed: list[OSError] = []
+    reported: dict[Task, GradResult] = {}
 
-    stdout_closed: list[bool] = []  # stdout's reader exited (| head): the batch stops, as the pipe's writer would
-    with progress_bar(show_progress, len(tasks)) as advance:
-        def on_result(task, result: GradResult) -> None:
-            source = f"{result.input} [{result.member}]" if result.member else result.input
-            for warning in result.warnings:
-                click.echo(f"Warning: {one_line(prefixed(source, warning))}", err=True)
-            if result.status == "failed":
-                click.echo(f"Error: {one_line(result.error)}", err=True)
-            with _closed_stdout_noted(stdout_closed):
-                if result.status == "ok" and not (as_json or quiet):
-                    render.grad_result(console, result)
-                elif result.status == "skipped" and result.notes and not (as_json or quiet):  # found complete
-                    say(console, f"{source} -> {result.output}: {words(result.notes[0])}")
-            if result.status == "ok" and plot is not None and result.per_step is not None:
-                try:
-                    save_plot(result.per_step, plot, f"{result.op}: {Path(result.input).name}", force=options.force)
-                except LstmGradError as err:
-                    result.status, result.error = "failed", one_line(err)
-                    click.echo(f"Error: {one_line(result.error)}", err=True)
-                else:
-                    if not (as_json or quiet):
-                        with _closed_stdout_noted(stdout_closed):
-                            say(console, f"per-step plot: {plot}")
+    def on_result(task, result: GradResult) -> None:
+        reported[task] = result  # (first: an interrupt while it is printed still reports it)
+        with interrupts.interruptible():  # a stop signal interrupts printing to a stdout nobody reads
+            _show_result(result, task, options, console, as_json, quiet, plot, stdout_failed)
             advance()
 
-        with _interruptible() as received:
+    # A stop signal interrupts the run where that is safe (interrupts.py); the batch then stops, and what ran is
+    # reported: every output written, in the closing table and the --json document.
+    with interrupts.deferred():
+        with progress_bar(show_progress, len(tasks)) as advance:
             try:
-                results = run_batch(tasks, options, workers=workers, dask_address=dask_address,
-                                    keep_going=keep_going, skip_existing=skip_existing, on_result=on_result,
-                                    stop=lambda: bool(received or stdout_closed))
+                run_batch(tasks, options, workers=workers, dask_address=dask_address, keep_going=keep_going,
+                          skip_existing=skip_existing, on_result=on_result,
+                          stop=lambda: interrupts.requested() or bool(stdout_failed))
             except LstmGradError as err:
-                raise click.ClickException(one_line(err)) from None
+                raise click.ClickException(one_line(err, paths)) from None
             except KeyboardInterrupt:
-                received.append(signal.SIGINT)
-        if received:  # 130 for Ctrl-C, 143 for SIGTERM, as shells report them
-            click.echo("Aborted!", err=True)
-            raise SystemExit(128 + received[0])
+                pass
+        # Printed whatever comes now: a second signal interrupts it (a stdout nobody reads).
+        with interrupts.interruptible(new_only=True):
+            _report(command, tasks, [reported.get(t) for t in tasks], interrupts.received(), console, as_json, quiet,
+                    dask_address, stdout_failed, warnings)
 
+
+def _show_result(result: GradResult, task, options: GradOptions, console, as_json: bool, quiet: bool, plot,
+                 stdout_failed: list) -> None:
+    """One file's result as it comes: its warnings and error on stderr, its table on stdout; its --plot."""
+    source = f"{result.input} [{result.member}]" if result.member else result.input
+    names = (result.input, result.output, task.output, options.weights)
+    for warning in result.warnings:
+        click.echo(f"Warning: {one_line(prefixed(source, warning), names)}", err=True)
+    if result.status == "failed":
+        click.echo(f"Error: {one_line(result.error, names)}", err=True)
+    with _stdout_failure_noted(stdout_failed):
+        if result.status == "ok" and not (as_json or quiet):
+            render.grad_result(console, result)
+        elif result.status == "skipped" and result.notes and not (as_json or quiet):  # found complete
+            say(console, f"{source} -> {result.output}: {words(result.notes[0])}")
+    if result.status == "ok" and plot is not None and result.per_step is not None:
+        try:
+            save_plot(result.per_step, plot, f"{result.op}: {Path(result.input).name}", force=options.force)
+        except LstmGradError as err:
+            result.status, result.error = "failed", one_line(err, (*names, plot))
+            click.echo(f"Error: {result.error}", err=True)
+        else:
+            if not (as_json or quiet):
+                with _stdout_failure_noted(stdout_failed):
+                    say(console, f"per-step plot: {plot}")
+
+
+def _dump_warnings(tasks) -> list[str]:
+    """What the TensorFlow debug dumps among the inputs say of themselves (a circular buffer that dropped
+    records: tfdbg.DumpIndex.dropped), once per dump."""
+    said = []
+    for path in dict.fromkeys(t.input for t in tasks if t.input_format == "tfdbg2"):
+        try:
+            dropped = tfdbg.index_dump(path).dropped  # (indexed already while planning: cached)
+        except LstmGradError:  # its own failure, reported when its turn comes
+            continue
+        if dropped:
+            said.append(f"{path}: {dropped}")
+    return said
+
+
+def _report(command: str, tasks, results: list, signals: list[int], console, as_json: bool, quiet: bool,
+            dask_address, stdout_failed: list, warnings: list[str]) -> None:
+    """The end of a batch: the closing table (or the --json document), what stopped it on stderr; its exit."""
     ran = [r for r in results if r is not None]
     counts = {status: sum(r.status == status for r in ran) for status in ("ok", "failed", "skipped", "lost")}
     not_run = len(results) - len(ran)
     done = counts["ok"] + counts["skipped"]
-    if stdout_closed and not_run:  # the closed stdout stopped the batch: files are left to do
-        click.echo(f"Error: stdout was closed (its reader exited), so the batch stopped: {done} of {len(tasks)} files "
-                   f"done, {not_run} not run, every output written is complete; rerun with --skip-existing to finish",
-                   err=True)
+    interrupted = signal.Signals(signals[0]).name if signals else None
+    stopped_early = bool(stdout_failed) and not_run and not interrupted
+    if stopped_early:  # the stdout that failed stopped the batch: files are left to do
+        cause = _stdout_cause(stdout_failed[0])
+        click.echo(f"Error: {cause}, so the batch stopped: {done} of {len(tasks)} files done, {not_run} not run, "
+                   "every output written is complete; rerun with --skip-existing to finish", err=True)
         raise SystemExit(1)
-    with _closed_stdout_noted(stdout_closed):
+    with _stdout_failure_noted(stdout_failed):
         if as_json:
-            print_json({
-                "lstmgrad": __version__, "command": command, "results": [r.to_json() for r in ran],
-                "summary": {"done": counts["ok"], "failed": counts["failed"], "skipped": counts["skipped"],
-                            "lost": counts["lost"], "not_run": not_run},
-            })
+            summary = {"done": counts["ok"], "failed": counts["failed"], "skipped": counts["skipped"],
+                       "lost": counts["lost"], "not_run": not_run}
+            print_json({"lstmgrad": __version__, "command": command, "results": [r.to_json() for r in ran],
+                        "summary": summary, "interrupted": interrupted, "warnings": warnings})
         elif len(tasks) > 1 and not quiet:
             render.batch_summary(console, len(tasks), counts, not_run)
-    if stdout_closed and not counts["lost"]:  # every file had its turn: nothing stopped, a finished output stays one
+    if quiet and len(tasks) > 1 and (counts["failed"] or counts["lost"] or interrupted):
+        # -q prints nothing on success; counts that say something went wrong still reach stderr
+        lost = f", {counts['lost']} lost" if counts["lost"] else ""
+        click.echo(f"batch: {len(tasks)} files, {counts['ok']} done, {counts['failed']} failed, "
+                   f"{counts['skipped']} skipped{lost}, {not_run} not run", err=True)
+    if interrupted:
+        click.echo(f"Interrupted ({interrupted}): {done} of {len(tasks)} files done, {counts['failed']} failed, "
+                   f"{not_run} not run; every output written is complete and reported; rerun with --skip-existing "
+                   "to finish", err=True)
+        raise SystemExit(128 + signals[0])  # 130 for Ctrl-C, 143 for SIGTERM, as shells report them
+    if stdout_failed and isinstance(stdout_failed[0], BrokenPipeError) and not counts["lost"]:
+        # every file had its turn: nothing stopped, a finished output stays one
         click.echo(f"Warning: stdout was closed (its reader exited) before everything was printed; the run was not "
                    f"stopped: {done} of {len(tasks)} files done, {counts['failed']} failed, every output written is "
                    "complete", err=True)
+    elif stdout_failed and not counts["lost"]:
+        click.echo(f"Error: {_stdout_cause(stdout_failed[0])}; the run was not stopped: {done} of {len(tasks)} files "
+                   f"done, {counts['failed']} failed, every output written is complete", err=True)
     if counts["lost"]:
         click.echo(f"Error: {one_line(_lost_message(dask_address, counts, not_run))}", err=True)
-    if counts["failed"] or counts["lost"]:
+    if counts["failed"] or counts["lost"] or (stdout_failed and not isinstance(stdout_failed[0], BrokenPipeError)):
         raise SystemExit(1)
+
+
+def _stdout_cause(err: OSError) -> str:
+    if isinstance(err, BrokenPipeError):
+        return "stdout was closed (its reader exited)"
+    return str(err)
 
 
 def _check_plot(plot: Path, tasks, first_input: str, options: GradOptions, output: Path | None) -> None:
@@ -284,42 +415,19 @@ def _check_plot(plot: Path, tasks, first_input: str, options: GradOptions, outpu
 
 
 @contextlib.contextmanager
-def _closed_stdout_noted(closed: list):
-    """What is printed inside it may find stdout closed (``| head``): remembered in ``closed``, and what is still to
-    be printed goes nowhere."""
+def _stdout_failure_noted(failed: list):
+    """What is printed inside it may find stdout closed (``| head``) or unwritable (a full disk): the error is
+    remembered in ``failed``, and what is still to be printed goes nowhere."""
     try:
         yield
-    except BrokenPipeError:
+    except (BrokenPipeError, StdoutError) as err:
         silence_closed_stdout()
-        closed.append(True)
+        failed.append(err)
 
 
 def _lost_message(dask_address: str | None, counts: dict, not_run: int) -> str:
-    return (f"the Dask cluster at {dask_address} went away before every result came back (the scheduler or a "
-            f"connection to it was lost): {counts['ok'] + counts['skipped']} files done, {counts['failed']} failed, "
+    return (f"the Dask cluster at {dask_address} went away before every result came back (the scheduler, the "
+            f"connection to it or every worker was lost): {counts['ok'] + counts['skipped']} files done, "
+            f"{counts['failed']} failed, "
             f"{counts['lost']} lost (their workers may still write them), {not_run} not run; rerun with "
             "--skip-existing to finish")
-
-
-@contextlib.contextmanager
-def _interruptible():
-    """Ctrl-C and SIGTERM unwind as KeyboardInterrupt (temporary files are removed, no partial output
-    stays) and are remembered, so a batch stops even if the interrupt lands where Python drops it."""
-    received: list[int] = []
-
-    def handler(signum, frame):
-        received.append(signum)
-        raise KeyboardInterrupt
-
-    try:
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    except ValueError:  # not the main thread (e.g. embedded): leave signals alone
-        yield received
-        return
-    try:
-        yield received
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-

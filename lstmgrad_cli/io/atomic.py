@@ -30,6 +30,7 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from .. import interrupts
 from ..errors import OutputExistsError, OutputFileError
 from ._common import reason
 
@@ -170,18 +171,34 @@ def atomic_file(path: Path, force: bool) -> Iterator[Temporary]:
     On any failure the temporary file is removed and ``path`` is untouched.
     """
     parent = path.parent if str(path.parent) else Path(".")
+    made: list[tuple[int, Path]] = []
+    handing = False
     try:
-        fd, tmp = _create_temporary(path, parent)
-    except OSError as err:
-        raise OutputFileError(_create_failure(path, parent, err)) from None
-    try:
+        with interrupts.held():  # a stop signal waits until the file is made and recorded, then raises below
+            try:
+                made.append(_create_temporary(path, parent))
+            except OSError as err:
+                raise OutputFileError(_create_failure(path, parent, err)) from None
+        fd, tmp = made[0]
         yield Temporary(tmp, fd)
+        # Handed over whole: from here the output will be in place, so the caller's work is committed (a stop
+        # signal no longer interrupts it, and the result that reports the output is not lost: interrupts.commit).
+        with interrupts.held():
+            handing = True  # (what fails from here cleans up after itself: the descriptor may be another's now)
+            _hand_over(fd, tmp, path, force)
+            interrupts.commit()
     except BaseException as err:
-        _discard(fd, tmp)
+        if made and not handing:
+            _discard(*made[0])
         failure = _failure(path, err)
         if failure is err:
             raise
         raise failure from None
+
+
+def _hand_over(fd: int, tmp: Path, path: Path, force: bool) -> None:
+    """An output written to ``tmp`` (open as ``fd``), fsynced and renamed into place as ``path``: here, behind the
+    caller (``published_behind``) or by the parent process (``handed_to_parent``)."""
     directories = _deferred_syncs()  # (finish may run on the publishing thread)
 
     def finish() -> None:
@@ -340,6 +357,17 @@ def remove_left_behind(path: Path, pids: Collection[int]) -> None:
     made = re.compile(re.escape(f".{path.name[:64]}.") + f"(?:{'|'.join(str(int(p)) for p in pids)})" +
                       r"-[0-9a-f]{8}\.tmp")
     with contextlib.suppress(OSError), os.scandir(parent) as entries:  # one pass over the directory
+        for entry in entries:
+            if made.fullmatch(entry.name):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
+def remove_temporaries_of(directory: str | os.PathLike, pid: int) -> None:
+    """Remove every temporary output file the process ``pid`` made in ``directory`` (it is ending, and no one will
+    finish them: a local worker whose parent died)."""
+    made = re.compile(r"\..*\." + str(int(pid)) + r"-[0-9a-f]{8}\.tmp", re.DOTALL)
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
         for entry in entries:
             if made.fullmatch(entry.name):
                 with contextlib.suppress(OSError):

@@ -154,6 +154,7 @@ class DumpIndex:
     executions: list[OpExecution]
     modes: dict[str, int]  # tensor_debug_mode -> records written with it
     records: int
+    dropped: str | None = None  # what the dump shows its circular buffer dropped (``_Buffered.dropped``), if any
 
     def gradient_executions(self, kind: str | None = None) -> list[OpExecution]:
         return [e for e in self.executions if e.is_gradient and (kind is None or e.kind == kind)]
@@ -216,12 +217,14 @@ def _index(path: Path) -> DumpIndex:
     limit = max_tensor_bytes()
     version, executions, modes, count = None, [], {}, 0
     runs: dict[str, int] = {}  # op key -> runs so far, over every file set: each execution has its own name
+    dropped = []
     for files in file_sets(path):
         graphs, creations = {}, {}
         state = _Runs(executions, runs)
         for suffix in ("metadata", "graphs", "execution", "graph_execution_traces"):
             for record in _records(files, suffix, limit, path):
                 count += 1
+                state.buffered.records[suffix] += 1
                 try:
                     event = {number: value for number, _wire, value in pw.fields(_message(record.data))}
                     if suffix == "metadata" and 3 in event:
@@ -238,7 +241,42 @@ def _index(path: Path) -> DumpIndex:
                 except (pw.WireError, ValueError) as err:
                     raise InputFileError(f"{path}: the {suffix} record at byte {record.offset} is not a valid "
                                          f"DebugEvent ({err})") from None
-    return DumpIndex(path, version, executions, modes, count)
+        said = state.buffered.dropped()
+        if said is not None:
+            dropped.append(said)
+    return DumpIndex(path, version, executions, modes, count, "; ".join(dropped) or None)
+
+
+class _Buffered:
+    """What a file set says of the circular buffer it was written through (``circular_buffer_size``, by default
+    1000: the ``.execution`` and ``.graph_execution_traces`` files each keep the last so many records).
+
+    tfdbg2 records neither the buffer's size nor what it dropped, but a tf.function's calls tell: each call of a
+    graph is one record of ``.execution`` (its ``graph_id``) and traces each op output of the graph once
+    (tf.function's control flow runs in graphs of their own).  So the kept calls of a graph, times the outputs one
+    call traces (those seen), is how many of its traces there must be after the oldest one kept; fewer, and the
+    buffer dropped at least the difference, the traces file being full (it then holds as many records as the
+    buffer does).  An ``.execution`` file holding that many records was full too: its earlier executions were
+    dropped, how many is not recorded."""
+
+    def __init__(self) -> None:
+        self.records: Counter = Counter()  # suffix -> records
+        self.calls: Counter = Counter()  # graph id -> .execution records of a call of it
+        self.traces: Counter = Counter()  # graph id -> its traces
+        self.outputs: dict[str, set] = {}  # graph id -> the (op name, slot) it traces
+
+    def dropped(self) -> str | None:
+        missing = sum(max(0, calls * len(self.outputs.get(graph, ())) - self.traces[graph])
+                      for graph, calls in self.calls.items())
+        if not missing:
+            return None
+        size = self.records["graph_execution_traces"]
+        said = (f"its circular buffer dropped at least {missing} graph execution traces (tfdbg2 keeps the last "
+                f"{size} records of each kind: circular_buffer_size={size}; the calls it kept traced more)")
+        if self.records["execution"] >= size:
+            said += f", and its .execution file is full too ({size} records): earlier executions were dropped"
+        return (f"{said}; executions whose values were dropped cannot be computed: dump again with "
+                "circular_buffer_size=-1")
 
 
 def _message(data):
@@ -279,6 +317,7 @@ class _Runs:
         self.open: dict[tuple, OpExecution] = {}  # (graph id, op name) -> its latest execution
         self.produced: dict[int, tuple] = {}  # eager tensor id -> (TensorRef, execution member or None, op type)
         self.relevant: set | None = None  # (graph id, op name) of block-LSTM ops and what feeds them
+        self.buffered = _Buffered()
 
     def relevant_ops(self, creations: dict) -> set:
         """The graph ops whose traces matter: block-LSTM ops and every op on the way to their inputs (made once,
@@ -306,6 +345,8 @@ def _eager(state: _Runs, file: Path, record, message, modes: dict) -> None:
     for n, wire, value in pw.fields(message):
         if n == 1:
             op_type = pw.as_text(wire, value)
+        elif n == 3:  # a call of a tf.function: its graph
+            state.buffered.calls[pw.as_text(wire, value)] += 1
         elif n in (4, 5):
             ids = inputs if n == 4 else outputs
             if len(ids) + (pw.count_varints(value) if wire == pw.LENGTH else 1) > MAX_TENSORS_PER_OP:
@@ -356,6 +397,8 @@ def _traced(state: _Runs, file: Path, record, message, creations: dict, graphs: 
         elif n == 5:
             proto = pw.as_bytes(wire, value)
     modes[MODES.get(mode, str(mode))] = modes.get(MODES.get(mode, str(mode)), 0) + 1
+    state.buffered.traces[graph_id] += 1
+    state.buffered.outputs.setdefault(graph_id, set()).add((op_name, slot))
     if (graph_id, op_name) not in relevant:
         return
     dtype, shape = _tensor_header(proto) if proto is not None else (None, None)
