@@ -45,12 +45,7 @@ if TYPE_CHECKING:
         lstm_block_cell_grad,
         lstm_block_cell_grad_full,
     )
-    from .results import (
-        BlockLSTMGradOutputs,
-        BlockLSTMOutputs,
-        LSTMBlockCellGradFullOutputs,
-        LSTMBlockCellGradOutputs,
-    )
+    from .results import BlockLSTMGradOutputs, BlockLSTMOutputs, LSTMBlockCellGradFullOutputs, LSTMBlockCellGradOutputs
 
 
 def __getattr__(name: str):

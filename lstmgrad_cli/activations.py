@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InvalidArgumentError
-from .forward import sigmoid
+from .ops.forward import sigmoid
 
 
 @dataclass(frozen=True)

@@ -155,8 +155,8 @@ def _gemm_limit_call(shape, dtype, matmul=None):
 
 
 def _backend_call(backend, inputs, use_peephole):
+    from .ops.validation import resolve_compute_dtype
     from .spec import SeqTensors
-    from .validation import resolve_compute_dtype
 
     T = inputs["x"].shape[0]
     tensors = SeqTensors(**inputs)

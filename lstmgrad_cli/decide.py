@@ -24,9 +24,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from . import detect, validation
+from . import detect
 from .errors import InvalidArgumentError
 from .messages import Message, Param
+from .ops import validation
 from .spec import ACTIVATIONS, DEFAULT_LAYOUT, LAYOUT_OPS, OPS
 
 # A source in the words a summary shows it (the JSON keeps the codes).

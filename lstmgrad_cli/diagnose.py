@@ -25,14 +25,14 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from . import gradcheck, io, validation
+from . import gradcheck, io
 from .backends import get_backend, resolve_name
 from .batch import WorkerFailure, run_each
 from .errors import InputFileError, InvalidArgumentError, LstmGradError
-from .forward import gate_slices
 from .frameworks import FrameworkOptions
 from .messages import Message, Param, one_line
-from .ops import BlockLSTMGradOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full
+from .ops import BlockLSTMGradOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full, validation
+from .ops.forward import gate_slices
 from .problem import Problem, load_problem, peephole_origin
 from .spec import ACTIVATIONS, CELL_GRADS_FULL, LAYOUT_OPS, OPS, PEEPHOLES, SEQ_GRADS
 from .summary import json_safe

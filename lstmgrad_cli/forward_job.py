@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, decide, io, validation
+from . import __version__, decide, io
 from .errors import InvalidArgumentError
 from .messages import Message, Param
-from .ops import block_lstm, block_lstm_v2, lstm_block_cell
+from .ops import block_lstm, block_lstm_v2, lstm_block_cell, validation
 from .problem import fill_absent_peepholes, resolve_param
 from .spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OUTPUT_GRADIENTS
 from .summary import TensorSummary, summarise

@@ -23,11 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import decide, frameworks, gradcheck, io, validation
+from . import decide, frameworks, gradcheck, io
 from .decide import Given
 from .errors import LstmGradError
 from .io import npydir
 from .messages import Message, Param, message_of
+from .ops import validation
 from .spec import FORWARD_INPUTS, FORWARD_OPS, GRADIENT_NAMES, OPS
 from .summary import json_safe
 

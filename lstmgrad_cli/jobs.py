@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, io, provenance, validation
+from . import __version__, io, provenance
 from .backends import _blas, get_backend, resolve_name
 from .errors import InvalidArgumentError, OutputExistsError
 from .frameworks import FrameworkOptions
 from .messages import Message, Param
-from .ops import block_lstm_grad_checked, lstm_block_cell_grad_full
+from .ops import block_lstm_grad_checked, lstm_block_cell_grad_full, validation
 from .perstep import StepRecorder, impulse_norms, per_step_report
 from .problem import OPS, open_problem
 from .summary import SummarisedOutput, TensorSummary, summarise

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import decide, detect, frameworks, io, ops, validation
+from . import decide, detect, frameworks, io, ops
 from .decide import Given
 from .errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
 from .messages import Message, Param
+from .ops import validation
 from .spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OPS, TIME_MAJOR  # noqa: F401 - (re-exported)
 
 

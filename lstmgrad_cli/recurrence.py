@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import activations, ops, validation
+from . import activations, ops
+from .ops import validation
 from .results import BlockLSTMGradOutputs, BlockLSTMOutputs
 from .schedule import Schedule
 

@@ -32,9 +32,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from lstmgrad_cli import io, validation
+from lstmgrad_cli import io
 from lstmgrad_cli.errors import InputFileError, LstmGradError
 from lstmgrad_cli.jobs import GradOptions, GradResult, run_grad_file
+from lstmgrad_cli.ops import validation
 
 LONG = int(os.environ.get("LSTMGRAD_FUZZ_EXAMPLES", "0") or 0)
 HANG_SECONDS = 60  # one example taking this long is a hang: dump every thread's stack and exit

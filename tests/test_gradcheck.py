@@ -11,7 +11,7 @@ import pytest
 
 from lstmgrad_cli import gradcheck
 from lstmgrad_cli.backends import get_backend
-from lstmgrad_cli.forward import block_lstm_forward
+from lstmgrad_cli.ops.forward import block_lstm_forward
 from lstmgrad_cli.spec import ACTIVATIONS, FORWARD_INPUTS
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

@@ -106,7 +106,7 @@ def test_inputs_are_not_modified():
 def test_the_recomputed_sigmoid_is_accurate_in_the_tails(dtype):
     """Gates far from 0.5 (a bias of -12, large inputs): the logistic keeps its relative precision where
     0.5 (1 + tanh(z/2)) gave exactly 0 in float32 below z = -19 and was 2e-4 off at z = -10."""
-    from lstmgrad_cli.forward import sigmoid
+    from lstmgrad_cli.ops.forward import sigmoid
 
     z = np.linspace(-80, 80, 40001).astype(dtype)
     exact = [1 / (1 + math.exp(-float(v))) for v in z[::97]]  # Python floats: a reference computed apart

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .spec import LAYOUTS
+from ..spec import LAYOUTS
 
 
 def sigmoid(z):

@@ -6,11 +6,11 @@ All functions take and return host numpy arrays; outputs have the input dtype.  
 
 from __future__ import annotations
 
+from ..backends import get_backend
+from ..results import BlockLSTMGradOutputs, BlockLSTMOutputs, LSTMBlockCellGradFullOutputs, LSTMBlockCellGradOutputs
+from ..spec import CELL_TENSORS, FORWARD_INPUTS, SEQ_TENSORS, TIME_MAJOR, SeqTensors
 from . import validation
-from .backends import get_backend
 from .forward import block_lstm_forward
-from .results import BlockLSTMGradOutputs, BlockLSTMOutputs, LSTMBlockCellGradFullOutputs, LSTMBlockCellGradOutputs
-from .spec import CELL_TENSORS, FORWARD_INPUTS, SEQ_TENSORS, TIME_MAJOR, SeqTensors
 
 __all__ = [
     "BlockLSTMGradOutputs", "LSTMBlockCellGradOutputs", "LSTMBlockCellGradFullOutputs", "BlockLSTMOutputs",

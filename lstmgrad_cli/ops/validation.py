@@ -12,18 +12,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .errors import InvalidArgumentError
-from .io import LazyDataset
-from .spec import (  # noqa: F401 - (re-exported)
-    ACTIVATIONS,
-    CELL_TENSORS,
-    FORWARD_INPUTS,
-    OUTPUT_GRADIENTS,
-    PEEPHOLES,
-    RANKS,
-    SEQ_TENSORS,
-    WEIGHTS,
-)
+from ..errors import InvalidArgumentError
+from ..io import LazyDataset
+from ..spec import CELL_TENSORS, FORWARD_INPUTS, PEEPHOLES, RANKS, SEQ_TENSORS
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 COMPUTE_DTYPES = ("float16", "float32", "float64")
