@@ -126,7 +126,7 @@ def keras_lstm_grad(x, kernel=None, recurrent_kernel=None, bias=None, *, weights
 
 
 def keras_activation(name) -> str:
-    from .. import activations  # noqa: PLC0415 - (a name check, kept beside its one use)
+    from ..layers import activations  # noqa: PLC0415 - (a name check, kept beside its one use)
 
     return activations.resolve(name)
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..layers.modules import Module
+from ..layers.recurrence import DirectionGrads
 from ..messages import Message, Param
-from ..modules import Module
-from ..recurrence import DirectionGrads
 from ..results import BlockLSTMGradOutputs
 
 

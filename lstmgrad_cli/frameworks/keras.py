@@ -23,12 +23,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .. import activations
 from ..errors import InvalidArgumentError
+from ..layers import activations
+from ..layers.modules import MERGE_MODES, Module
+from ..layers.recurrence import DirectionGrads, DirectionWeights
+from ..layers.schedule import Schedule
 from ..messages import Message, Param
-from ..modules import MERGE_MODES, Module
-from ..recurrence import DirectionGrads, DirectionWeights
-from ..schedule import Schedule
 from .common import FrameworkOptions, Plan, as_bool_mask, cells, check_applicable, dtyped, rank, shaped, states
 
 PARAMETERS = ("kernel", "recurrent_kernel", "bias")

@@ -20,10 +20,10 @@ import re
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..layers.modules import Module
+from ..layers.recurrence import DirectionGrads, DirectionWeights
+from ..layers.schedule import Schedule
 from ..messages import Message, Param
-from ..modules import Module
-from ..recurrence import DirectionGrads, DirectionWeights
-from ..schedule import Schedule
 from .common import FrameworkOptions, Plan, as_lengths, cells, check_applicable, dtyped, rank, shaped, states
 
 WEIGHT = re.compile(r"^weight_ih_l(\d+)(_reverse)?$")

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import activations, ops
-from .ops import validation
-from .results import BlockLSTMGradOutputs, BlockLSTMOutputs
+from .. import ops
+from ..ops import validation
+from ..results import BlockLSTMGradOutputs, BlockLSTMOutputs
+from . import activations
 from .schedule import Schedule
 
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InvalidArgumentError
-from .ops.forward import sigmoid
+from ..errors import InvalidArgumentError
+from ..ops.forward import sigmoid
 
 
 @dataclass(frozen=True)

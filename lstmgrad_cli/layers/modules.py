@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
 from . import recurrence
-from .errors import InvalidArgumentError
 from .recurrence import DirectionWeights
 from .schedule import Schedule
 
