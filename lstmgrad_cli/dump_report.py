@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from . import decide, gradcheck
-from .decide import Given
+from .analysis import decide, gradcheck
+from .analysis.decide import Given
+from .analysis.summary import json_safe
 from .errors import LstmGradError, UnrecordedTensorsError
 from .io import tfdbg
 from .messages import Message, Param, one_line, prefixed
 from .spec import ACTIVATIONS, FORWARD_OPS, SIGNATURES
-from .summary import json_safe
 
 
 @dataclass

@@ -23,14 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-from . import decide, frameworks, gradcheck, io
-from .decide import Given
+from . import frameworks, io
+from .analysis import decide, gradcheck
+from .analysis.decide import Given
+from .analysis.summary import json_safe
 from .errors import LstmGradError
 from .io import npydir
 from .messages import Message, Param, message_of
 from .ops import validation
 from .spec import FORWARD_INPUTS, FORWARD_OPS, GRADIENT_NAMES, OPS
-from .summary import json_safe
 
 SCALARS = ("seq_len_max", "use_peephole")
 KNOWN = (*validation.SEQ_TENSORS, *SCALARS, *GRADIENT_NAMES)

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import decide, detect, frameworks, io, ops
-from .decide import Given
+from . import frameworks, io, ops
+from .analysis import decide, detect
+from .analysis.decide import Given
 from .errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
 from .messages import Message, Param
 from .ops import validation

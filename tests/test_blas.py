@@ -153,7 +153,8 @@ def test_a_small_pass_and_its_summaries_run_blas_on_one_thread(choose, monkeypat
     against the next file); a larger pass keeps the library's count; the count is back afterwards."""
     from conftest import consistent_inputs, write_npz
 
-    from lstmgrad_cli import jobs, summary
+    from lstmgrad_cli import jobs
+    from lstmgrad_cli.analysis import summary
     from lstmgrad_cli.backends import get_backend
     from lstmgrad_cli.jobs import GradOptions
     from lstmgrad_cli.spec import SeqTensors

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from conftest import CASES, FIXTURES, MANIFEST, assert_close_scaled, consistent_inputs, load_case, write_h5, write_npz
 
-from lstmgrad_cli import detect, io
+from lstmgrad_cli import io
+from lstmgrad_cli.analysis import detect
 from lstmgrad_cli.cli import main
 from lstmgrad_cli.problem import load_problem
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lstmgrad_cli import gradcheck
+from lstmgrad_cli.analysis import gradcheck
 from lstmgrad_cli.backends import get_backend
 from lstmgrad_cli.ops.forward import block_lstm_forward
 from lstmgrad_cli.spec import ACTIVATIONS, FORWARD_INPUTS

@@ -17,10 +17,10 @@ import pytest
 from conftest import FIXTURES, assert_close_scaled, load_case, write_h5
 
 from lstmgrad_cli import io
+from lstmgrad_cli.analysis.summary import SummarisedOutput, summarise
 from lstmgrad_cli.cli import main
 from lstmgrad_cli.errors import InputFileError, OutputFileError
 from lstmgrad_cli.ops import validation
-from lstmgrad_cli.summary import SummarisedOutput, summarise
 
 SEQ_OUTPUTS = ["x_grad", "cs_prev_grad", "h_prev_grad", "w_grad", "wci_grad", "wcf_grad", "wco_grad", "b_grad"]
 ALL_NAMES = [*validation.SEQ_TENSORS]

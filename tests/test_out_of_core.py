@@ -12,9 +12,9 @@ from conftest import consistent_inputs, load_case, write_h5, write_npz
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lstmgrad_cli.analysis.summary import summarise
 from lstmgrad_cli.cli import main
 from lstmgrad_cli.jobs import GradOptions, run_grad_file
-from lstmgrad_cli.summary import summarise
 
 
 def long_problem(T=40, B=3, I=5, C=4, seed=0):  # noqa: E741

@@ -9,8 +9,8 @@ import pytest
 from conftest import FIXTURES, load_case, write_npz
 
 import lstmgrad_cli as lg
+from lstmgrad_cli.analysis.perstep import sparkline
 from lstmgrad_cli.cli import main
-from lstmgrad_cli.perstep import sparkline
 
 
 def seq_args(name="seq_v2_larger"):

@@ -104,7 +104,7 @@ documents = _Documents()
 
 def print_json(document) -> None:
     """The invocation's one JSON document, on stdout."""
-    from ..summary import json_safe  # noqa: PLC0415 - (numpy: not before the command needs it)
+    from ..analysis.summary import json_safe  # noqa: PLC0415 - (numpy: not before the command needs it)
 
     documents.printed = True
     click.echo(json.dumps(spelled(json_safe(document), flag), indent=2, allow_nan=False, default=_jsonable),

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from .. import __version__, interrupts, io
+from ..analysis.perstep import check_plot_path, save_plot
 from ..backends import get_backend, resolve_name
 from ..batch import DumpSelection, Task, plan_tasks, run_batch
 from ..dask_executor import check_options as check_dask_options
@@ -21,7 +22,6 @@ from ..frameworks import FrameworkOptions
 from ..io import npydir, tfdbg
 from ..jobs import GradOptions, GradResult
 from ..messages import prefixed
-from ..perstep import check_plot_path, save_plot
 from . import _options as opt
 from . import render
 from ._common import (

@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from ..decide import SOURCE_WORDS
-from ..perstep import ASCII_SPARK, SPARK, sparkline
+from ..analysis.decide import SOURCE_WORDS
+from ..analysis.perstep import ASCII_SPARK, SPARK, sparkline
 from ..spec import OPS
 from ._common import new_table, plain, print_table, say, separator, unicode_console
 from ._words import words

@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from ..errors import InvalidArgumentError
+from ..messages import Message, Param
+from ..ops import validation
+from ..spec import ACTIVATIONS, DEFAULT_LAYOUT, LAYOUT_OPS, OPS
 from . import detect
-from .errors import InvalidArgumentError
-from .messages import Message, Param
-from .ops import validation
-from .spec import ACTIVATIONS, DEFAULT_LAYOUT, LAYOUT_OPS, OPS
 
 # A source in the words a summary shows it (the JSON keeps the codes).
 SOURCE_WORDS = {"activations": "found from the activations", "flag": "as asked", "default": "default",

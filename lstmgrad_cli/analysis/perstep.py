@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InvalidOptionError, LstmGradError, OutputExistsError, OutputFileError
-from .messages import Message, Param
+from ..errors import InvalidOptionError, LstmGradError, OutputExistsError, OutputFileError
+from ..messages import Message, Param
 
 SPARK = "▁▂▃▄▅▆▇█"
 ASCII_SPARK = "_.-:=+*#"  # the same eight levels where the terminal cannot show blocks
@@ -227,7 +227,7 @@ def save_plot(report: dict, path, title: str, force: bool = False) -> None:
     """The per-step norms as a figure (matplotlib, the optional ``plot`` extra), written as every output is: into a
     temporary file beside ``path``, renamed into place when complete (an existing file replaced only with
     ``force``)."""
-    from .io.atomic import atomic_file  # noqa: PLC0415 - (only a run that draws writes a figure)
+    from ..io.atomic import atomic_file  # noqa: PLC0415 - (only a run that draws writes a figure)
 
     plt = _pyplot()
     path = Path(path)

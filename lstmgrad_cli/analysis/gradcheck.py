@@ -26,10 +26,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .backends import get_backend
-from .ops import block_lstm_grad_checked
-from .ops.forward import block_lstm_forward, gate_slices, logit, sigmoid
-from .spec import ACTIVATIONS, FORWARD_INPUTS, PEEPHOLES, TIME_MAJOR
+from ..backends import get_backend
+from ..ops import block_lstm_grad_checked
+from ..ops.forward import block_lstm_forward, gate_slices, logit, sigmoid
+from ..spec import ACTIVATIONS, FORWARD_INPUTS, PEEPHOLES, TIME_MAJOR
 
 # Largest deviation of a recomputed activation that still counts as "the same", by dtype.  The
 # forward ops match a float64 recomputation to a few ulp (docs/semantics.md); a wrong step or

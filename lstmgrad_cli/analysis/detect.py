@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .backends import _blas
+from ..backends import _blas
+from ..ops.forward import logit, sigmoid
+from ..ops.validation import PEEPHOLES
+from ..spec import LAYOUT_OPS, LAYOUTS  # noqa: F401 - LAYOUT_OPS re-exported
 from .gradcheck import CONSISTENCY_TOL, UNSATURATED
-from .ops.forward import logit, sigmoid
-from .ops.validation import PEEPHOLES
-from .spec import LAYOUT_OPS, LAYOUTS  # noqa: F401 - LAYOUT_OPS re-exported
 
 SAMPLE_ROWS = 8  # batch rows recomputed per step
 SAMPLE_UNITS = 32  # cell units of each gate block recomputed
