@@ -35,7 +35,7 @@ import numpy as np
 from _installed import compile_lstmgrad
 
 from lstmgrad_cli import block_lstm_v2
-from lstmgrad_cli.backends._blas import mkl_version
+from lstmgrad_cli.backends.cpu_blas import mkl_version
 
 FLOOR = """
 import sys, pathlib, numpy as np

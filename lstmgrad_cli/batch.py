@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import interrupts, io, local_workers
 from .allocator import keep_heap_top
-from .backends import _blas
+from .backends import cpu_blas
 from .dask_executor import NotStarted, SchedulerLost, dask_executor
 from .errors import LstmGradError, OutputExistsError, OutputFileError
 from .io import npydir, tfdbg
@@ -525,9 +525,9 @@ def _run_serially(tasks, pending, options, results, finish, keep_going, stop):
         return result.status == "failed"
 
     # One file: nothing to overlap its publishing with.  BLAS thread counts change only when a file needs
-    # other counts than the last (_blas.counts_held).
+    # other counts than the last (cpu_blas.counts_held).
     with (io.published_behind() if len(pending) > 1 else contextlib.nullcontext()) as publisher, \
-            _blas.counts_held(), interrupts.deferred():  # a stop signal interrupts a file's run only
+            cpu_blas.counts_held(), interrupts.deferred():  # a stop signal interrupts a file's run only
         try:
             for index in pending:
                 if stop():

@@ -123,10 +123,10 @@ def machine_info() -> dict:
         blas = f"{info.get('name')} {info.get('version')}".strip()
     except Exception:  # noqa: BLE001 - informational only
         pass
-    from .backends import _blas
+    from .backends import cpu_blas
 
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-            "blas": blas, "host_blas": _blas.describe(), "platform": platform.platform(),
+            "blas": blas, "host_blas": cpu_blas.describe(), "platform": platform.platform(),
             "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
                                                    "OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "LSTMGRAD_BLAS",
                                                    "MKL_NUM_THREADS", "MKL_THREADING_LAYER")
@@ -242,9 +242,9 @@ def _child_times(python: str, inputs: dict, frameworks, repeats: int, use_peepho
     The child times its GEMM limit on the library this process's backends use where it has it
     (``LSTMGRAD_BLAS`` is passed on; ``_child_blas``) and says which one it used.
     """
-    from .backends import _blas
+    from .backends import cpu_blas
 
-    env = {**os.environ, _blas.BLAS_ENV: "mkl" if _blas.on_mkl() else "openblas"}
+    env = {**os.environ, cpu_blas.BLAS_ENV: "mkl" if cpu_blas.on_mkl() else "openblas"}
     with tempfile.TemporaryDirectory(prefix="lstmgrad-bench-") as tmp:
         path = os.path.join(tmp, "inputs.npz")
         np.savez(path, **inputs)
@@ -268,7 +268,7 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
     ``progress`` (optional) is called with short status strings.
     """
     from . import backends as registry
-    from .backends import _blas
+    from .backends import cpu_blas
 
     if dtype not in DTYPES:
         from .errors import InvalidArgumentError
@@ -295,7 +295,8 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
         shape = tuple(int(d) for d in shape)
         say = (lambda msg, s=shape: progress(f"{s}: {msg}")) if progress else None
         inputs = make_inputs(shape, dtype)
-        calls, versions, notes = {"gemm-limit": _gemm_limit_call(shape, dtype, _blas.matmul)}, {"gemm-limit": None}, {}
+        calls = {"gemm-limit": _gemm_limit_call(shape, dtype, cpu_blas.matmul)}
+        versions, notes = {"gemm-limit": None}, {}
         for backend in loaded:
             calls[backend.name] = _backend_call(backend, inputs, use_peephole)
             versions[backend.name] = backend.version
@@ -364,11 +365,11 @@ def seconds_text(seconds: float | None) -> str:
 
 
 def _child_blas():
-    """``backends/_blas.py`` loaded by path (it needs only numpy), or None: in a child interpreter this
+    """``backends/cpu_blas.py`` loaded by path (it needs only numpy), or None: in a child interpreter this
     file runs as a script, where lstmgrad itself may not be installed."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "backends", "_blas.py")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "backends", "cpu_blas.py")
     try:
         spec = importlib.util.spec_from_file_location("_lstmgrad_bench_blas", path)
         module = importlib.util.module_from_spec(spec)

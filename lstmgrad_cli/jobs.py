@@ -16,7 +16,7 @@ import numpy as np
 from . import __version__, io, provenance
 from .analysis.perstep import StepRecorder, impulse_norms, per_step_report
 from .analysis.summary import SummarisedOutput, TensorSummary, summarise
-from .backends import _blas, get_backend, resolve_name
+from .backends import cpu_blas, get_backend, resolve_name
 from .errors import InvalidArgumentError, OutputExistsError
 from .frameworks import FrameworkOptions
 from .messages import Message, Param
@@ -201,7 +201,7 @@ def _compute(problem, backend, cdt, options: GradOptions, result: GradResult, x_
 
     Raises before anything is published when ``--strict`` finds NaN/Inf.
     """
-    with _blas.threads_for_pass(problem.seq_len_max if problem.kind == "seq" else 1, *problem.dims[1:]):
+    with cpu_blas.threads_for_pass(problem.seq_len_max if problem.kind == "seq" else 1, *problem.dims[1:]):
         return _gradients(problem, backend, cdt, options, result, x_grad_out)
 
 

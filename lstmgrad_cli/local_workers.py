@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from . import interrupts
-from .backends import _blas
+from .backends import cpu_blas
 
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 STOP_SIGNALS = interrupts.STOP_SIGNALS  # the signals the command line catches
@@ -87,8 +87,8 @@ def start_method() -> str:
     # Ending OpenBLAS's threads assumes no other thread is inside BLAS.  None that Python's threading module
     # knows of runs; one started outside it could (the risk _xp._run_overlapped takes too), and is then
     # counted below, so the workers are spawned.
-    _blas.stop_spinning_workers()
-    return "fork" if _blas.process_status("Threads") == 1 else "spawn"
+    cpu_blas.stop_spinning_workers()
+    return "fork" if cpu_blas.process_status("Threads") == 1 else "spawn"
 
 
 def _start_all_workers(pool: cf.ProcessPoolExecutor) -> None:
@@ -162,10 +162,10 @@ def _worker_begins(forked: bool, threads: int, ignored: frozenset[int], initiali
     if forked:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN if sig in ignored else _fresh_handler(sig))
-        _blas.set_thread_counts(threads)
+        cpu_blas.set_thread_counts(threads)
         # Setting the count started numpy's OpenBLAS's threads again (the fork had ended them); with a count of
         # one nothing wakes them, but first they spin, on the core another worker uses.  No thread runs BLAS yet.
-        _blas.stop_spinning_workers()
+        cpu_blas.stop_spinning_workers()
     if initializer is not None:
         initializer()
     if hasattr(signal, "pthread_sigmask"):

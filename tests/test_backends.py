@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import lstmgrad_cli as lg
 from lstmgrad_cli import backends as reg
-from lstmgrad_cli.backends import _blas
+from lstmgrad_cli.backends import cpu_blas
 from lstmgrad_cli.backends._numpy import NumpyBackend
 from lstmgrad_cli.backends._xp import XpGradient, default_chunk_steps
 from lstmgrad_cli.errors import BackendUnavailableError, UnknownBackendError
@@ -217,7 +217,7 @@ def test_backends_command_json(runner):
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     rows = {r["name"]: r for r in doc["backends"]}
-    assert doc["default"] == "numpy" and doc["auto"] in rows and doc["host_blas"] == _blas.describe()
+    assert doc["default"] == "numpy" and doc["auto"] in rows and doc["host_blas"] == cpu_blas.describe()
     assert rows["numpy"]["available"] and rows["numpy"]["version"] == np.__version__
     assert rows["numpy"]["source"] == "built-in"
     assert rows["cupy"]["available"] or rows["cupy"]["reason"]
@@ -425,9 +425,9 @@ def test_chunks_depend_on_the_shape_and_the_schedule_on_the_machine(monkeypatch)
     assert not auto._overlap_chunks(20, 16, 64, 64, f32)         # 42 MFLOP: a thread costs more than it saves
     assert XpGradient(np, overlap=True)._overlap_chunks(20, 16, 64, 64, f32)
     assert not XpGradient(types.SimpleNamespace())._overlap_chunks(50, 32, 128, 128, f32)  # not host arrays
-    monkeypatch.setattr(_blas, "usable_cores", lambda: 2)
+    monkeypatch.setattr(cpu_blas, "usable_cores", lambda: 2)
     assert auto._overlap_now() and not XpGradient(np, overlap=False)._overlap_now()
-    monkeypatch.setattr(_blas, "usable_cores", lambda: 1)
+    monkeypatch.setattr(cpu_blas, "usable_cores", lambda: 1)
     assert not auto._overlap_now() and XpGradient(np, overlap=True)._overlap_now()
 
 
@@ -465,10 +465,10 @@ def test_overlap_reuses_gate_slots_and_stays_bit_for_bit(monkeypatch, budget_chu
 @pytest.mark.parametrize("library", ["openblas", "mkl"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_matmul_into_writes_or_adds_a_product_in_one_blas_call(dtype, library, monkeypatch):
-    blas = _blas.numpy_openblas() if library == "openblas" else _blas.mkl()
+    blas = cpu_blas.numpy_openblas() if library == "openblas" else cpu_blas.mkl()
     if blas is None:
         pytest.skip(f"{library} is not reachable here")
-    monkeypatch.setattr(_blas, "find", lambda: blas)
+    monkeypatch.setattr(cpu_blas, "find", lambda: blas)
     rng = np.random.default_rng(21)
     rtol = 1e-4 if dtype == "float32" else 1e-12
 
@@ -482,15 +482,15 @@ def test_matmul_into_writes_or_adds_a_product_in_one_blas_call(dtype, library, m
     for n, m, k in [(40, 9, 12), (1, 5, 7), (700, 129, 300)]:
         xh, g = rng.standard_normal((n, m)).astype(dtype), rng.standard_normal((n, k)).astype(dtype)
         out = np.full((m, k), np.nan, dtype)
-        assert _blas.matmul_into(xh.T, g, out, accumulate=False)  # a transposed view, as _wb_product passes
+        assert cpu_blas.matmul_into(xh.T, g, out, accumulate=False)  # a transposed view, as _wb_product passes
         same_product(out, xh.T, g)
         start = rng.standard_normal((m, k)).astype(dtype)
         out[...] = start
-        assert _blas.matmul_into(xh.T, g, out, accumulate=True)
+        assert cpu_blas.matmul_into(xh.T, g, out, accumulate=True)
         want = start.astype(np.float64) + xh.T.astype(np.float64) @ g.astype(np.float64)
         np.testing.assert_allclose(out, want, rtol=rtol, atol=1e-4 * np.sqrt(n))
         c_order = np.empty((m, k), dtype)
-        assert _blas.matmul_into(np.ascontiguousarray(xh.T), g, c_order, accumulate=False)
+        assert cpu_blas.matmul_into(np.ascontiguousarray(xh.T), g, c_order, accumulate=False)
         same_product(c_order, np.ascontiguousarray(xh.T), g)
 
 
@@ -512,27 +512,27 @@ def test_matmul_into_declines_what_blas_cannot_take_as_it_is(monkeypatch):
     ]
     for left, right, target in declined:
         before = np.array(target, copy=True)
-        assert not _blas.matmul_into(left, right, target, accumulate=True)
+        assert not cpu_blas.matmul_into(left, right, target, accumulate=True)
         np.testing.assert_array_equal(target, before)
-    monkeypatch.setattr(_blas, "find", lambda: None)  # another BLAS: numpy does it
-    assert not _blas.matmul_into(a, b, out, accumulate=False)
+    monkeypatch.setattr(cpu_blas, "find", lambda: None)  # another BLAS: numpy does it
+    assert not cpu_blas.matmul_into(a, b, out, accumulate=False)
 
 
 def test_w_grad_is_the_same_whether_blas_or_numpy_adds_the_chunks(monkeypatch):
     inputs = _random_inputs(np.random.default_rng(22), 30, 5, 6, 7, np.dtype("float64"))
     kw = dict(seq_len_max=27, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float64"), chunk_steps=4)
     calls = []  # accumulate flags of the products into [w_grad; b_grad] ([I+C+1, 4C])
-    real = _blas.matmul_into
+    real = cpu_blas.matmul_into
 
     def spy(a, b, out, accumulate):
         if out.shape == (6 + 7 + 1, 4 * 7):
             calls.append(accumulate)
         return real(a, b, out, accumulate=accumulate)
 
-    monkeypatch.setattr(_blas, "matmul_into", spy)
+    monkeypatch.setattr(cpu_blas, "matmul_into", spy)
     in_blas = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw)
     assert calls == [False] + [True] * 6  # 7 chunks: the first writes, the others add
-    monkeypatch.setattr(_blas, "matmul_into", lambda *a, **k: False)
+    monkeypatch.setattr(cpu_blas, "matmul_into", lambda *a, **k: False)
     in_numpy = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw)
     for field, have, want in zip(in_blas._fields, in_blas, in_numpy, strict=True):
         np.testing.assert_allclose(have, want, rtol=1e-13, atol=1e-13, err_msg=field)
@@ -658,7 +658,7 @@ print(json.dumps([sorted(m for m in ("numba", "llvmlite") if m in sys.modules), 
     loaded, version, same = json.loads(proc.stdout.strip().splitlines()[-1])
     import importlib.metadata
 
-    assert loaded == [] and version == importlib.metadata.version("numba") + _blas.version_note() and same
+    assert loaded == [] and version == importlib.metadata.version("numba") + cpu_blas.version_note() and same
 
 
 @needs_numba

@@ -128,7 +128,7 @@ A_FORKED_WORKER = """
 import signal, sys
 from threadpoolctl import threadpool_info
 from lstmgrad_cli import batch, local_workers
-from lstmgrad_cli.backends import _blas
+from lstmgrad_cli.backends import cpu_blas
 
 def state():
     blas = {info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"}
@@ -138,7 +138,7 @@ def state():
 def interrupted(signum, frame):
     raise SystemExit("the parent's handler ran")
 
-_blas.find()  # loaded here, MKL too where installed: they have read their thread counts already
+cpu_blas.find()  # loaded here, MKL too where installed: they have read their thread counts already
 signal.signal(signal.SIGINT, interrupted)
 signal.signal(signal.SIGTERM, signal.SIG_IGN if sys.argv[1] == "ignored" else interrupted)
 print(local_workers.start_method())
@@ -171,12 +171,12 @@ sys.path.insert(0, sys.argv[1])
 import numpy as np
 from conftest import consistent_inputs
 from lstmgrad_cli import batch, block_lstm_grad_v2, local_workers
-from lstmgrad_cli.backends import _blas
+from lstmgrad_cli.backends import cpu_blas
 
 def threads_after_small_passes():
     for seed in range(3):  # each pass is below SMALL_PASS_FLOPS: single_threaded()
         block_lstm_grad_v2(4, **consistent_inputs(seed=seed), use_peephole=True)
-    return _blas.process_status("Threads")
+    return cpu_blas.process_status("Threads")
 
 np.ones((300, 300)) @ np.ones((300, 300))  # the parent's OpenBLAS has run its threads
 print(local_workers.start_method())

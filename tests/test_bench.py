@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from lstmgrad_cli import bench
-from lstmgrad_cli.backends import _blas, refresh
+from lstmgrad_cli.backends import cpu_blas, refresh
 from lstmgrad_cli.cli import main
 from lstmgrad_cli.errors import InvalidArgumentError, UnknownBackendError
 
@@ -117,19 +117,19 @@ def test_an_interpreter_without_the_frameworks_is_named_not_dropped(runner):
 
 @pytest.mark.parametrize("library", ["openblas", "mkl"])
 def test_child_mode_reports_missing_frameworks_and_its_blas(tmp_path, library):
-    if library == "mkl" and _blas.mkl() is None:
+    if library == "mkl" and cpu_blas.mkl() is None:
         pytest.skip("needs the mkl wheel")
     path = tmp_path / "in.npz"
     np.savez(path, **bench.make_inputs((2, 1, 2, 2)))
     script = ROOT / "lstmgrad_cli" / "bench.py"
-    env = {**os.environ, _blas.BLAS_ENV: library}  # what the parent passes on
+    env = {**os.environ, cpu_blas.BLAS_ENV: library}  # what the parent passes on
     proc = subprocess.run([sys.executable, str(script), "--child", str(path), "--repeats", "1",
                            "--frameworks", "no_such_framework"], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert "error" in out["no_such_framework"]
     assert len(out["gemm-limit"]["seconds"]) == 1 and out["gemm-limit"]["seconds"][0] > 0
-    assert out["blas"] == (f"MKL {_blas.mkl_version()}" if library == "mkl" else "OpenBLAS (numpy's)")
+    assert out["blas"] == (f"MKL {cpu_blas.mkl_version()}" if library == "mkl" else "OpenBLAS (numpy's)")
     assert len(out["gemm-limit"]["back_to_back_seconds"]) == 1
 
 
@@ -157,7 +157,7 @@ def test_bench_command_json(runner):
     doc = json.loads(result.stdout)
     assert [r["engine"] for r in doc["results"]] == ["gemm-limit", "numpy"]
     numpy_row = doc["results"][1]
-    assert numpy_row["version"] == np.__version__ + _blas.version_note() and numpy_row["shape"] == [3, 2, 5, 4]
+    assert numpy_row["version"] == np.__version__ + cpu_blas.version_note() and numpy_row["shape"] == [3, 2, 5, 4]
 
 
 def test_bench_command_table_and_markdown(runner):

@@ -1,4 +1,4 @@
-"""Which BLAS the CPU backends call (``_blas``), and the whole pass on MKL.
+"""Which BLAS the CPU backends call (``cpu_blas``), and the whole pass on MKL.
 
 The rest of the suite runs on numpy's OpenBLAS (conftest sets LSTMGRAD_BLAS=openblas).  The library
 is chosen once per process, and the numba kernels bind its address when they load, so the MKL
@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 from conftest import CELL_CASES, FIXTURES, SEQ_CASES, assert_close_scaled, load_case
 
-from lstmgrad_cli.backends import _blas
+from lstmgrad_cli.backends import cpu_blas
 
 TESTS = Path(__file__).resolve().parent
-needs_mkl = pytest.mark.skipif(_blas.mkl_version() is None, reason="needs the mkl wheel: pip install 'lstmgrad[mkl]'")
+needs_mkl = pytest.mark.skipif(cpu_blas.mkl_version() is None,
+                               reason="needs the mkl wheel: pip install 'lstmgrad[mkl]'")
 
 
 @pytest.fixture
@@ -30,23 +31,23 @@ def choose(monkeypatch):
 
     def set_choice(value):
         if value is None:
-            monkeypatch.delenv(_blas.BLAS_ENV, raising=False)
+            monkeypatch.delenv(cpu_blas.BLAS_ENV, raising=False)
         else:
-            monkeypatch.setenv(_blas.BLAS_ENV, value)
-        _blas.find.cache_clear()
-        return _blas.find()
+            monkeypatch.setenv(cpu_blas.BLAS_ENV, value)
+        cpu_blas.find.cache_clear()
+        return cpu_blas.find()
 
     yield set_choice
     monkeypatch.undo()
-    _blas.find.cache_clear()
+    cpu_blas.find.cache_clear()
 
 
 def test_openblas_is_numpys_own_library(choose):
     blas = choose("openblas")
-    if _blas.numpy_openblas() is None:
+    if cpu_blas.numpy_openblas() is None:
         pytest.skip("numpy's OpenBLAS is not reachable here")
-    assert blas is _blas.numpy_openblas() and blas.name == "OpenBLAS (numpy's)"
-    assert _blas.describe() == "OpenBLAS (numpy's)" and _blas.version_note() == ""
+    assert blas is cpu_blas.numpy_openblas() and blas.name == "OpenBLAS (numpy's)"
+    assert cpu_blas.describe() == "OpenBLAS (numpy's)" and cpu_blas.version_note() == ""
 
 
 class _CountingLibrary:
@@ -56,7 +57,7 @@ class _CountingLibrary:
         self.count, self.changes = count, []
 
     def blas(self):
-        return _blas.Blas("counting", 0, 0, lambda: self.count, self.set, None)
+        return cpu_blas.Blas("counting", 0, 0, lambda: self.count, self.set, None)
 
     def set(self, count):
         self.changes.append(count)
@@ -65,18 +66,18 @@ class _CountingLibrary:
 
 def test_counts_held_changes_the_count_only_when_a_pass_needs_another(monkeypatch):
     library = _CountingLibrary(2)
-    monkeypatch.setattr(_blas, "_libraries", lambda: [library.blas()])
-    with _blas.counts_held():
+    monkeypatch.setattr(cpu_blas, "_libraries", lambda: [library.blas()])
+    with cpu_blas.counts_held():
         for _ in range(3):
-            with _blas.single_threaded():
+            with cpu_blas.single_threaded():
                 assert library.count == 1
             assert library.count == 1  # not put back after each small pass
-        with _blas.threads_for_pass(8, 64, 256, 256):  # a pass that wants threads gets the library's count
+        with cpu_blas.threads_for_pass(8, 64, 256, 256):  # a pass that wants threads gets the library's count
             assert library.count == 2
-        with _blas.threads_for_pass(5, 3, 4, 4):
+        with cpu_blas.threads_for_pass(5, 3, 4, 4):
             assert library.count == 1
     assert library.count == 2 and library.changes == [1, 2, 1, 2]
-    with _blas.single_threaded():  # outside: set and put back each time, as before
+    with cpu_blas.single_threaded():  # outside: set and put back each time, as before
         assert library.count == 1
     assert library.count == 2 and library.changes[4:] == [1, 2]
 
@@ -84,9 +85,9 @@ def test_counts_held_changes_the_count_only_when_a_pass_needs_another(monkeypatc
 def test_single_threaded_leaves_a_library_already_at_one_thread_alone(monkeypatch):
     # Setting numpy's OpenBLAS's count, even to the one it has, starts its threads again (a worker on one core).
     library = _CountingLibrary(1)
-    monkeypatch.setattr(_blas, "_libraries", lambda: [library.blas()])
+    monkeypatch.setattr(cpu_blas, "_libraries", lambda: [library.blas()])
     for _ in range(2):
-        with _blas.single_threaded():
+        with cpu_blas.single_threaded():
             assert library.count == 1
     assert library.changes == []
 
@@ -100,7 +101,7 @@ def test_a_serial_batch_of_small_files_sets_blas_threads_once(monkeypatch, tmp_p
     from lstmgrad_cli.jobs import GradOptions
 
     library = _CountingLibrary(2)
-    monkeypatch.setattr(_blas, "_libraries", lambda: [library.blas()])
+    monkeypatch.setattr(cpu_blas, "_libraries", lambda: [library.blas()])
     paths = [write_npz(tmp_path / f"f{k}.npz", consistent_inputs(5, 3, 4, 4, seed=k)) for k in range(4)]
     (tmp_path / "out").mkdir()
     results = batch.run_batch(batch.plan_tasks(paths, None, tmp_path / "out"), GradOptions("seq"))
@@ -112,35 +113,35 @@ def test_a_serial_batch_of_small_files_sets_blas_threads_once(monkeypatch, tmp_p
 @pytest.mark.parametrize("value", [None, "auto", "MKL", " mkl "])
 def test_mkl_is_chosen_when_installed_unless_openblas_is_asked_for(choose, value):
     blas = choose(value)
-    assert blas is _blas.mkl() and blas.name == f"MKL {_blas.mkl_version()}"
-    assert _blas.version_note() == f" with MKL {_blas.mkl_version()}"
+    assert blas is cpu_blas.mkl() and blas.name == f"MKL {cpu_blas.mkl_version()}"
+    assert cpu_blas.version_note() == f" with MKL {cpu_blas.mkl_version()}"
 
 
 def test_mkl_asked_for_but_absent_warns_and_uses_openblas(choose, monkeypatch):
-    monkeypatch.setattr(_blas, "mkl", lambda: None)
+    monkeypatch.setattr(cpu_blas, "mkl", lambda: None)
     with pytest.warns(UserWarning, match=r"LSTMGRAD_BLAS=mkl, but MKL is not installed .*lstmgrad\[mkl\]"):
         blas = choose("mkl")
-    assert blas is _blas.numpy_openblas()
+    assert blas is cpu_blas.numpy_openblas()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # auto without MKL is quiet
-        assert choose("auto") is _blas.numpy_openblas()
+        assert choose("auto") is cpu_blas.numpy_openblas()
 
 
 def test_an_unknown_choice_warns_and_counts_as_auto(choose, monkeypatch):
-    monkeypatch.setattr(_blas, "mkl", lambda: None)
+    monkeypatch.setattr(cpu_blas, "mkl", lambda: None)
     with pytest.warns(UserWarning, match=r"LSTMGRAD_BLAS='atlas' is not one of auto, mkl, openblas; using auto"):
-        assert choose("atlas") is _blas.numpy_openblas()
+        assert choose("atlas") is cpu_blas.numpy_openblas()
 
 
 @needs_mkl
 def test_single_threaded_sets_both_libraries_and_puts_them_back(choose):
-    mkl, own = choose("mkl"), _blas.numpy_openblas()
+    mkl, own = choose("mkl"), cpu_blas.numpy_openblas()
     libraries = [mkl] + ([own] if own is not None else [])
     before = [blas.get_threads() for blas in libraries]
     for blas in libraries:
         blas.set_threads(2)
     try:
-        with _blas.single_threaded():
+        with cpu_blas.single_threaded():
             assert [blas.get_threads() for blas in libraries] == [1] * len(libraries)
         assert [blas.get_threads() for blas in libraries] == [2] * len(libraries)
     finally:
@@ -178,7 +179,7 @@ def test_a_small_pass_and_its_summaries_run_blas_on_one_thread(choose, monkeypat
             return set(counts)
 
         assert threads_in_pass(5, 3, 4, 4) == {1}
-        assert 16 * 8 * 64 * 256 * (256 + 256) >= _blas.SMALL_PASS_FLOPS
+        assert 16 * 8 * 64 * 256 * (256 + 256) >= cpu_blas.SMALL_PASS_FLOPS
         assert threads_in_pass(8, 64, 256, 256) == {2}
         assert blas.get_threads() == 2
 
@@ -194,13 +195,13 @@ def test_a_small_pass_and_its_summaries_run_blas_on_one_thread(choose, monkeypat
 def test_matmul_goes_through_the_chosen_library(choose, monkeypatch):
     choose("mkl")
     seen = []
-    real = _blas.matmul_into
-    monkeypatch.setattr(_blas, "matmul_into", lambda *a, **k: seen.append(a[2].shape) or real(*a, **k))
+    real = cpu_blas.matmul_into
+    monkeypatch.setattr(cpu_blas, "matmul_into", lambda *a, **k: seen.append(a[2].shape) or real(*a, **k))
     a, b = np.ones((3, 4), np.float32), np.ones((4, 5), np.float32)
     out = np.empty((3, 5), np.float32)
-    _blas.matmul(a, b, out)
+    cpu_blas.matmul(a, b, out)
     np.testing.assert_array_equal(out, np.full((3, 5), 4, np.float32))
-    _blas.matmul(a.astype(np.float16), b.astype(np.float16), out.astype(np.float16))  # declined: numpy does it
+    cpu_blas.matmul(a.astype(np.float16), b.astype(np.float16), out.astype(np.float16))  # declined: numpy does it
     assert seen == [(3, 5), (3, 5)]
 
 
@@ -208,15 +209,15 @@ def test_describe_names_the_library_the_products_use():
     # Backend versions and outputs record what describe() says: it must be the library chosen, not a guess.
     code = """
 import json
-from lstmgrad_cli.backends import _blas
-name = _blas.describe()
-print(json.dumps([name, _blas.find().name]))
+from lstmgrad_cli.backends import cpu_blas
+name = cpu_blas.describe()
+print(json.dumps([name, cpu_blas.find().name]))
 """
-    env = {**os.environ, _blas.BLAS_ENV: "auto"}
+    env = {**os.environ, cpu_blas.BLAS_ENV: "auto"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     name, chosen = json.loads(proc.stdout.strip().splitlines()[-1])
-    want = f"MKL {_blas.mkl_version()}" if _blas.mkl_version() else "OpenBLAS (numpy's)"
+    want = f"MKL {cpu_blas.mkl_version()}" if cpu_blas.mkl_version() else "OpenBLAS (numpy's)"
     assert name == chosen == want
 
 
@@ -229,9 +230,9 @@ import resource, sys
 import h5py, numpy
 import lstmgrad_cli.backends._numpy, lstmgrad_cli.cli, lstmgrad_cli.cli.grad_cmd, lstmgrad_cli.jobs
 import importlib.metadata, csv
-from lstmgrad_cli.backends import _blas
+from lstmgrad_cli.backends import cpu_blas
 if sys.argv[2] == "unchecked":
-    _blas.MKL_ADDRESS_SPACE = _blas.MKL_THREAD_ADDRESS_SPACE = 0
+    cpu_blas.MKL_ADDRESS_SPACE = cpu_blas.MKL_THREAD_ADDRESS_SPACE = 0
 for line in open("/proc/self/status"):
     if line.startswith("VmSize:"):
         used = int(line.split()[1]) * 1024
@@ -242,7 +243,7 @@ lstmgrad_cli.cli.main()
 
 
 def _mkl_room_mb() -> int:
-    return (_blas.MKL_ADDRESS_SPACE + _blas.MKL_THREAD_ADDRESS_SPACE * _blas._mkl_threads()) >> 20
+    return (cpu_blas.MKL_ADDRESS_SPACE + cpu_blas.MKL_THREAD_ADDRESS_SPACE * cpu_blas._mkl_threads()) >> 20
 
 
 @needs_mkl
@@ -260,7 +261,7 @@ def test_mkl_that_cannot_load_under_a_memory_limit_falls_back_to_openblas(tmp_pa
     fell_back = []
     for margin in margins:
         out = tmp_path / f"g{margin}.npz"
-        env = {**os.environ, _blas.BLAS_ENV: choice}
+        env = {**os.environ, cpu_blas.BLAS_ENV: choice}
         proc = subprocess.run([sys.executable, "-c", UNDER_A_LIMIT, str(margin), check, "seq",
                                str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out), "--json"],
                               capture_output=True, text=True, env=env, timeout=120)
@@ -276,7 +277,7 @@ def test_mkl_that_cannot_load_under_a_memory_limit_falls_back_to_openblas(tmp_pa
             assert "MKL" not in doc["results"][0]["backend_version"]  # the output records the library used
             fell_back.append(margin)
         else:
-            assert doc["results"][0]["backend_version"].endswith(f" with MKL {_blas.mkl_version()}")
+            assert doc["results"][0]["backend_version"].endswith(f" with MKL {cpu_blas.mkl_version()}")
         with np.load(out) as got:
             for key, value in load_case("seq_v2_peep")[1].items():
                 assert_close_scaled(got[key], value, name=key)
@@ -290,23 +291,23 @@ def test_mkl_is_not_tried_with_less_address_space_than_it_may_map(monkeypatch):
     resource = pytest.importorskip("resource")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv("MKL_NUM_THREADS", "3")  # the threads it will start: a local worker's share, say
-    room = _blas.MKL_ADDRESS_SPACE + _blas.MKL_THREAD_ADDRESS_SPACE * 3
+    room = cpu_blas.MKL_ADDRESS_SPACE + cpu_blas.MKL_THREAD_ADDRESS_SPACE * 3
     used = 300 * 2**20
-    monkeypatch.setattr(_blas, "_virtual_size", lambda: used)
+    monkeypatch.setattr(cpu_blas, "_virtual_size", lambda: used)
     for limit, short in [(resource.RLIM_INFINITY, False), (used + room, False), (used + room - 1, True),
                          (used // 2, True)]:
         monkeypatch.setattr(resource, "getrlimit", lambda which, limit=limit: (limit, resource.RLIM_INFINITY))
-        why = _blas.address_space_short()
+        why = cpu_blas.address_space_short()
         assert (why is not None) == short, limit
         if short:
             left = max(limit - used, 0) >> 20
             assert why.startswith(f"the address-space limit (ulimit -v) leaves {left} MB to map, and MKL may need "
                                   f"{room >> 20} MB")
-    monkeypatch.setattr(_blas, "_virtual_size", lambda: None)  # no /proc: nothing to go on, MKL is tried
-    assert _blas.address_space_short() is None
+    monkeypatch.setattr(cpu_blas, "_virtual_size", lambda: None)  # no /proc: nothing to go on, MKL is tried
+    assert cpu_blas.address_space_short() is None
     monkeypatch.delenv("MKL_NUM_THREADS")  # unset (or not a count): one thread per usable core
     monkeypatch.setenv("OMP_NUM_THREADS", "auto")
-    assert _blas._mkl_threads() == _blas.usable_cores()
+    assert cpu_blas._mkl_threads() == cpu_blas.usable_cores()
 
 
 def test_an_mkl_failure_during_a_pass_writes_nothing(runner, tmp_path, monkeypatch):
@@ -314,8 +315,8 @@ def test_an_mkl_failure_during_a_pass_writes_nothing(runner, tmp_path, monkeypat
     # result is then wrong, so the pass must fail rather than be written.
     from lstmgrad_cli.cli import main
 
-    monkeypatch.setattr(_blas, "on_mkl", lambda: True)
-    monkeypatch.setattr(_blas, "_mkl_fatal_errors", [2])
+    monkeypatch.setattr(cpu_blas, "on_mkl", lambda: True)
+    monkeypatch.setattr(cpu_blas, "_mkl_fatal_errors", [2])
     out = tmp_path / "g.npz"
     result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out)])
     assert result.exit_code == 1 and result.stdout == ""
@@ -329,12 +330,12 @@ import numpy as np
 sys.path.insert(0, sys.argv[1])
 from conftest import load_case, assert_close_scaled
 import lstmgrad_cli as lg
-from lstmgrad_cli.backends import _blas, _numba, _numba_kernels, get_backend
+from lstmgrad_cli.backends import cpu_blas, _numba, _numba_kernels, get_backend
 from lstmgrad_cli.spec import SeqTensors
 from lstmgrad_cli.backends._numpy import NumpyBackend
 from lstmgrad_cli.bench import make_inputs
 
-assert _blas.find() is _blas.mkl() and _numba_kernels._BLAS is _blas.mkl(), _blas.find()
+assert cpu_blas.find() is cpu_blas.mkl() and _numba_kernels._BLAS is cpu_blas.mkl(), cpu_blas.find()
 numba = _numba.NumbaBackend(kernel_min_flops=0)
 from test_ops_golden import cell_args, seq_call
 
@@ -368,13 +369,13 @@ print(json.dumps({"same": same, "versions": [get_backend("numpy").version, numba
 
 @needs_mkl
 def test_the_whole_pass_on_mkl_matches_tensorflow_and_the_backends_agree_bit_for_bit():
-    env = {**os.environ, _blas.BLAS_ENV: "mkl"}
+    env = {**os.environ, cpu_blas.BLAS_ENV: "mkl"}
     proc = subprocess.run([sys.executable, "-c", MKL_RUN, str(TESTS), ",".join(SEQ_CASES), ",".join(CELL_CASES)],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     assert doc["same"], "numpy and numba, overlapped or not, differ on MKL"
-    assert all(v.endswith(f" with MKL {_blas.mkl_version()}") for v in doc["versions"]), doc["versions"]
+    assert all(v.endswith(f" with MKL {cpu_blas.mkl_version()}") for v in doc["versions"]), doc["versions"]
 
 
 @needs_mkl
@@ -383,11 +384,11 @@ def test_cli_on_mkl_records_it_in_the_output(tmp_path):
 
     out = tmp_path / "grads.npz"
     lstmgrad = Path(sys.executable).with_name("lstmgrad")
-    env = {**os.environ, _blas.BLAS_ENV: "mkl"}
+    env = {**os.environ, cpu_blas.BLAS_ENV: "mkl"}
     proc = subprocess.run([str(lstmgrad), "seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out),
                            "--backend", "numba"], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert read_metadata(out)["backend_version"].endswith(f" with MKL {_blas.mkl_version()}")
+    assert read_metadata(out)["backend_version"].endswith(f" with MKL {cpu_blas.mkl_version()}")
     with np.load(out) as got:
         for key, value in load_case("seq_v2_peep")[1].items():
             assert_close_scaled(got[key], value, name=key)
@@ -396,10 +397,10 @@ def test_cli_on_mkl_records_it_in_the_output(tmp_path):
 def test_cli_shows_an_unknown_choice_as_one_warning_line(runner, choose, tmp_path, monkeypatch):
     from lstmgrad_cli.cli import main
 
-    monkeypatch.setattr(_blas, "mkl", lambda: None)
+    monkeypatch.setattr(cpu_blas, "mkl", lambda: None)
     choose(None)  # the CLI reads LSTMGRAD_BLAS itself, below
-    monkeypatch.setenv(_blas.BLAS_ENV, "atlas")
-    _blas.find.cache_clear()
+    monkeypatch.setenv(cpu_blas.BLAS_ENV, "atlas")
+    cpu_blas.find.cache_clear()
     result = runner.invoke(main, ["seq", str(FIXTURES / "seq_tiny.in.npz"), "-o", str(tmp_path / "g.npz"), "-q"])
     assert result.exit_code == 0, result.stderr
     assert result.stderr == "Warning: LSTMGRAD_BLAS='atlas' is not one of auto, mkl, openblas; using auto\n"

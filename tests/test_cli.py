@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, assert_close_scaled, load_case, write_h5, write_npz
 
-from lstmgrad_cli.backends import _blas
+from lstmgrad_cli.backends import cpu_blas
 from lstmgrad_cli.cli import _common, debug_cmd, grad_cmd, main
 from lstmgrad_cli.io import read_metadata
 
@@ -52,7 +52,7 @@ def test_seq_writes_tf_gradients_in_the_format_of_the_extension(runner, tmp_path
     assert meta["op"] == "BlockLSTMGradV2" and meta["layout"] == "ifco" and meta["backend"] == "numpy"
     assert bool(meta["use_peephole"]) is True and int(meta["seq_len_max"]) == 5
     assert meta["source"].endswith("seq_v2_peep.in.npz")
-    assert meta["backend_version"] == np.__version__ + _blas.version_note()  # " with MKL ..." on MKL
+    assert meta["backend_version"] == np.__version__ + cpu_blas.version_note()  # " with MKL ..." on MKL
     for column in ("x_grad", "L2 norm", "max |value|", "finite", "BlockLSTMGradV2", "seq_len_max=5"):
         assert column in result.stdout
 

@@ -124,10 +124,10 @@ def test_nan_in_a_streamed_input_is_counted_and_strict_writes_nothing(runner, tm
 def test_the_overlapped_schedule_streams_too_and_equals_the_in_memory_run(tmp_path, monkeypatch):
     """Large shapes run the chunk products on a second thread; a streamed run (lazy inputs, x_grad written into
     the HDF5 output from either thread) takes that schedule too and gives the in-memory result bit for bit."""
-    from lstmgrad_cli.backends import _blas, _xp
+    from lstmgrad_cli.backends import _xp, cpu_blas
 
     monkeypatch.setattr(_xp, "OVERLAP_MIN_FLOPS", 0)  # this small shape takes the large shapes' schedule
-    monkeypatch.setattr(_blas, "usable_cores", lambda: 2)
+    monkeypatch.setattr(cpu_blas, "usable_cores", lambda: 2)
     threads = []
     real = _xp.XpGradient._run_overlapped
     monkeypatch.setattr(_xp.XpGradient, "_run_overlapped",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backends import _blas
+from ..backends import cpu_blas
 from ..ops.forward import logit, sigmoid
 from ..ops.validation import PEEPHOLES
 from ..spec import LAYOUT_OPS, LAYOUTS  # noqa: F401 - LAYOUT_OPS re-exported
@@ -171,7 +171,7 @@ def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=("ifco", 
     with np.errstate(all="ignore"):
         # the pre-activations of the sampled units of every block, [rows * steps, units] each, in one product:
         # small whatever the shape, so on one BLAS thread (threads it woke would spin against the work after it)
-        with _blas.single_threaded():
+        with cpu_blas.single_threaded():
             z_all = np.concatenate([x_rows, h_prev], axis=1) @ w + b
         z = {block: z_all[:, block * units.size:(block + 1) * units.size] for block in range(4)}
         peep_terms = {"i": cs_prev * peep["wci"], "f": cs_prev * peep["wcf"], "o": stored["cs"] * peep["wco"]}

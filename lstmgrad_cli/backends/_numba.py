@@ -4,7 +4,7 @@ The generic step makes 24 numpy passes over ``[B, C]`` arrays; here one compiled
 activation once and writes the four gate gradients and the carried cell gradient, in parallel
 over the batch when the step is large enough to pay for the threads.  A chunk's whole time loop
 runs compiled: after each step the recurrent product calls ``cblas_?gemm`` of the library every
-host product goes through (``_blas.find()``: MKL when installed, else the OpenBLAS inside numpy's
+host product goes through (``cpu_blas.find()``: MKL when installed, else the OpenBLAS inside numpy's
 wheel; no per-step Python, ~15 us of argument dispatch saved per step); where no library is found
 the loop stays in Python with ``np.matmul``.  The chunk products stay in the shared code.  Every
 operation keeps TensorFlow's bracketing and rounds in the compute dtype (no fast-math, so no
@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from . import _blas
+from . import cpu_blas
 from ._numpy import NumpyBackend
 from ._xp import XpGradient
 
@@ -35,7 +35,7 @@ PARALLEL_MIN_ELEMENTS = 8 * 1024
 KERNEL_MIN_FLOPS = 2 * 10**8
 
 _KERNELS = __name__ + "_kernels"
-_BLAS = _blas.find()
+_BLAS = cpu_blas.find()
 
 
 def _kernels():
@@ -132,8 +132,8 @@ class NumbaBackend(NumpyBackend):
         from importlib.metadata import PackageNotFoundError, version
 
         try:
-            return version("numba") + _blas.version_note()  # without importing it
+            return version("numba") + cpu_blas.version_note()  # without importing it
         except PackageNotFoundError:
             import numba
 
-            return numba.__version__ + _blas.version_note()
+            return numba.__version__ + cpu_blas.version_note()

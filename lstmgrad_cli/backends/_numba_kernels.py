@@ -12,7 +12,7 @@ from __future__ import annotations
 import llvmlite.binding as llvm
 from numba import njit, prange, types
 
-from . import _blas
+from . import cpu_blas
 
 
 @njit(inline="always")
@@ -88,7 +88,7 @@ def _gemm_type(real):
 # Bound by name: cached kernels link against these symbols, registered in every process below.
 _sgemm = types.ExternalFunction("lstmgrad_cblas_sgemm", _gemm_type(types.float32))
 _dgemm = types.ExternalFunction("lstmgrad_cblas_dgemm", _gemm_type(types.float64))
-_BLAS = _blas.find()
+_BLAS = cpu_blas.find()
 if _BLAS is not None:
     llvm.add_symbol("lstmgrad_cblas_sgemm", _BLAS.sgemm)
     llvm.add_symbol("lstmgrad_cblas_dgemm", _BLAS.dgemm)

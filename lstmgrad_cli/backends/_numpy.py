@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _blas
+from . import cpu_blas
 from ._xp import XpGradient
 
 
@@ -16,7 +16,7 @@ class NumpyBackend:
 
     @property
     def version(self) -> str:
-        return np.__version__ + _blas.version_note()
+        return np.__version__ + cpu_blas.version_note()
 
     def block_lstm_grad(self, tensors, *, seq_len_max, use_peephole, layout, compute_dtype,
                         chunk_steps=None, return_dgates=False, x_grad_out=None, observe=None):

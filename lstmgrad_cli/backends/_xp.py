@@ -36,7 +36,7 @@ import numpy as np
 
 from ..results import BlockLSTMGradOutputs
 from ..spec import LAYOUTS, SeqTensors
-from . import _blas
+from . import cpu_blas
 
 # Budget for one chunk's buffers (gate gradients, and the cast inputs when casting).
 CHUNK_BYTES = 64 * 2**20
@@ -360,7 +360,7 @@ class XpGradient:
         outs = BlockLSTMGradOutputs(
             x_grad, out(carried_cs), out(carried_h), out(wb_grad[:I + C]), *map(out, peep_grads), out(wb_grad[I + C]),
         )
-        _blas.check_mkl()  # a product MKL could not compute left its output as it was
+        cpu_blas.check_mkl()  # a product MKL could not compute left its output as it was
         if return_dgates:
             return outs, dgates_all.astype(out_dtype)
         return outs
@@ -385,9 +385,9 @@ class XpGradient:
         return carried_cs, new_cs
 
     def _matmul(self, a, b, out):
-        """``out = a @ b``; on the host through the one BLAS of every product (``_blas.matmul``)."""
+        """``out = a @ b``; on the host through the one BLAS of every product (``cpu_blas.matmul``)."""
         if self.xp is np:
-            _blas.matmul(a, b, out)
+            cpu_blas.matmul(a, b, out)
         else:
             self.xp.matmul(a, b, out=out)
 
@@ -399,12 +399,12 @@ class XpGradient:
 
     def _threads_for(self, L, B, I, C):  # noqa: E741
         """BLAS threads for a host pass run in sequence: one for a small pass, the library's own count otherwise
-        (``_blas.threads_for_pass``)."""
-        return _blas.threads_for_pass(L, B, I, C) if self.xp is np else contextlib.nullcontext()
+        (``cpu_blas.threads_for_pass``)."""
+        return cpu_blas.threads_for_pass(L, B, I, C) if self.xp is np else contextlib.nullcontext()
 
     def _overlap_now(self) -> bool:
         """Run those chunks' products beside the loop (``_run_overlapped``): with two cores, unless set."""
-        return self.overlap if self.overlap is not None else _blas.usable_cores() >= 2
+        return self.overlap if self.overlap is not None else cpu_blas.usable_cores() >= 2
 
     def _run_overlapped(self, chunks, slots, steps, x_product, wb_product):
         """Each chunk's time loop on this thread while a second thread does the products of the chunks before.
@@ -414,7 +414,7 @@ class XpGradient:
         worker in chunk order too, so w_grad and b_grad are summed in the same order on every run.
         ``x_product`` writes its own rows of x_grad and is done by whichever thread is free: the
         worker while it waits for the next chunk, this thread while it waits for a slot and once
-        its loop is done.  BLAS runs single-threaded meanwhile (``_blas.single_threaded``): two
+        its loop is done.  BLAS runs single-threaded meanwhile (``cpu_blas.single_threaded``): two
         threads, one per core.  Results equal the sequential schedule with the same chunks, bit for bit.
         """
         import _thread
@@ -469,9 +469,9 @@ class XpGradient:
         # which spin for ~0.1 s after a threaded call, can be stopped to free the core they take.
         stop_spinning = threading.active_count() == 1
 
-        with _blas.single_threaded():
+        with cpu_blas.single_threaded():
             if stop_spinning:
-                _blas.stop_spinning_workers()  # before either thread calls BLAS
+                cpu_blas.stop_spinning_workers()  # before either thread calls BLAS
             _thread.start_new_thread(worker, ())  # returns at once, unlike Thread.start()
             try:
                 for j, (lo, hi) in enumerate(chunks):
@@ -515,7 +515,7 @@ class XpGradient:
         dtype, its last column ones; filled here, which also casts other-dtype inputs): about 10%
         faster than separate x and h products plus a sum over the batch.  The ``first`` chunk (the
         last steps) writes it in place; later ones add into it in the same BLAS call where a BLAS is
-        reachable (``_blas.matmul_into``: 113 vs 118 ms a call at 100,64,256,256).
+        reachable (``cpu_blas.matmul_into``: 113 vs 118 ms a call at 100,64,256,256).
         """
         xp = self.xp
         n, B, G4 = gates.shape
@@ -532,7 +532,7 @@ class XpGradient:
             if n > 1:
                 _rows_into(t.h, 0, hi - 1, xh_buf, np.s_[1:n, :, I:I + C])
         xh = xh.reshape(n * B, I + C + 1)
-        if _blas.matmul_into(xh.T, flat, wb_grad, accumulate=not first):
+        if cpu_blas.matmul_into(xh.T, flat, wb_grad, accumulate=not first):
             return  # one BLAS call adds the product in: no [I+C+1, 4C] temporary, no extra pass
         if first:  # not written yet
             xp.matmul(xh.T, flat, out=wb_grad)

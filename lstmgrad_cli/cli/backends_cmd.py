@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import backends as registry
-from ..backends import _blas
+from ..backends import cpu_blas
 from ._common import handle_errors, print_json, print_table, stdout_console
 
 
@@ -26,7 +26,7 @@ def backends_command(as_json: bool) -> None:
     rows = registry.statuses()
     default = registry.resolve_name(None)
     auto = registry.resolve_name("auto")
-    blas = _blas.describe()
+    blas = cpu_blas.describe()
     if as_json:
         print_json({"default": default, "auto": auto, "host_blas": blas, "backends": [
             {"name": r.name, "available": r.available, "reason": r.reason or None, "version": r.version,
