@@ -28,8 +28,6 @@ from .ops import block_lstm, block_lstm_v2, lstm_block_cell, validation
 from .problem import fill_absent_peepholes, resolve_param
 from .spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OUTPUT_GRADIENTS
 
-GRAD_COMMAND = {"BlockLSTMV2": "lstmgrad seq", "BlockLSTM": "lstmgrad seq --layout icfo",
-                "LSTMBlockCell": "lstmgrad cell"}
 _GRADS_RE = re.compile(r"^(zeros|ones|file|random)(?::(\d+))?$")
 
 
@@ -81,7 +79,6 @@ class ForwardResult:
     sources: dict = field(default_factory=dict)  # parameter -> "flag" | "tensor" | "attribute" | "default"
     defaults: list[str] = field(default_factory=list)
     tensors: list[TensorSummary] = field(default_factory=list)
-    next_command: str | None = None
     seconds: float | None = None
 
     def to_json(self) -> dict:
@@ -166,7 +163,6 @@ def run_forward_file(input_path: str | Path, output_path: str | Path, options: F
     result.use_peephole, result.seq_len_max = use_peephole, seq_len_max
     result.forget_bias, result.cell_clip, result.dims = forget_bias, cell_clip, dims._asdict()
     result.tensors = [summarise(n, v) for n, v in tensors.items() if n not in ("seq_len_max", "use_peephole")]
-    result.next_command = f"{GRAD_COMMAND[op]} {out}"
     result.seconds = time.perf_counter() - start
     return result
 

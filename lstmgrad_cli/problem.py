@@ -469,18 +469,20 @@ def _refuse_wrong_file(path: str, file: Path, loaded: io.LoadedFile, kind: str |
     if x is None and not loaded.info.get("member"):  # (a dump's execution holds its gradients beside its inputs)
         grads = [k for k in loaded.keys if k.endswith("_grad") and k not in ("cs_grad", "h_grad")]
         if grads or io.METADATA_KEY in loaded.keys:
-            raise InvalidArgumentError(f"{path}: {_gradient_file(file, grads)}")
+            raise InvalidArgumentError(Message.format("{}: {}", path, _gradient_file(file, grads)))
 
 
-def _gradient_file(path: Path, grads: list[str]) -> str:
+def _gradient_file(path: Path, grads: list[str]) -> Message:
     """Words for a gradient file given as an input: where it came from, what to give instead."""
     try:
         meta = io.read_metadata(path)
     except (LstmGradError, OSError):
         meta = {}
+    compare = Param("reference_path")
     if meta.get("tool") == "lstmgrad" and str(meta.get("op", "")).endswith(("Grad", "GradV2")):
         source = f" of {meta['source']}" if meta.get("source") else ""
-        return (f"is an lstmgrad output (the {meta['op']} gradients{source}), not an input; give the file with the "
-                "op's tensors (x, cs_prev, ...), or use it as `lstmgrad check INPUT -r` reference")
-    return (f"holds gradients ({io.describe_keys(grads)}) and no x: a reference for `lstmgrad check INPUT -r`, not "
-            "an input; give the file with the op's tensors (x, cs_prev, h_prev, w, ...)")
+        return Message.format("is an lstmgrad output (the {} gradients{}), not an input; give the file with the op's "
+                              "tensors (x, cs_prev, ...), or compare with it as a reference ({})", meta["op"], source,
+                              compare)
+    return Message.format("holds gradients ({}) and no x: a reference to compare with ({}), not an input; give the "
+                          "file with the op's tensors (x, cs_prev, h_prev, w, ...)", io.describe_keys(grads), compare)

@@ -12,7 +12,8 @@ from ..messages import Message, Param, message_of
 # belongs to another command.
 _FLAGS = {"use_peephole": ("--peephole", "--no-peephole"), "weights": "--weights FILE",
           "weights_group": "--weights-group PATH", "group": "--group PATH", "kind": "--kind",
-          "seq_len_max": "--seq-len-max", "output": "-o", "gradcheck": "`lstmgrad check --gradcheck`"}
+          "seq_len_max": "--seq-len-max", "output": "-o", "gradcheck": "`lstmgrad check --gradcheck`",
+          "reference_path": "`lstmgrad check INPUT -r`"}
 
 
 def flag(param: Param) -> str:

@@ -116,7 +116,8 @@ def _forward(input_path, output, options: ForwardOptions, as_json: bool, quiet: 
     result = run_forward_file(input_path, output, options)
     try:
         if as_json:
-            print_json({"lstmgrad": __version__, "command": "forward", "result": result.to_json()})
+            print_json({"lstmgrad": __version__, "command": "forward",
+                        "result": {**result.to_json(), "next_command": render.forward_next_command(result)}})
         elif not quiet:
             render.forward_result(stdout_console(), result)
     except BrokenPipeError:  # stdout's reader exited (| head): the output is written and complete, still a success

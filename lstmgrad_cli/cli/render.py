@@ -111,6 +111,15 @@ def batch_summary(console, files: int, counts: dict, not_run: int) -> None:
 
 # -- forward --------------------------------------------------------------------------------------
 
+# The command that computes the gradient of a forward op's output file.
+GRAD_COMMAND = {"BlockLSTMV2": "lstmgrad seq", "BlockLSTM": "lstmgrad seq --layout icfo",
+                "LSTMBlockCell": "lstmgrad cell"}
+
+
+def forward_next_command(result) -> str:
+    return f"{GRAD_COMMAND[result.op]} {result.output}"
+
+
 def forward_result(console, result) -> None:
     table = tensor_table(result.tensors)
     print_table(console, table, f"{result.input} -> {result.output}")
@@ -123,7 +132,7 @@ def forward_result(console, result) -> None:
     say(console, separator(console).join(parts))
     for note in result.defaults:
         say(console, f"default used: {words(note)}", style="dim")
-    say(console, f"next: {result.next_command}")
+    say(console, f"next: {forward_next_command(result)}")
 
 
 # -- check ----------------------------------------------------------------------------------------

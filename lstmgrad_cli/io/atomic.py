@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 from .. import interrupts
 from ..errors import OutputExistsError, OutputFileError
+from ..messages import Message, Param
 from ._common import reason
 
 
@@ -396,19 +397,24 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
+def exists_error(path: Path) -> OutputExistsError:
+    """The refusal of an output that already exists, naming the ``force`` parameter that allows replacing it."""
+    return OutputExistsError(Message.format("{}: already exists; use {} to overwrite", path, Param("force", True)))
+
+
 def _publish(tmp: Path, path: Path, force: bool) -> None:
     if force:
         os.replace(tmp, path)
         return
     try:
-        os.link(tmp, path)  # fails if the target appeared meanwhile: never clobber without --force
+        os.link(tmp, path)  # fails if the target appeared meanwhile: never clobber without force
     except FileExistsError:
-        raise OutputExistsError(f"{path}: already exists; use --force to overwrite") from None
+        raise exists_error(path) from None
     except OSError as err:
         if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
             raise
         if path.exists():
-            raise OutputExistsError(f"{path}: already exists; use --force to overwrite") from None
+            raise exists_error(path) from None
         os.replace(tmp, path)  # filesystems without hard links
         return
     tmp.unlink()

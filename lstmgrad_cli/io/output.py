@@ -16,10 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import OutputExistsError, OutputFileError
-from ..messages import Message, Param
+from ..errors import OutputFileError
 from ._common import METADATA_KEY
-from .atomic import atomic_file, os_reason, synced_behind
+from .atomic import atomic_file, exists_error, os_reason, synced_behind
 from .hdf5_writer import hdf5_writer
 
 OUTPUT_FORMATS = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5", ".safetensors": "safetensors"}
@@ -65,8 +64,7 @@ def check_output(path: Path, force: bool, inputs: Iterable[Path] = (), others: M
         if not parent.is_dir():
             raise OutputFileError(f"{path}: output directory {parent} does not exist")
         if path.exists() and not force:
-            raise OutputExistsError(Message.format("{}: already exists; use {} to overwrite", path,
-                                                   Param("force", True)))
+            raise exists_error(path)
     except OSError as err:  # e.g. a name longer than the file system allows
         raise OutputFileError(f"{path}: cannot write there: {os_reason(err)}") from None
     return fmt

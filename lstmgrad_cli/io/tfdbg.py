@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputFileError, LstmGradError
+from ..messages import Message, Param
 from ..spec import GRADIENT_OPS, SIGNATURES
 from . import protowire as pw
 from ._common import Budget, Format, LoadedFile, describe_keys, max_tensor_bytes
@@ -674,9 +675,10 @@ def select_executions(index: DumpIndex, kind: str | None, member: str | None = N
         hint = "; use `lstmgrad cell`"
     elif kind == "cell" and set(counts) & {"BlockLSTMGrad", "BlockLSTMGradV2"}:
         hint = "; use `lstmgrad seq`"
-    picked = "" if op is None and execution is None else " matching --op/--execution"
-    raise InputFileError(f"{index.path}: no {wanted} executions{picked} in this TensorFlow debug dump (it has "
-                         f"{has}){hint}")
+    given = [Param(name, value) for name, value in (("op", op), ("execution", execution)) if value is not None]
+    picked = Message(" matching ", Message.join(", ", given)) if given else ""
+    raise InputFileError(Message.format("{}: no {} executions{} in this TensorFlow debug dump (it has {}){}",
+                                        index.path, wanted, picked, has, hint))
 
 
 def select(index: DumpIndex, member: str | None) -> OpExecution:
@@ -689,8 +691,8 @@ def select(index: DumpIndex, member: str | None) -> OpExecution:
     if not index.executions:
         raise InputFileError(f"{index.path}: no block-LSTM op was recorded in this TensorFlow debug dump")
     listing = describe_keys([e.member for e in (gradients or index.executions)])
-    raise InputFileError(f"{index.path}: the dump holds {len(gradients)} gradient-op executions; name one with "
-                         f"--group ({listing})")
+    raise InputFileError(Message.format("{}: the dump holds {} gradient-op executions; name one with {} ({})",
+                                        index.path, len(gradients), Param("group"), listing))
 
 
 def load_execution(index: DumpIndex, execution: OpExecution, names, scalars, collect_errors=False,
