@@ -41,6 +41,7 @@ from ._common import (
     file_kind,
     max_tensor_bytes,
     open_regular,
+    worded,
 )
 from .atomic import (
     Handoff,
@@ -99,6 +100,17 @@ def input_directory_format(path: str | os.PathLike) -> str | None:
     return next((f.name for f in FORMATS.values() if f.directory and f.sniff(names)), None)
 
 
+def _unreadable(err: BaseException) -> str:
+    """Why an input could not be opened, in words."""
+    if isinstance(err, FileNotFoundError):
+        return "no such file"
+    if isinstance(err, IsADirectoryError):
+        return "is a directory, not a file"
+    if isinstance(err, PermissionError):
+        return "permission denied"
+    return f"cannot read: {os_reason(err) if isinstance(err, OSError) else err}"
+
+
 def sniff_format(path: str | os.PathLike) -> str:
     """The name of ``path``'s format in ``FORMATS``, from its content; InputFileError for anything else.
 
@@ -106,7 +118,7 @@ def sniff_format(path: str | os.PathLike) -> str:
     """
     path = Path(path)
     expected = f"expected an {_file_formats()}"
-    try:
+    with worded(path, (OSError, ValueError), _unreadable):  # ValueError: an embedded NUL byte in the path
         info = os.stat(path)
         if stat.S_ISDIR(info.st_mode):
             found = input_directory_format(path)
@@ -118,16 +130,6 @@ def sniff_format(path: str | os.PathLike) -> str:
             raise InputFileError(f"{path}: is not a regular file ({file_kind(info.st_mode)}); {expected}")
         with open_regular(path, refusal=f"; {expected}") as fh:  # (never blocks, whatever is put there meanwhile)
             head = fh.read(HEAD_BYTES)
-    except InputFileError:
-        raise
-    except FileNotFoundError:
-        raise InputFileError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputFileError(f"{path}: is a directory, not a file") from None
-    except PermissionError:
-        raise InputFileError(f"{path}: permission denied") from None
-    except (OSError, ValueError) as err:  # ValueError: an embedded NUL byte in the path
-        raise InputFileError(f"{path}: cannot read: {os_reason(err) if isinstance(err, OSError) else err}") from None
     for fmt in FORMATS.values():
         if not fmt.directory and fmt.sniff(head):
             return fmt.name

@@ -12,7 +12,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -222,6 +222,24 @@ def collecting(loaded: LoadedFile, name: str, collect: bool) -> Iterator[None]:
             raise
         loaded.errors[name] = err
 
+
+
+@contextlib.contextmanager
+def worded(path: Path, errors: tuple[type[BaseException], ...], word: Callable[[BaseException], str],
+           out_of_memory: str | None = None) -> Iterator[None]:
+    """Reading ``path``: each of ``errors`` (the layers below a reader: zipfile, h5py, the OS) becomes one
+    InputFileError, ``"{path}: {word(err)}"``, and a MemoryError ``"{path}: {out_of_memory}"``; the package's own
+    errors pass as they are."""
+    try:
+        yield
+    except LstmGradError:
+        raise
+    except MemoryError:
+        if out_of_memory is None:
+            raise
+        raise InputFileError(f"{path}: {out_of_memory}") from None
+    except errors as err:
+        raise InputFileError(f"{path}: {word(err)}") from None
 
 
 def reason(err: BaseException) -> str:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputFileError, LstmGradError
-from ._common import Budget, Format, LoadedFile, human, key_for, native, reason, shape_text
+from ..errors import InputFileError
+from ._common import Budget, Format, LoadedFile, human, key_for, native, reason, shape_text, worded
 from .declared import Declared, checked, read_checked
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -228,17 +228,10 @@ def open_hdf5(path: Path):
         yield fh, h5py
 
 
-@contextlib.contextmanager
 def hdf5_errors(path: Path):
-    """h5py's many exception types on a corrupt file -> one InputFileError."""
-    try:
-        yield
-    except LstmGradError:
-        raise
-    except MemoryError:
-        raise InputFileError(f"{path}: corrupt HDF5 file (its metadata does not fit in memory)") from None
-    except HDF5_ERRORS as err:
-        raise InputFileError(f"{path}: corrupt HDF5 file ({reason(err)})") from None
+    """h5py's many exception types on a corrupt file -> one InputFileError (a context manager)."""
+    return worded(path, HDF5_ERRORS, lambda err: f"corrupt HDF5 file ({reason(err)})",
+                  "corrupt HDF5 file (its metadata does not fit in memory)")
 
 
 def read_open(fh, loaded: LoadedFile, names, scalars, group, h5py, lazy=frozenset(), collect_errors=False,

@@ -13,8 +13,8 @@ import contextlib
 import os
 from pathlib import Path, PurePosixPath
 
-from ..errors import InputFileError, LstmGradError
-from ._common import Budget, Format, LoadedFile, key_for, open_regular, reason
+from ..errors import InputFileError
+from ._common import Budget, Format, LoadedFile, key_for, open_regular, reason, worded
 from .declared import Declared, checked, read_checked
 from .npy import NpyStream
 from .tfdbg import sniff as _is_dump
@@ -107,16 +107,12 @@ def _open_file(file: Path, key: str, path: Path, opened: contextlib.ExitStack) -
 
 
 def _guarded(action, key: str, path: Path):
-    try:
+    def word(err: BaseException) -> str:
+        if isinstance(err, PermissionError):
+            return f"{key}{SUFFIX}: permission denied"
+        return f"{key}{SUFFIX} cannot be read ({reason(err)})"
+    with worded(path, (OSError, EOFError, ValueError), word, f"{key} does not fit in memory"):
         return action()
-    except LstmGradError:
-        raise
-    except MemoryError:
-        raise InputFileError(f"{path}: {key} does not fit in memory") from None
-    except PermissionError:
-        raise InputFileError(f"{path}: {key}{SUFFIX}: permission denied") from None
-    except (OSError, EOFError, ValueError) as err:
-        raise InputFileError(f"{path}: {key}{SUFFIX} cannot be read ({reason(err)})") from None
 
 
 FORMAT = Format("npy-dir", "a directory of .npy files", True, sniff, open_npy_dir, "npz")

@@ -17,8 +17,8 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from ..errors import InputFileError, LstmGradError
-from ._common import Budget, Format, LoadedFile, describe_keys, key_for, open_regular, reason
+from ..errors import InputFileError
+from ._common import Budget, Format, LoadedFile, describe_keys, key_for, open_regular, reason, worded
 from .declared import Declared, checked, read_checked
 from .npy import NpyStream
 
@@ -49,22 +49,17 @@ def open_npz(path: Path, names, scalars, group=None, lazy=(), collect_errors=Fal
 def read_npz(path: Path, names, scalars, group, collect_errors=False, kind=None) -> LoadedFile:
     loaded = LoadedFile(path, "npz")
     prefix = f"{group.strip('/')}/" if group else ""
-    try:
-        with open_regular(path, refusal="; expected an NPZ file") as fh:
-            archive_size = os.fstat(fh.fileno()).st_size
-            count = declared_members(fh, archive_size)
-            if count is not None and count > MAX_MEMBERS:  # zipfile would hold ~500 bytes for each
-                raise InputFileError(f"{path}: the archive declares {count} members, more than the {MAX_MEMBERS} an "
-                                     "input may hold; refused before reading its directory")
-            with zipfile.ZipFile(fh) as archive:
-                return _read_members(archive, _members(archive, path), archive_size, loaded, prefix, group, names,
-                                     scalars, collect_errors, kind)
-    except LstmGradError:
-        raise
-    except MemoryError:
-        raise InputFileError(f"{path}: corrupt NPZ file (its zip directory does not fit in memory)") from None
-    except NPZ_ERRORS as err:
-        raise InputFileError(f"{path}: corrupt or truncated NPZ file ({reason(err)})") from None
+    with worded(path, NPZ_ERRORS, lambda err: f"corrupt or truncated NPZ file ({reason(err)})",
+                "corrupt NPZ file (its zip directory does not fit in memory)"), \
+            open_regular(path, refusal="; expected an NPZ file") as fh:
+        archive_size = os.fstat(fh.fileno()).st_size
+        count = declared_members(fh, archive_size)
+        if count is not None and count > MAX_MEMBERS:  # zipfile would hold ~500 bytes for each
+            raise InputFileError(f"{path}: the archive declares {count} members, more than the {MAX_MEMBERS} an "
+                                 "input may hold; refused before reading its directory")
+        with zipfile.ZipFile(fh) as archive:
+            return _read_members(archive, _members(archive, path), archive_size, loaded, prefix, group, names,
+                                 scalars, collect_errors, kind)
 
 
 def declared_members(fh, size: int) -> int | None:
@@ -165,18 +160,12 @@ def _unpacked_bound(info: zipfile.ZipInfo) -> int | None:
 
 def _guarded(action, key: str, path: Path):
     """``action()``, with the zip and decompression layers' errors worded as one member's."""
-    try:
+    def word(err: BaseException) -> str:
+        if isinstance(err, RuntimeError) and "encrypted" in str(err):
+            return f"{key} is an encrypted (password-protected) zip member; refused"
+        return f"{key} is corrupt or truncated ({reason(err)})"
+    with worded(path, NPZ_ERRORS, word, f"{key} does not fit in memory"):
         return action()
-    except LstmGradError:
-        raise
-    except MemoryError:
-        raise InputFileError(f"{path}: {key} does not fit in memory") from None
-    except RuntimeError as err:
-        if "encrypted" in str(err):
-            raise InputFileError(f"{path}: {key} is an encrypted (password-protected) zip member; refused") from None
-        raise InputFileError(f"{path}: {key} is corrupt or truncated ({reason(err)})") from None
-    except NPZ_ERRORS as err:
-        raise InputFileError(f"{path}: {key} is corrupt or truncated ({reason(err)})") from None
 
 
 FORMAT = Format("npz", "an NPZ file", False, sniff, open_npz, "npz")
