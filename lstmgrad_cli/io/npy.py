@@ -9,6 +9,7 @@ small files); any other header goes to numpy's parser.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import lzma
 import math
@@ -22,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputFileError
-from ._common import READ_CHUNK, Budget, native, reason
+from ._common import READ_CHUNK, Budget, LoadedFile, key_for, native, reason
+from .declared import Declared, checked, read_checked
 
 NPY_MAGIC = b"\x93NUMPY"
 NPY_MAX_HEADER = 10000  # numpy's own limit for a .npy header it will parse
@@ -160,3 +162,19 @@ def _canonical_header(header: bytes):
         return None  # numpy's parser words the error
     shape = tuple(int(d) for d in dims.split(",") if d.strip()) if dims else ()
     return shape, fortran == "True", dtype
+
+
+def read_npy_tensors(loaded: LoadedFile, keys, open_stream, names, scalars, collect_errors: bool, kind) -> None:
+    """The tensors ``names`` (and ``scalars``) of a container of .npy streams, each declared from its header before
+    any is read (``declared.checked``), then read.  ``open_stream(key, opened)`` gives the name stored, the key's
+    NpyStream (entered into the ExitStack ``opened``) and how to read it; every stream is closed at the end."""
+    path = loaded.path
+    with contextlib.ExitStack() as opened:
+        def declare(name: str) -> Declared | None:
+            key = key_for(name, keys, path)
+            if key is None:
+                return None
+            stored, stream, read = open_stream(key, opened)
+            return Declared(name, stored, stream.shape, stream.dtype, read, verify=stream.verify)
+
+        read_checked(loaded, checked(loaded, Budget(path, kind), names, scalars, declare), scalars, collect_errors)

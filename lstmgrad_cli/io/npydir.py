@@ -14,9 +14,8 @@ import os
 from pathlib import Path, PurePosixPath
 
 from ..errors import InputFileError
-from ._common import Budget, Format, LoadedFile, key_for, open_regular, reason, worded
-from .declared import Declared, checked, read_checked
-from .npy import NpyStream
+from ._common import Format, LoadedFile, open_regular, reason, worded
+from .npy import NpyStream, read_npy_tensors
 from .tfdbg import sniff as _is_dump
 
 SUFFIX = ".npy"
@@ -77,16 +76,12 @@ def read_npy_dir(path: Path, names, scalars, group=None, collect_errors=False, k
         raise InputFileError(f"{path}: cannot list {folder}: {err.strerror or reason(err)}") from None
     files = {e[:-len(SUFFIX)]: e for e in entries if e.lower().endswith(SUFFIX)}
     loaded.keys = list(files)
-    with contextlib.ExitStack() as opened:
-        def declare(name: str) -> Declared | None:
-            key = key_for(name, files, path)
-            if key is None:
-                return None
-            stream = _open_file(folder / files[key], key, path, opened)
-            return Declared(name, key, stream.shape, stream.dtype, lambda: _guarded(stream.read, key, path),
-                            verify=stream.verify)
 
-        read_checked(loaded, checked(loaded, Budget(path, kind), names, scalars, declare), scalars, collect_errors)
+    def open_stream(key: str, opened: contextlib.ExitStack):
+        stream = _open_file(folder / files[key], key, path, opened)
+        return key, stream, lambda: _guarded(stream.read, key, path)
+
+    read_npy_tensors(loaded, files, open_stream, names, scalars, collect_errors, kind)
     return loaded
 
 

@@ -18,9 +18,8 @@ import zlib
 from pathlib import Path
 
 from ..errors import InputFileError
-from ._common import Budget, Format, LoadedFile, describe_keys, key_for, open_regular, reason, worded
-from .declared import Declared, checked, read_checked
-from .npy import NpyStream
+from ._common import Format, LoadedFile, describe_keys, open_regular, reason, worded
+from .npy import NpyStream, read_npy_tensors
 
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 MAX_MEMBERS = 100_000  # members an archive may hold (zipfile's directory of them takes ~50 MB)
@@ -115,16 +114,13 @@ def _read_members(archive, members, archive_size, loaded, prefix, group, names, 
     if group and not keys:
         raise InputFileError(f"{path}: no group {group!r} (no keys start with {prefix!r})")
     loaded.keys = list(keys)
-    with contextlib.ExitStack() as streams:
-        def declare(name: str) -> Declared | None:
-            key = key_for(name, keys, path)
-            if key is None:
-                return None
-            stream = _open_member(archive, members[prefix + key], prefix + key, path, archive_size, streams)
-            return Declared(name, prefix + key, stream.shape, stream.dtype,
-                            lambda: _guarded(stream.read, prefix + key, path), verify=stream.verify)
 
-        read_checked(loaded, checked(loaded, Budget(path, kind), names, scalars, declare), scalars, collect_errors)
+    def open_stream(key: str, opened: contextlib.ExitStack):
+        stored = prefix + key
+        stream = _open_member(archive, members[stored], stored, path, archive_size, opened)
+        return stored, stream, lambda: _guarded(stream.read, stored, path)
+
+    read_npy_tensors(loaded, keys, open_stream, names, scalars, collect_errors, kind)
     return loaded
 
 
