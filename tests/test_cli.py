@@ -18,7 +18,7 @@ import pytest
 from conftest import FIXTURES, assert_close_scaled, load_case, write_h5, write_npz
 
 from lstmgrad_cli.backends import cpu_blas
-from lstmgrad_cli.cli import _common, debug_cmd, grad_cmd, main
+from lstmgrad_cli.cli import _common, forward_cmd, grad_cmd, main
 from lstmgrad_cli.io import read_metadata
 
 SEQ_OUTPUTS = ["x_grad", "cs_prev_grad", "h_prev_grad", "w_grad", "wci_grad", "wcf_grad", "wco_grad", "b_grad"]
@@ -347,7 +347,7 @@ def test_a_closed_stdout_while_the_json_of_a_finished_batch_is_printed_is_not_a_
 
 
 def test_a_closed_stdout_after_forward_wrote_its_output_is_not_a_failure(runner, tmp_path, monkeypatch):
-    monkeypatch.setattr(debug_cmd, "stdout_console", closed_stdout_console)
+    monkeypatch.setattr(forward_cmd, "stdout_console", closed_stdout_console)
     out = tmp_path / "f.npz"
     result = runner.invoke(main, ["forward", "seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out)])
     assert result.exit_code == 0, result.stderr

@@ -31,9 +31,9 @@ from ._common import (
 COMMANDS = {
     "seq": "grad_cmd:seq_command",
     "cell": "grad_cmd:cell_command",
-    "forward": "debug_cmd:forward_command",
-    "check": "debug_cmd:check_command",
-    "inspect": "debug_cmd:inspect_command",
+    "forward": "forward_cmd:forward_command",
+    "check": "check_cmd:check_command",
+    "inspect": "inspect_cmd:inspect_command",
     "backends": "backends_cmd:backends_command",
     "bench": "bench_cmd:bench_command",
 }
