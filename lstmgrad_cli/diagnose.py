@@ -523,6 +523,10 @@ class CheckReport:
     forward: gradcheck.ForwardFit | None = None
     forward_alternative: gradcheck.ForwardFit | None = None  # a layout/peephole that fits better
     gradcheck: gradcheck.GradcheckResult | None = None
+    framework: str | None = None  # "keras" | "torch": a framework's layer or module, in its own names
+    module: str | None = None  # what it is ("PyTorch nn.LSTM, 2 layers, bidirectional")
+    computed_as: str | None = None  # how its gradients are computed
+    whole: bool = False  # several layers or directions (or activations the op has not): no op's causes to vary
 
     @property
     def comparisons_passed(self) -> bool:
@@ -575,6 +579,10 @@ def run_check(input_path, reference_path, options: CheckOptions) -> CheckReport:
         rtol, atol, problem.sources, problem.defaults, problem.warnings,
         problem.fit.to_json() if problem.fit is not None else None, problem.notes, problem.member,
         problem.recorded_op)
+    plan = problem.framework
+    if plan is not None:
+        report.framework, report.module, report.computed_as = plan.framework, plan.description, plan.computed_as
+        report.whole = not plan.single
 
     if reference_path is not None:
         reference, others = load_reference(reference_path, problem.kind, options.reference_group,
@@ -586,9 +594,8 @@ def run_check(input_path, reference_path, options: CheckOptions) -> CheckReport:
             report.warnings.append(
                 f"the dump recorded {len(reference)} of the gradient op's {len(ours)} outputs (cut short, or still "
                 f"being written?): {', '.join(report.not_in_reference)} could not be compared")
-        whole = problem.framework is not None and not problem.framework.single  # (no op's variants to try)
         if not report.comparisons_passed and any(c.max_abs_error is not None for c in report.comparisons) \
-                and not whole:
+                and not report.whole:
             report.variants = explain(problem, base, reference, rtol, atol, backend,
                                       base_comparisons=report.comparisons)
             report.explanations = [v.explanation for v in report.variants if v.reproduces]

@@ -208,7 +208,10 @@ def _compute(problem, backend, cdt, options: GradOptions, result: GradResult, x_
 def _gradients(problem, backend, cdt, options: GradOptions, result: GradResult, x_grad_out) -> dict:
     arrays = problem.arrays
     recorder = StepRecorder(problem.seq_len_max) if options.per_step and options.kind == "seq" else None
-    whole = problem.framework is not None and not problem.framework.single
+    # A module's own pass recomputes its forward in the compute dtype; the op's takes the activations recomputed in
+    # the input's (as TF's forward stores them): a framework layer computed in another dtype goes the module's way.
+    wider = np.dtype(cdt) != arrays["x"].dtype and recorder is None
+    whole = problem.framework is not None and (not problem.framework.single or wider)
     if whole and recorder is not None:
         raise InvalidArgumentError(Message.format("{}: {} follows one op over its steps, and {}", problem.path,
                                                   Param("per_step"), problem.framework.not_one_op))

@@ -177,14 +177,15 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
                 problem = _problem_from(path, loaded, kind, layout, use_peephole, seq_len_max, forget_bias,
                                         cell_clip)
         except InvalidArgumentError:
-            if weights is None or weights_group is not None or supplied:
+            if weights is None or supplied:
                 raise
-            where = _layers_in(weights, keys)
+            where = _layers_in(weights, keys, weights_group)
             if not where:
                 raise
-            # what was missing is beside the point: nothing could be read from a file that keeps its layers in
-            # groups (or holds none lstmgrad computes)
-            raise InvalidArgumentError(Message.format("{}: nothing was read from {}, which {}", path, weights,
+            # what was missing is beside the point: nothing could be read from a file (or a group of it) that keeps
+            # its layers in groups below (or holds none lstmgrad computes)
+            raise InvalidArgumentError(Message.format("{}: nothing was read from {}{}, which {}", path, weights,
+                                                      f" (group {weights_group})" if weights_group else "",
                                                       where)) from None
         problem.notes = notes + problem.notes
         if plan is not None:
@@ -267,18 +268,22 @@ def _module_problem(path: Path, loaded: io.LoadedFile, plan: frameworks.Plan) ->
     return problem
 
 
-def _layers_in(weights, keys) -> Message | str:
-    """What a ``--weights`` file that supplied nothing holds instead, in words ("" when nothing useful): where it
-    keeps its LSTM layers (in groups), or that it holds none lstmgrad computes (the cells of a StackedRNNCells, a GRU,
-    an nn.LSTMCell)."""
+def _layers_in(weights, keys, weights_group: str | None = None) -> Message | str:
+    """What a ``--weights`` file (or its group ``weights_group``) that supplied nothing holds instead, in words (""
+    when nothing useful): where it keeps its LSTM layers (in groups), or that it holds none lstmgrad computes (the
+    cells of a StackedRNNCells, a GRU, an nn.LSTMCell)."""
     try:
         fmt = io.sniff_format(weights)
         if fmt in ("hdf5", "keras"):
+            if weights_group:  # a Keras group names one layer: what is wrong with it is said where it is read
+                return ""
             layers, _source = frameworks.weights_files.keras_model_layers(weights, fmt)
             groups = [layer["group"] for layer in layers]
             refused = frameworks.weights_files.keras_other_recurrent(weights, fmt) if not groups else []
-        else:
-            groups = list(dict.fromkeys(d["prefix"] for d in frameworks.torch_state_dict_layers(keys) if d["prefix"]))
+        else:  # a state_dict's keys, below the group when one was given
+            below = f"{weights_group.strip('./')}." if weights_group else ""
+            groups = list(dict.fromkeys(below + d["prefix"] for d in frameworks.torch_state_dict_layers(keys)
+                                        if d["prefix"]))
             refused = frameworks.pytorch.cells_in(keys) if not groups else []
     except LstmGradError:  # (it was read a moment ago: what is wrong with it now is for the next run to say)
         return ""

@@ -638,6 +638,21 @@ def test_check_compares_a_whole_module_and_says_what_needs_one_op(runner, tmp_pa
         assert "several layers or directions: give --layer (and --reverse) for one of them" in result.stderr
 
 
+def test_check_of_a_whole_module_that_differs_says_what_it_is_and_tried(runner, tmp_path):
+    """A module's reference that differs: the head names the module (not the op it is computed with), and the
+    explanation says no cause was tried (it said the shapes differ, which they do not)."""
+    case = TORCH_MODULES["torch_module_bidir2"]
+    reference = npz(TORCH / case["files"]["expected"])
+    reference["weight_hh_l1_reverse_grad"] = reference["weight_hh_l1_reverse_grad"] * 1.5
+    path = write_npz(tmp_path / "ref.npz", reference)
+    result = runner.invoke(main, ["check", str(TORCH / case["files"]["in"]), *module_args(case), "-r", str(path)])
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.stdout.split())
+    assert "PyTorch nn.LSTM, 2 layers, bidirectional, computed as BlockLSTMGradV2" in text, text
+    assert "No known cause was tried: the known causes are variants of one op's computation, and this is PyTorch " \
+           "nn.LSTM, 2 layers, bidirectional." in text and "do not have this input's shapes" not in text, text
+
+
 def test_a_whole_bidirectional_from_python():
     case = next(c for c in KERAS_MANIFEST if c["name"] == "keras_bidir_mul")
     with zipfile.ZipFile(KERAS / case["files"]["model"]) as zf, \

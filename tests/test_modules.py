@@ -226,3 +226,120 @@ def test_lengths_or_a_mask_beside_the_ops_own_tensors_are_refused(runner, tmp_pa
         assert result.exit_code == 1 and f"{key} is there ({said}), and the TF block-LSTM ops have none" in \
             result.stderr, result.stderr
     assert not (tmp_path / "g.npz").exists()
+
+
+# -- what a PyTorch module's user gets back and is told ------------------------------------------------------
+
+def _torch_params(rng, layers, I, C, bias=0.0):  # noqa: E741
+    params = {}
+    for k in range(layers):
+        params[f"weight_ih_l{k}"] = rng.normal(0, 0.6, (4 * C, I if k == 0 else C)).astype(np.float32)
+        params[f"weight_hh_l{k}"] = rng.normal(0, 0.6, (4 * C, C)).astype(np.float32)
+        params[f"bias_ih_l{k}"] = (rng.normal(0, 0.5, 4 * C) + bias).astype(np.float32)
+        params[f"bias_hh_l{k}"] = (rng.normal(0, 0.5, 4 * C) + bias).astype(np.float32)
+    return params
+
+
+def test_a_modules_initial_state_gradients_have_the_shape_pytorch_keeps_them_in(runner, tmp_path):
+    """h0_grad of a one-layer module without h0 is [1, B, C] as nn.LSTM's h0 is; of one layer picked, [B, C]."""
+    rng = np.random.default_rng(5)
+    T, B, I, C = 4, 3, 2, 5  # noqa: E741
+    params = _torch_params(rng, 1, I, C)
+    x, h_grad = rng.normal(size=(T, B, I)).astype(np.float32), rng.normal(size=(T, B, C)).astype(np.float32)
+    module = lg.torch_lstm_grad(x, state_dict=params, h_grad=h_grad)
+    layer = lg.torch_lstm_grad(x, params["weight_ih_l0"], params["weight_hh_l0"], params["bias_ih_l0"],
+                               params["bias_hh_l0"], h_grad=h_grad)
+    assert module["h0_grad"].shape == module["c0_grad"].shape == (1, B, C)
+    assert layer.h0_grad.shape == (B, C)
+    np.testing.assert_array_equal(module["h0_grad"][0], layer.h0_grad)
+    np.testing.assert_array_equal(module["c0_grad"][0], layer.c0_grad)
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(write_npz(tmp_path / "in.npz", {"x": x, "h_grad": h_grad, **params})),
+                                  "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    with np.load(out) as g:
+        np.testing.assert_array_equal(g["h0_grad"], module["h0_grad"])
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_stacked_modules_summary_says_dropout_is_not_computed(runner, tmp_path, layers):
+    rng = np.random.default_rng(6)
+    T, B, I, C = 3, 2, 2, 3  # noqa: E741
+    tensors = {"x": rng.normal(size=(T, B, I)).astype(np.float32), "h_grad": np.ones((T, B, C), np.float32),
+               **_torch_params(rng, layers, I, C)}
+    result = runner.invoke(main, ["seq", str(write_npz(tmp_path / "in.npz", tensors)), "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 0, result.stderr
+    said = "note: computed without dropout between layers, as the module runs in eval() mode or with dropout=0"
+    assert (said in " ".join(result.stdout.split())) == (layers > 1), result.stdout
+
+
+def test_a_wider_compute_dtype_recomputes_a_layers_forward_in_it(runner, tmp_path):
+    """--compute-dtype float64 on a float32 nn.LSTM layer: its forward is recomputed in float64 too, so the result
+    is the float64 gradient rounded once (gates near 1 make the float32 forward's rounding visible)."""
+    rng = np.random.default_rng(7)
+    T, B, I, C = 6, 3, 4, 5  # noqa: E741
+    tensors = {"x": rng.normal(0, 2, size=(T, B, I)).astype(np.float32),
+               "h_grad": rng.normal(size=(T, B, C)).astype(np.float32), **_torch_params(rng, 1, I, C, bias=5.0)}
+    wide = lg.torch_lstm_grad(tensors["x"].astype(np.float64), state_dict={
+        k: v.astype(np.float64) for k, v in tensors.items() if k.startswith(("weight", "bias"))},
+        h_grad=tensors["h_grad"].astype(np.float64))
+    source = write_npz(tmp_path / "in.npz", tensors)
+    got = {}
+    for dtype in ("float32", "float64"):
+        out = tmp_path / f"{dtype}.npz"
+        result = runner.invoke(main, ["seq", str(source), "--compute-dtype", dtype, "-o", str(out)])
+        assert result.exit_code == 0, result.stderr
+        with np.load(out) as g:
+            got[dtype] = {k: g[k] for k in g.files if k.endswith("_grad")}
+    for name, value in got["float64"].items():
+        assert value.dtype == np.float32
+        np.testing.assert_allclose(value, wide[name].astype(np.float32), rtol=1e-6, atol=1e-7, err_msg=name)
+    worst = max(np.abs(got["float32"][n] - wide[n]).max() / np.abs(wide[n]).max() for n in wide)
+    assert worst > 1e-5  # the float32 forward's rounding, which the float64 run must not have
+
+
+def test_the_python_api_says_where_a_models_state_dict_keeps_its_lstm(tmp_path):
+    rng = np.random.default_rng(8)
+    params = {f"encoder.rnn.{k}": v for k, v in _torch_params(rng, 1, 2, 3).items()}
+    params["decoder.weight"] = np.ones((3, 3), np.float32)
+    x, h_grad = np.ones((2, 1, 2), np.float32), np.ones((2, 1, 3), np.float32)
+    with pytest.raises(lg.LstmGradError, match=r"keeps nn.LSTM modules at encoder\.rnn: give that module's "
+                                               r"state_dict \(model\.encoder\.rnn\.state_dict\(\)\)"):
+        lg.torch_lstm_grad(x, state_dict=params, h_grad=h_grad)
+    cell = {"cell.weight_ih": np.ones((12, 2), np.float32), "cell.weight_hh": np.ones((12, 3), np.float32)}
+    with pytest.raises(lg.LstmGradError, match="cell holds an nn.LSTMCell's weights"):
+        lg.torch_lstm_grad(x, state_dict=cell, h_grad=h_grad)
+
+
+def test_a_torch_tensor_numpy_cannot_hold_is_refused_by_its_dtype():
+    class Bfloat16Tensor:  # what torch gives for a bfloat16 tensor: .numpy() raises TypeError
+        dtype = "torch.bfloat16"
+
+        def detach(self):
+            return self
+
+        def cpu(self):
+            return self
+
+        def numpy(self):
+            raise TypeError("Got unsupported ScalarType BFloat16")
+
+    with pytest.raises(lg.LstmGradError, match=r"a torch tensor of torch\.bfloat16, which numpy has no dtype for"):
+        lg.torch_lstm_grad(Bfloat16Tensor(), np.ones((8, 2)), np.ones((8, 2)), h_grad=np.ones((1, 1, 2)))
+
+
+def test_a_weights_group_above_the_module_names_where_it_is(runner, tmp_path):
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(9)
+    params = {f"encoder.rnn.{k}": v for k, v in _torch_params(rng, 1, 3, 4).items()}
+    params["decoder.weight_ih_l0"], params["decoder.weight_hh_l0"] = np.ones((16, 4), np.float32), np.ones(
+        (16, 4), np.float32)
+    save_file(params, str(tmp_path / "w.safetensors"))
+    step = write_npz(tmp_path / "step.npz", {"x": np.ones((5, 2, 3), np.float32),
+                                              "h_grad": np.ones((5, 2, 4), np.float32)})
+    result = runner.invoke(main, ["seq", str(step), "--weights", str(tmp_path / "w.safetensors"), "--weights-group",
+                                  "encoder", "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert "(group encoder), which holds LSTM layers at encoder.rnn: name one with --weights-group" in \
+        result.stderr and "cs_prev" not in result.stderr, result.stderr

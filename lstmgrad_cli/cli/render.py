@@ -168,6 +168,9 @@ def check_report(console, report) -> None:
             f"use_peephole={str(report.use_peephole).lower()} ({SOURCE_WORDS.get(peephole, peephole)})"]
     if report.seq_len_max is not None:
         head.append(f"seq_len_max={report.seq_len_max} ({report.sources.get('seq_len_max')})")
+    if report.framework:  # a Keras or PyTorch layer: the op is how it is computed, not what the user gave
+        head = [f"{report.module or FRAMEWORK_WORDS[report.framework]}, computed as {report.computed_as}",
+                head[1]]
     if report.reference is not None:
         table = new_table()
         for name, justify in (("tensor", "left"), ("shape", "left"), ("max abs err", "right"),
@@ -244,6 +247,12 @@ def _explanation(console, report) -> None:
         return
     singles = list(dict.fromkeys(CAUSES[v.causes[0]] for v in report.variants if len(v.causes) == 1))
     pairs = any(len(v.causes) > 1 for v in report.variants)
+    if report.whole:
+        console.print(f"[bold]No known cause was tried:[/] the known causes are variants of one op's computation, "
+                      f"and this is {report.module}.", highlight=False)
+        say(console, "  Check that the reference was computed from exactly these weights, inputs and output gradients "
+                     "(and, for PyTorch, without dropout between layers).")
+        return
     if not singles:
         console.print("[bold]No known cause applies:[/] the reference's tensors do not have this input's shapes; "
                       "it belongs to another problem (or another --group / --reference-group).", highlight=False)

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
 from . import keras, keras_config, pytorch, weights_files
 from .common import FrameworkOptions, Plan, check_applicable
 from .keras import KerasLayer
@@ -153,6 +154,7 @@ def torch_lstm_grad(x, weight_ih=None, weight_hh=None, bias_ih=None, bias_hh=Non
         if weight_ih is not None or weight_hh is not None:
             raise TypeError("torch_lstm_grad takes a state_dict or weight_ih/weight_hh, not both")
         options = FrameworkOptions("torch", batch_first=batch_first, layer=layer, reverse=reverse)
+        _refuse_model_state_dict(state_dict)
         tensors = {**{k: _numpy(v) for k, v in state_dict.items()}, **state}
         return pytorch.plan({n: v for n, v in tensors.items() if v is not None}, options).gradients(
             backend, compute_dtype)
@@ -167,7 +169,30 @@ def torch_lstm_grad(x, weight_ih=None, weight_hh=None, bias_ih=None, bias_hh=Non
                                 out["h0_grad"], out["c0_grad"])
 
 
+def _refuse_model_state_dict(state_dict) -> None:
+    """A whole model's state_dict (its nn.LSTM's keys behind a prefix, or an nn.LSTMCell's) says where the module is."""
+    keys = list(state_dict)
+    if pytorch.layers_in(keys):
+        return
+    prefixes = list(dict.fromkeys(d["prefix"] for d in pytorch.state_dict_layers(keys)))
+    if prefixes:
+        raise InvalidArgumentError(
+            f"state_dict holds no nn.LSTM weights of its own (weight_ih_l0, ...); it keeps nn.LSTM modules at "
+            f"{', '.join(prefixes)}: give that module's state_dict (model.{prefixes[0]}.state_dict()), or its keys "
+            f"without the prefix")
+    cells = pytorch.cells_in(keys)
+    if cells:
+        raise InvalidArgumentError("; ".join(cells))
+
+
 def _numpy(value):
     """A torch tensor or anything array-like as a numpy array (a state_dict's values are torch tensors)."""
     detach = getattr(value, "detach", None)
-    return detach().cpu().numpy() if callable(detach) else np.asarray(value)
+    if not callable(detach):
+        return np.asarray(value)
+    tensor = detach().cpu()
+    try:
+        return tensor.numpy()
+    except TypeError:  # a dtype numpy has not: bfloat16, a quantised tensor
+        raise InvalidArgumentError(f"a torch tensor of {tensor.dtype}, which numpy has no dtype for: convert it "
+                                   "(tensor.float()) first") from None

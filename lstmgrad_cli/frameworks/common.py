@@ -11,6 +11,7 @@ from ..errors import InvalidArgumentError
 from ..layers.modules import Module
 from ..layers.recurrence import DirectionGrads
 from ..messages import Message, Param
+from ..ops import validation
 from ..results import BlockLSTMGradOutputs
 
 
@@ -95,10 +96,21 @@ class Plan:
         return T, B, I, self.module.C
 
     def gradients(self, backend=None, compute_dtype=None) -> dict:
-        """Every gradient, in the framework's names and layouts."""
-        self.module.forward(self.x, self.h0, self.c0, compute_dtype)
-        grads = self.module.backward(self.h_grad, self.last_grad, self.hn_grad, self.cn_grad, backend=backend)
-        return self._named(grads)
+        """Every gradient, in the framework's names and layouts.  A compute dtype wider than the tensors' (float64
+        for float32 ones; float32, the default, for float16) holds through the whole pass, the recomputed forward
+        included: the gradients are rounded to the tensors' dtype once, at the end."""
+        dtype = self.x.dtype
+        cdt = validation.resolve_compute_dtype(dtype, compute_dtype)
+        if cdt.itemsize <= dtype.itemsize:
+            self.module.forward(self.x, self.h0, self.c0, compute_dtype)
+            grads = self.module.backward(self.h_grad, self.last_grad, self.hn_grad, self.cn_grad, backend=backend)
+            return self._named(grads)
+        module = self.module.astype(cdt)
+        wide = [None if a is None else a.astype(cdt) for a in (self.x, self.h0, self.c0, self.h_grad, self.last_grad,
+                                                               self.hn_grad, self.cn_grad)]
+        module.forward(*wide[:3])
+        grads = module.backward(*wide[3:], backend=backend)
+        return {name: value.astype(dtype) for name, value in self._named(grads).items()}
 
     # -- one direction as the op's own problem (per-step reports, checks, chunked and lazy runs) ----------------
 

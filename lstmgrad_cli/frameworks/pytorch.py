@@ -29,6 +29,9 @@ from .common import FrameworkOptions, Plan, as_lengths, cells, check_applicable,
 WEIGHT = re.compile(r"^weight_ih_l(\d+)(_reverse)?$")
 PARAMETERS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 STATE_NAMES = ("x", "h0", "c0", "h_grad", "hn_grad", "cn_grad", "lengths")
+# A state_dict does not say whether the module was made with dropout > 0, nor which units a training pass dropped.
+DROPOUT_NOTE = ("computed without dropout between layers, as the module runs in eval() mode or with dropout=0 (the "
+                "units a training pass drops are not in the state_dict)")
 
 
 def suffix(layer: int, reverse: bool) -> str:
@@ -155,13 +158,16 @@ def plan(tensors: dict, options: FrameworkOptions) -> TorchPlan:
         raise InvalidArgumentError("missing tensor h_grad: the gradient arriving at the module's output (or hn_grad, "
                                    "cn_grad: those at its final states, where the output is unused)")
     given_state = arrays.get("h0") if arrays.get("h0") is not None else arrays.get("c0")
-    state_shape = (count, B, C) if count > 1 or (given_state is not None and given_state.ndim == 3) else (B, C)
+    # h0_grad and c0_grad as the user holds h0 and c0: as given, else [L*D, B, C] for the module (as PyTorch keeps
+    # them, one layer included) and [B, C] for one layer picked from it
+    state_shape = (count, B, C) if (given_state.ndim == 3 if given_state is not None else not single) else (B, C)
     result = TorchPlan(
         "torch", Module(module_layers, schedules), np.ascontiguousarray(x),
         states("h0", arrays.get("h0"), count, B, C, x.dtype, "layers x directions"),
         states("c0", arrays.get("c0"), count, B, C, x.dtype, "layers x directions"),
         h_grad, last_grad, hn_grad, cn_grad, options.batch_first, state_shape, arrays,
-        description=_description(layers, D, single, chosen, lengths))
+        description=_description(layers, D, single, chosen, lengths),
+        notes=[DROPOUT_NOTE] if layers > 1 else [])
     result.selected = chosen[0] if single else None
     return result
 

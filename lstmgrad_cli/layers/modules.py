@@ -11,7 +11,7 @@ Everything here is time-major ([T, B, ...]) and in x's time order; framework lay
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -40,6 +40,11 @@ class Module:
     @property
     def C(self) -> int:  # noqa: N802
         return self.layers[-1][0].C
+
+    def astype(self, dtype) -> Module:
+        """The same module with its weights in ``dtype`` (and no forward pass yet)."""
+        return Module([[replace(w, w=w.w.astype(dtype), b=w.b.astype(dtype)) for w in layer] for layer in self.layers],
+                      self.schedules, self.merge)
 
     def forward(self, x: np.ndarray, h0: np.ndarray, c0: np.ndarray, compute_dtype=None) -> np.ndarray:
         """Run every layer on ``x`` [T, B, I] from the initial states ``h0``, ``c0`` [L*D, B, C] (PyTorch's
