@@ -28,16 +28,23 @@ class OpInputs(dict):
     ``op``: the gradient op of the op that made the activations; ``kind`` "seq" or "cell"; ``layout``;
     ``sources``: where use_peephole, seq_len_max and the layout came from ("tensor", "attribute", "flag",
     "activations", "default"); ``notes``: defaults used; ``warnings``: what contradicts the activations.
+    ``framework``: "keras" or "torch" for a Keras layer's or a PyTorch module's tensors (None for the op's own).
     """
 
     def __init__(self, tensors: dict, *, op: str, kind: str, layout: str, sources: dict, notes: list[str],
-                 warnings: list[str]):
+                 warnings: list[str], plan=None):
         super().__init__(tensors)
         self.op, self.kind, self.layout = op, kind, layout
         self.sources, self.notes, self.warnings = sources, notes, warnings
+        self.framework = None if plan is None else plan.framework
+        self._plan = plan
 
     def gradients(self, **options):
-        """The gradient of ``op`` (``backend=``, ``compute_dtype=`` as the op functions take them)."""
+        """The gradient of ``op`` (``backend=``, ``compute_dtype=`` as the op functions take them); of a Keras
+        layer or a PyTorch module, a dict of its gradients in the framework's names and layouts, as ``lstmgrad
+        seq`` writes them (its mask, lengths, layers and directions taken into account)."""
+        if self._plan is not None:
+            return self._plan.gradients(options.get("backend"), options.get("compute_dtype"))
         return FUNCTIONS[self.op](**self, **options)
 
     def __repr__(self) -> str:
@@ -62,4 +69,4 @@ def load(path: str | os.PathLike, group: str | None = None, *, kind: str | None 
         tensors = {"seq_len_max": problem.seq_len_max, **tensors}
     tensors["use_peephole"] = problem.use_peephole
     return OpInputs(tensors, op=problem.op, kind=problem.kind, layout=problem.layout, sources=dict(problem.sources),
-                    notes=list(problem.defaults), warnings=list(problem.warnings))
+                    notes=list(problem.defaults), warnings=list(problem.warnings), plan=problem.framework)

@@ -192,6 +192,7 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
             problem.framework = plan
             problem.sources["layout"] = problem.sources["use_peephole"] = name
             problem.notes += plan.notes
+            problem.warnings += plan.warnings
         yield problem
 
 

@@ -537,6 +537,9 @@ def test_a_keras_model_archive_is_read_with_its_configuration(runner, tmp_path):
     (_sequential({}, {"activation": "selu"}), "activation 'selu' is not implemented (lstmgrad computes tanh"),
     (_sequential({}, {"dropout": 0.25}), "layer 'lstm1' has dropout=0.25: in training its random masks change"),
     (_sequential({}, {"return_sequences": False}), "the layer was made with return_sequences=False"),
+    # activation=lambda x: ...: Keras 3 keeps its bytecode, which was read as no activation (linear) once
+    (_sequential({}, {"activation": {"value": ["4wEAAAAAAAAAAAAAAAMAAAAD", None, None]}}),
+     "activation is a Python lambda or function saved by its code, not by a name"),
 ])
 def test_a_keras_archive_whose_layer_cannot_be_computed_is_refused_by_name(runner, tmp_path, config, said):
     archive = _archive(tmp_path / "m.keras", config)
@@ -848,3 +851,50 @@ def test_an_lstmcell_or_gru_in_a_state_dict_is_named(runner, tmp_path):
     result = runner.invoke(main, ["seq", str(step), "--weights", str(tmp_path / "gru.safetensors"),
                                   "--weights-group", "rnn", "-o", str(tmp_path / "g.npz")])
     assert result.exit_code == 1 and "a GRU has 3 gates" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("path", "weights", "group"), [
+    (KERAS / "keras_mask_holes_states.in.npz", None, None),  # a masked layer with states: not the op's x, h0, c0
+    (KERAS / "keras_relu.in.npz", KERAS / "keras_relu.keras", "layers/lstm"),  # activations the op has not
+])
+def test_load_of_a_keras_layer_gives_its_gradients_in_keras_names(runner, tmp_path, path, weights, group):
+    """lg.load(...).gradients() of a Keras layer is the layer's gradients, as seq writes them (it gave the op's
+    gradients of the recomputed problem, or a TypeError for a layer the op does not compute)."""
+    inputs = lg.load(path, weights=weights, weights_group=group)
+    assert inputs.framework == "keras"
+    out = tmp_path / "g.npz"
+    extra = [] if weights is None else ["--weights", str(weights), "--weights-group", group]
+    result = runner.invoke(main, ["seq", str(path), *extra, "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    written = npz(out)
+    got = inputs.gradients()
+    assert set(got) == set(written)
+    for name, value in got.items():
+        np.testing.assert_array_equal(value, written[name], err_msg=name)
+    expected = npz(path.with_name(path.name.replace(".in.npz", ".expected.npz")))
+    assert_matches(got, expected)
+
+
+def test_a_stateful_layer_without_its_initial_states_is_a_warning(runner, tmp_path):
+    """stateful=True: the states a batch starts from are the previous batch's; without h0 and c0 they are zeros,
+    right for a first batch only.  Said on stderr (with -q too), and an error under --strict."""
+    archive = _archive(tmp_path / "m.keras", _sequential({"return_sequences": True},
+                                                         {"return_sequences": True, "stateful": True}))
+    args = ["seq", str(KERAS / "keras_two_layers.in.npz"), "--weights", str(archive), "--weights-group",
+            "layers/lstm_1", "-q"]
+    result = runner.invoke(main, [*args, "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 0, result.stderr
+    assert "Warning:" in result.stderr and "the layer was made with stateful=True" in result.stderr, result.stderr
+    result = runner.invoke(main, [*args, "--strict", "-o", str(tmp_path / "strict.npz")])
+    assert result.exit_code == 1 and "stateful=True" in result.stderr and not (tmp_path / "strict.npz").exists()
+
+
+def test_reverse_on_a_bidirectionals_forward_layer_in_an_archive_is_refused(runner, tmp_path):
+    """The archive says forward_layer runs forwards: --reverse on it was computed as a backward layer."""
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(KERAS / "keras_bidir_concat.in.npz"), "--weights",
+                                  str(KERAS / "keras_bidir_concat.keras"), "--weights-group",
+                                  "layers/bidirectional/forward_layer", "--reverse", "-o", str(out)])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
+    assert "--reverse says the layer is a Bidirectional's backward layer, and it is a Bidirectional's forward layer" \
+        in result.stderr and not out.exists()

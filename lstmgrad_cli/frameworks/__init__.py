@@ -110,7 +110,7 @@ def keras_lstm_grad(x, kernel=None, recurrent_kernel=None, bias=None, *, weights
     options = FrameworkOptions("keras", time_major=time_major, go_backwards=go_backwards, reverse=reverse)
     layer = KerasLayer(keras_activation(activation), keras_activation(recurrent_activation),
                        zero_output_for_mask=zero_output_for_mask, unroll=unroll,
-                       merge_mode=merge_mode if weights else None, source="the arguments")
+                       merge_mode=merge_mode if weights else None, source="the arguments", reverse=reverse)
     given = dict(kernel=kernel, recurrent_kernel=recurrent_kernel, bias=bias)
     if weights is not None:
         if any(v is not None for v in given.values()):

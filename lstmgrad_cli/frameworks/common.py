@@ -67,6 +67,7 @@ class Plan:
     state_shape: tuple  # the shape the user's h0/c0 (and so h0_grad/c0_grad) have
     tensors: dict = field(default_factory=dict)  # what the user gave (checked), in their names
     notes: list[str] = field(default_factory=list)  # what was assumed or read from a model's configuration
+    warnings: list[str] = field(default_factory=list)  # what may make the gradient not the one the user took
     description: str = ""  # "PyTorch nn.LSTM, 2 layers x 2 directions", for the summary
 
     @property

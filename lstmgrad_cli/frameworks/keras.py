@@ -101,6 +101,8 @@ class KerasLayer:
     merge_mode: str | None = None  # a whole Bidirectional's
     source: str = ""  # "": Keras' defaults, assumed; else where they were read ("m.keras config.json")
     notes: tuple[str, ...] = field(default=())
+    stateful: bool = False  # its initial states are the previous batch's final ones
+    time_major: bool = False  # tf.keras' time_major=True: x is [T, B, I]
 
     @classmethod
     def from_config(cls, config: dict, *, keras_major: int = 3, source: str = "",
@@ -124,12 +126,6 @@ class KerasLayer:
             if rate > 0:
                 notes.append(Message.format("{}={} taken as inactive ({})", option, f"{rate:g}",
                                             Param("inference", True)))
-        if cfg.get("stateful"):
-            notes.append("stateful: the initial states are the last batch's; give them as h0, c0")
-        for option in ("time_major",):
-            if cfg.get(option):
-                raise InvalidArgumentError(Message.format("layer {} has {}=True: give {}", repr(name), option,
-                                                          Param("time_major")))
         act = activations.resolve(cfg.get("activation", "tanh"), keras_major)
         gate = activations.resolve(cfg.get("recurrent_activation", "sigmoid"), keras_major)
         merge = None
@@ -137,32 +133,39 @@ class KerasLayer:
         if wrapper is not None:
             wcfg = wrapper.get("config", wrapper)
             merge = wcfg.get("merge_mode", "concat")
+            wrapped = wcfg.get("layer", {})
+            wrapped = wrapped.get("config", wrapped) if isinstance(wrapped, dict) else {}
+            if wrapped.get("go_backwards"):  # its backward layer then runs forwards, and Keras flips its outputs
+                raise InvalidArgumentError(f"the Bidirectional {wcfg.get('name', '')!r} wraps a layer made with "
+                                           "go_backwards=True (its backward layer runs forwards in time): lstmgrad "
+                                           "computes Bidirectionals whose forward layer runs forwards")
             go_backwards = False  # the wrapper runs its backward layer backwards: that is ``reverse``
         zero_output = cfg.get("zero_output_for_mask")
         return cls(act, gate, cfg.get("use_bias"), go_backwards, backward,
                    None if zero_output is None else bool(zero_output), wrapper is not None,
-                   bool(cfg.get("unroll", False)), cfg.get("return_sequences"), merge, source, tuple(notes))
+                   bool(cfg.get("unroll", False)), cfg.get("return_sequences"), merge, source, tuple(notes),
+                   bool(cfg.get("stateful", False)), bool(cfg.get("time_major", False)))
 
-    def assumed(self) -> str | None:
+    def assumed(self, bidirectional: bool = False) -> str | None:
         """Words for the summary: what was assumed (no configuration) or read."""
         notes = Message(*(Message("; ", n) for n in self.notes))
         if self.source:
             acts = f"activation={self.activation}, recurrent_activation={self.recurrent_activation}"
             return Message(f"layer options from {self.source}: {acts}", notes)
+        merge = f", merge_mode={self.merge_mode or 'concat'}" if bidirectional else ""
         return Message.format("no model configuration (a bare weights file): Keras' defaults assumed, activation=tanh, "
-                              "recurrent_activation=sigmoid, no mask unless given (a .keras archive or full-model .h5 "
-                              "as {} says what the layer was made with){}", Param("weights"), notes)
+                              "recurrent_activation=sigmoid{}, no mask unless given (a .keras archive or full-model "
+                              ".h5 as {} says what the layer was made with){}", merge, Param("weights"), notes)
 
 
 class KerasPlan(Plan):
     bidirectional: bool = False
-    with_bias: bool = True
 
     def weight_grads(self, k, d, grads: DirectionGrads) -> dict:
         I = grads.w_grad.shape[0] - self.module.layers[k][d].C  # noqa: E741
         prefix = ("forward_", "backward_")[d] if self.bidirectional else ""
         out = {f"{prefix}kernel_grad": grads.w_grad[:I], f"{prefix}recurrent_kernel_grad": grads.w_grad[I:]}
-        if self.with_bias:
+        if f"{prefix}bias" in self.tensors:  # (a Bidirectional's two layers may differ)
             out[f"{prefix}bias_grad"] = grads.b_grad
         return out
 
@@ -172,6 +175,11 @@ def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = No
     check_applicable("keras", options)
     layer = layer or KerasLayer()
     if options.reverse and not layer.reverse:
+        if layer.wrapped or layer.source:  # what the weights' group or the model's configuration says it is
+            what = "a Bidirectional's forward layer" if layer.wrapped else "not a Bidirectional's layer"
+            raise InvalidArgumentError(Message.format(
+                "{} says the layer is a Bidirectional's backward layer, and it is {}{}: leave it out, or name the "
+                "backward layer's group", Param("reverse"), what, f" ({layer.source})" if layer.source else ""))
         layer = replace(layer, reverse=True)
     if layer.reverse:  # a Bidirectional's backward layer: what the wrapper sets holds for it
         layer = replace(layer, wrapped=True)
@@ -191,12 +199,11 @@ def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = No
                                                   "weights (both directions), computed together", Param("reverse"),
                                                   Param("go_backwards")))
     arrays = dtyped(tensors)
-    batch_major = not options.time_major
+    batch_major = not (options.time_major or layer.time_major)
     x = rank("x", arrays["x"], 3, "[B, T, I]" if batch_major else "[T, B, I]")
     x = np.swapaxes(x, 0, 1) if batch_major else x
     T, B, I = x.shape  # noqa: E741
     directions = [_direction(arrays, p, I, layer, x.dtype) for p in prefixes]
-    with_bias = f"{prefixes[-1]}bias" in arrays
     C = directions[0].C
     if bidirectional and directions[1].C != C:
         raise InvalidArgumentError(f"the Bidirectional's two layers differ in size ({C} and {directions[1].C} units)")
@@ -228,14 +235,19 @@ def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = No
     if h_grad is None and last_grad is None and hn_grad is None and cn_grad is None:
         raise InvalidArgumentError("missing tensor h_grad: the gradient arriving at the layer's output (or hn_grad, "
                                    "cn_grad: those at its final states, where the output is unused)")
+    warnings = []
+    if layer.stateful and (arrays.get("h0") is None or arrays.get("c0") is None):
+        warnings.append("the layer was made with stateful=True: its initial states are the previous batch's final "
+                        "ones, and without h0 and c0 they are taken as zeros (right for a first batch only); give them "
+                        "as h0, c0")
     result = KerasPlan(
         "keras", Module([directions], schedules, merge), np.ascontiguousarray(x),
         states("h0", arrays.get("h0"), count, B, C, x.dtype, "forward, backward"),
         states("c0", arrays.get("c0"), count, B, C, x.dtype, "forward, backward"),
         h_grad, last_grad, hn_grad, cn_grad, batch_major, (count, B, C) if count > 1 else (B, C), arrays,
-        notes=[n for n in (layer.assumed(),) if n],
+        notes=[n for n in (layer.assumed(bidirectional),) if n], warnings=warnings,
         description=_description(layer, bidirectional, merge, mask is not None or arrays.get("mask") is not None))
-    result.bidirectional, result.with_bias = bidirectional, bool(with_bias)
+    result.bidirectional = bidirectional
     return result
 
 

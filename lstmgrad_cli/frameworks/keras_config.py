@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import InvalidArgumentError
 from ..messages import Message, Param
@@ -142,6 +142,8 @@ def layer_options(model_config: dict, group: str, *, keras_version: str = "", so
                                                                       options.recurrent_activation):
                     raise InvalidArgumentError("the Bidirectional's two layers have different activations; give "
                                                "each layer's group (forward_layer, backward_layer) on its own")
+                if other.use_bias != options.use_bias:  # (an explicit backward_layer): each keeps what it has
+                    options = replace(options, use_bias=None)
             return options
     groups = ", ".join(lstm_groups(model_config)) or "none"
     refused = other_recurrent(model_config)

@@ -62,10 +62,14 @@ def resolve(name, keras_major: int = 3) -> str:
     """The ``ACTIVATIONS`` key of a recorded activation (a name, None for linear, or a Keras serialised object),
     for the Keras major version that wrote it; InvalidArgumentError naming what is not implemented."""
     if isinstance(name, dict):  # Keras 3 may serialise {"module": "keras.activations", "class_name": ..., ...}
-        config = name.get("config")
-        name = name.get("class_name") if not isinstance(config, str) else config
-        if name == "function":
+        config, class_name = name.get("config"), name.get("class_name")
+        if isinstance(config, str):
             name = config
+        elif isinstance(class_name, str) and class_name not in ("function", "__lambda__"):
+            name = class_name
+        else:  # a lambda or a function saved by its code ({"value": [bytecode, ...]}), not by a name
+            raise InvalidArgumentError("activation is a Python lambda or function saved by its code, not by a name: "
+                                       f"lstmgrad cannot know what it computes (it computes {_known()})")
     if name is None:
         return "linear"
     if not isinstance(name, str):
@@ -74,6 +78,9 @@ def resolve(name, keras_major: int = 3) -> str:
     if key == "hard_sigmoid" and keras_major < 3:
         key = "hard_sigmoid_keras2"
     if key not in ACTIVATIONS:
-        known = ", ".join(k for k in ACTIVATIONS if "(" not in k)
-        raise InvalidArgumentError(f"activation {name!r} is not implemented (lstmgrad computes {known})")
+        raise InvalidArgumentError(f"activation {name!r} is not implemented (lstmgrad computes {_known()})")
     return key
+
+
+def _known() -> str:
+    return ", ".join(ACTIVATIONS)
