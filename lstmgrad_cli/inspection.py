@@ -36,6 +36,10 @@ from .spec import FORWARD_INPUTS, FORWARD_OPS, GRADIENT_NAMES, OPS
 SCALARS = ("seq_len_max", "use_peephole")
 KNOWN = (*validation.SEQ_TENSORS, *SCALARS, *GRADIENT_NAMES)
 ALIASES = {io.camel(name): name for name in KNOWN if io.camel(name) != name}
+# Entries no command would read (not the op's, a Keras layer's or a PyTorch module's) are read and shown up to this
+# many; the others are counted, never read (a file with 65,000 stray members took minutes and 370 MB).
+OTHERS_SHOWN = 50
+FRAMEWORK_NAMES = frozenset(frameworks.file_names(frameworks.FrameworkOptions()))
 
 
 @dataclass
@@ -84,6 +88,7 @@ class InspectReport:
     framework_layers: list[dict] = field(default_factory=list)  # a Keras weights file's or a state_dict's LSTMs
     notes: list[str] = field(default_factory=list)
     scalar_sources: dict = field(default_factory=dict)  # seq_len_max / use_peephole -> "tensor" | "attribute"
+    not_read: list[str] = field(default_factory=list)  # entries past OTHERS_SHOWN that no command would read
 
     @property
     def errors(self) -> list[Problem]:
@@ -107,9 +112,22 @@ def _read(path: Path, fmt: str, names, scalars, group: str | None, collect_error
         return loaded
 
 
+def _useful(key: str) -> bool:
+    """Whether a command may read ``key``: one of the op's tensors (or an alias), a Keras layer's or a PyTorch
+    module's (a state_dict's keys behind their module's prefix too)."""
+    last = key.rpartition(".")[2]
+    return (_canonical(key) is not None or key in FRAMEWORK_NAMES or frameworks.keras.direction_of(key) is not None
+            or last.startswith((*frameworks.pytorch.PARAMETERS, "weight_hr")))
+
+
 def _read_all(path: Path, fmt: str, group: str | None, report: InspectReport) -> dict[str, np.ndarray]:
-    """Every entry of the file (or group) that reads as an array; each unreadable one is reported."""
+    """Every entry of the file (or group) a command may read, and the first OTHERS_SHOWN others, that reads as an
+    array; each unreadable one is reported, and the entries left unread are named in ``report.not_read``."""
     keys = [k for k in _read(path, fmt, (), (), group).keys if k != io.METADATA_KEY]
+    others = [k for k in keys if not _useful(k)]
+    report.not_read = others[OTHERS_SHOWN:]
+    skipped = set(report.not_read)
+    keys = [k for k in keys if k not in skipped]
     loaded = _read(path, fmt, keys, (), group, collect_errors=True)
     for key, err in loaded.errors.items():
         message = str(err).removeprefix(f"{path}: ")

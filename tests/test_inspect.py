@@ -220,3 +220,22 @@ def test_a_misfit_at_a_step_seq_does_not_sample_is_still_flagged(tmp_path):
     assert code == 0 and doc["layout"] == "ifco"
     (warning,) = [p["message"] for p in problems(doc, "warning")]
     assert "not at every step: i (max 0.1, from step 3)" in warning
+
+
+def test_inspect_reads_and_shows_the_entries_a_command_reads_and_counts_the_rest(runner, tmp_path):
+    """An NPZ with thousands of stray members: inspect read and tabled every one (65,000 took minutes and 370 MB);
+    it reads the op's tensors and the first OTHERS_SHOWN others, and counts the rest."""
+    import bombs
+
+    from lstmgrad_cli.inspection import OTHERS_SHOWN
+
+    path = bombs.npz_many_members(tmp_path / "many.npz", count=2_000)
+    result = runner.invoke(main, ["inspect", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)["result"]
+    shown = [t["key"] for t in doc["tensors"]]
+    assert {"x", "w", "h_grad"} <= set(shown) and len([k for k in shown if k.startswith("m")]) == OTHERS_SHOWN
+    assert doc["not_read"] == [f"m{k}" for k in range(OTHERS_SHOWN, 2_000)] and doc["kind"] == "seq"
+    text = " ".join(runner.invoke(main, ["inspect", str(path)]).stdout.split())
+    assert f"not read: {2_000 - OTHERS_SHOWN} more entries no command reads (m50, m51, m52, m53, m54 and" in text
+    assert "unused: m0, m1," in text and f"and {OTHERS_SHOWN - 20} more" in text

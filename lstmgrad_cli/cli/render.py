@@ -14,6 +14,7 @@ import numpy as np
 
 from ..analysis.decide import SOURCE_WORDS
 from ..analysis.perstep import ASCII_SPARK, SPARK, sparkline
+from ..io import describe_keys
 from ..spec import OPS
 from ._common import new_table, plain, print_table, say, separator, unicode_console
 from ._words import words
@@ -354,6 +355,9 @@ def inspect_report(console, report) -> None:
         table.add_row(plain(key), "-" if t.shape is None else _shape(t.shape), t.dtype or "-", _fmt3(t.min),
                       _fmt3(t.max), finite, role)
     print_table(console, table, title)
+    if report.not_read:
+        say(console, f"not read: {len(report.not_read)} more entries no command reads "
+                     f"({describe_keys(report.not_read, limit=5)})", style="dim")
     for g in report.groups:
         say(console, f"group {g}/ (inspect it with --group {g})")
     if report.kind is not None:
@@ -376,7 +380,7 @@ def inspect_report(console, report) -> None:
     if report.missing:
         say(console, f"missing: {', '.join(report.missing)}", style="bold red")
     if report.unused:
-        say(console, f"unused: {', '.join(report.unused)}")
+        say(console, f"unused: {describe_keys(report.unused)}")
     for p in report.problems:
         style = "bold red" if p.severity == "error" else "yellow"
         say(console, f"{p.severity}: {words(p.message)}", style=style)
