@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from lstmgrad_cli import batch, bench, block_lstm_v2
-from lstmgrad_cli.dask_executor import DaskExecutor
+from lstmgrad_cli.execution.dask_executor import DaskExecutor
 from lstmgrad_cli.io import write_outputs
 from lstmgrad_cli.jobs import GradOptions
 

@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import interrupts, io, local_workers
+from . import interrupts, io
 from .allocator import keep_heap_top
 from .backends import cpu_blas
-from .dask_executor import NotStarted, SchedulerLost, dask_executor
 from .errors import LstmGradError, OutputExistsError, OutputFileError
+from .execution import local_workers
+from .execution.dask_executor import NotStarted, SchedulerLost, dask_executor
 from .io import npydir, tfdbg
 from .jobs import GradOptions, GradResult, existing_output, run_grad_file
 from .messages import Message, Param, one_line

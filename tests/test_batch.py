@@ -57,7 +57,8 @@ def assert_same_outputs(a: dict, b: dict):
 def worker_signal(monkeypatch):
     """What a stop signal does in a local worker process (interrupts.py's handler), called in this process: a
     fresh worker state, and the signals recorded in a state of their own (given back after)."""
-    from lstmgrad_cli import interrupts, local_workers
+    from lstmgrad_cli import interrupts
+    from lstmgrad_cli.execution import local_workers
 
     monkeypatch.setattr(local_workers, "_state", local_workers._WorkerState())
     with interrupts.caught(signals=()):
@@ -87,7 +88,7 @@ def serial_outputs(tmp_path_factory):
 # Windows.
 CLI_WITH_WORKERS = {
     "fork": [sys.executable, "-m", "lstmgrad_cli"],
-    "spawn": [sys.executable, "-c", "import sys; from lstmgrad_cli import local_workers; "
+    "spawn": [sys.executable, "-c", "import sys; from lstmgrad_cli.execution import local_workers; "
                                     "local_workers.start_method = lambda: 'spawn'; "
                                     "from lstmgrad_cli.cli import main; sys.exit(main())"],
 }
@@ -108,8 +109,8 @@ def test_worker_processes_give_the_serial_results(tmp_path, serial_outputs, meth
 
 
 def test_spawned_worker_processes_divide_blas_threads(monkeypatch):
-    from lstmgrad_cli import local_workers
     from lstmgrad_cli.batch import make_executor
+    from lstmgrad_cli.execution import local_workers
 
     monkeypatch.setattr(local_workers, "start_method", lambda: "spawn")  # forked: test_a_forked_worker_starts_as_...
     with make_executor(workers=2) as (executor, threads):
@@ -127,7 +128,8 @@ def _blas_threads_in_worker() -> list[int]:
 A_FORKED_WORKER = """
 import signal, sys
 from threadpoolctl import threadpool_info
-from lstmgrad_cli import batch, local_workers
+from lstmgrad_cli import batch
+from lstmgrad_cli.execution import local_workers
 from lstmgrad_cli.backends import cpu_blas
 
 def state():
@@ -170,7 +172,8 @@ os.cpu_count = lambda: 2  # two workers: one core, so one BLAS thread, each
 sys.path.insert(0, sys.argv[1])
 import numpy as np
 from conftest import consistent_inputs
-from lstmgrad_cli import batch, block_lstm_grad_v2, local_workers
+from lstmgrad_cli import batch, block_lstm_grad_v2
+from lstmgrad_cli.execution import local_workers
 from lstmgrad_cli.backends import cpu_blas
 
 def threads_after_small_passes():
@@ -198,7 +201,7 @@ def test_a_forked_worker_on_one_core_runs_no_idle_blas_thread():
 
 THREADS_AT_THE_POOL = """
 import sys, threading, time
-from lstmgrad_cli import local_workers
+from lstmgrad_cli.execution import local_workers
 import numpy as np
 
 np.ones((300, 300)) @ np.ones((300, 300))  # numpy's OpenBLAS starts its threads: they are ended, not counted
@@ -226,7 +229,7 @@ def test_workers_are_forked_only_from_a_process_with_one_thread(then):
 def test_workers_are_spawned_while_another_python_thread_runs():
     import threading
 
-    from lstmgrad_cli import local_workers
+    from lstmgrad_cli.execution import local_workers
 
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)
@@ -779,7 +782,8 @@ def test_small_files_are_bundled_in_order_and_large_or_special_ones_go_alone(tmp
 
 def test_a_bundle_runs_its_files_in_turn_and_stops_at_a_failure_or_an_interrupt(tmp_path, monkeypatch,
                                                                                    worker_signal):
-    from lstmgrad_cli import batch, interrupts, local_workers
+    from lstmgrad_cli import batch, interrupts
+    from lstmgrad_cli.execution import local_workers
     from lstmgrad_cli.jobs import GradOptions
 
     inputs = make_inputs(tmp_path / "in")[:3]
@@ -1251,7 +1255,8 @@ def test_a_worker_interrupted_mid_bundle_keeps_the_files_before_and_runs_none_af
                                                            if status.get(tasks[k].input.name) == "ok")
 
 def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_path, monkeypatch, worker_signal):
-    from lstmgrad_cli import batch, interrupts, local_workers
+    from lstmgrad_cli import batch, interrupts
+    from lstmgrad_cli.execution import local_workers
     from lstmgrad_cli.io.atomic import atomic_file
     from lstmgrad_cli.jobs import GradOptions
 
@@ -1285,7 +1290,8 @@ def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_p
 SIGNALLED_AS_IT_STARTS = """
 import os, signal, sys
 from pathlib import Path
-from lstmgrad_cli import batch, local_workers
+from lstmgrad_cli import batch
+from lstmgrad_cli.execution import local_workers
 from lstmgrad_cli.jobs import GradOptions
 
 def signalled_while_starting():  # a stop signal lands before the worker's handlers are in place

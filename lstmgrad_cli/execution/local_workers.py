@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from . import interrupts
-from .backends import cpu_blas
+from .. import interrupts
+from ..backends import cpu_blas
 
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 STOP_SIGNALS = interrupts.STOP_SIGNALS  # the signals the command line catches
@@ -307,7 +307,7 @@ def _poll_parent() -> None:
 def _end_orphan() -> None:
     """End a worker whose parent is gone, with the temporary files of its outputs removed (those it handed over,
     which no one will publish now, and one it was writing)."""
-    from .io import remove_temporaries_of  # noqa: PLC0415 - (imported already by any worker that wrote)
+    from ..io import remove_temporaries_of  # noqa: PLC0415 - (imported already by any worker that wrote)
 
     for directory in list(_state.output_dirs):
         remove_temporaries_of(directory, os.getpid())
