@@ -226,7 +226,7 @@ def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, group
         if name == "keras" and weights_group and extra is not None and extra.format == "hdf5" and any(
                 found["stacked"] and found["group"].startswith(weights_group.strip("/") + "/")
                 for found in frameworks.keras_layers(weights)):
-            raise InvalidArgumentError(f"{path}: {weights_group} is a {frameworks.weights_files.STACKED}") from None
+            raise InvalidArgumentError(f"{path}: {weights_group} is a {frameworks.keras_config.STACKED}") from None
         raise err.prefixed(str(path)) from None
     if plan.single:
         op, steps = plan.op_tensors()
@@ -291,7 +291,7 @@ def _layers_in(weights, keys, weights_group: str | None = None) -> Message | str
     if refused:
         return f"holds no LSTM layer lstmgrad computes: {'; '.join(refused)}"
     if groups and all("/cells/" in g for g in groups):
-        return f"holds the LSTM cells of a {frameworks.weights_files.STACKED}"
+        return f"holds the LSTM cells of a {frameworks.keras_config.STACKED}"
     if not groups:
         return ""
     return Message.format("holds LSTM layers at {}{}: name one with {}", ", ".join(groups[:6]),

@@ -20,6 +20,9 @@ from .common import FrameworkOptions
 from .keras import KerasLayer
 
 CONTAINERS = ("Functional", "Sequential", "Model")
+STACKED = ("keras.layers.RNN over StackedRNNCells: lstmgrad computes LSTM layers, not cells stacked in one RNN (the "
+           "same maths as LSTM layers with return_sequences=True one after another: build that model, copy each "
+           "cell's weights into its layer, and save it)")
 WRAPPER = "Bidirectional"
 
 
@@ -103,8 +106,6 @@ def _rnn(group: str, path: tuple, layer: dict, inner: dict) -> Found:
         merged = {**cell_config, **{k: v for k, v in inner.items() if k != "cell"}}
         return Found(group, path, {"class_name": "LSTM", "config": merged}, None, False)
     if cell_kind == "StackedRNNCells":
-        from .weights_files import STACKED  # noqa: PLC0415 - (the words shared with bare weights files)
-
         return Found(group, path, layer, None, False, f"{group} is a {STACKED}")
     return Found(group, path, layer, None, False, f"{group} is a keras.layers.RNN over {cell_kind}, not an LSTM: "
                                                   "lstmgrad computes LSTM layers")

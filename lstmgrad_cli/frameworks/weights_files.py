@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .keras_config import layer_options, other_recurrent
+
 KERAS_WALK_GROUPS = 10_000  # groups a weights file is searched through for LSTM layers, at most
 
 
@@ -59,11 +61,6 @@ def _keras_lstm(name: str, group, h5py) -> dict | None:
             "stacked": stacked}
 
 
-STACKED = ("keras.layers.RNN over StackedRNNCells: lstmgrad computes LSTM layers, not cells stacked in one RNN (the "
-           "same maths as LSTM layers with return_sequences=True one after another: build that model, copy each "
-           "cell's weights into its layer, and save it)")
-
-
 def _hard_child(group, name: str, h5py):
     if not isinstance(group, h5py.Group) or name not in group:
         return None
@@ -89,7 +86,6 @@ def keras_model_layers(path, fmt: str) -> tuple[list[dict], str | None]:
     from ..errors import LstmGradError  # noqa: PLC0415
     from ..io import keras_archive  # noqa: PLC0415 - h5py is imported when an HDF5 file is actually read
     from ..messages import message_of  # noqa: PLC0415
-    from .keras_config import layer_options  # noqa: PLC0415
 
     if fmt == "keras":
         with keras_archive.model_weights(path) as (weights, config, version, _relabel):
@@ -119,7 +115,6 @@ def keras_other_recurrent(path, fmt: str) -> list[str]:
     """Why each recurrent layer a Keras archive's or full-model file's configuration holds, and lstmgrad does not
     compute, is refused (a GRU, an RNN over StackedRNNCells, ...); [] for a bare weights file."""
     from ..io import keras_archive  # noqa: PLC0415
-    from .keras_config import other_recurrent  # noqa: PLC0415
 
     if fmt == "keras":
         with keras_archive.model_weights(path) as (_weights, config, _version, _relabel):
