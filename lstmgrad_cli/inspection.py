@@ -367,6 +367,9 @@ def _keras_layer_note(path: Path, layer: dict, source: str | None) -> Message:
         return Message.format("an LSTMCell of a StackedRNNCells at {}: not a layer lstmgrad computes",
                               layer["group"])
     bias = f", bias {layer['bias']}" if layer["bias"] else ", no bias"
+    if "backward_bias" in layer:  # a Bidirectional whose two layers differ
+        bias = ", bias: forward " + (str(layer["bias"]) if layer["bias"] else "none") + ", backward " + (
+            str(layer["backward_bias"]) if layer["backward_bias"] else "none")
     what = "Keras Bidirectional" if layer.get("bidirectional") else f"Keras LSTM layer {layer['name']!r}"
     each = ", each direction" if layer.get("bidirectional") else ""
     shapes = (f"kernel {layer['kernel']}, recurrent_kernel {layer['recurrent_kernel']}{bias} (input size "

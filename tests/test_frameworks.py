@@ -184,6 +184,7 @@ def test_one_layer_of_a_whole_module_with_layer(runner, tmp_path):
 
 
 KERAS_OPTIONS = {c["name"]: c for c in KERAS_MANIFEST if c.get("needs") and "refusal" not in c["needs"]}
+KERAS_REFUSALS = {c["name"]: c for c in KERAS_MANIFEST if "refusal" in c.get("needs", ()) and c["files"].get("in")}
 KERAS2_CASES = {c["name"]: c for c in json.loads((KERAS / "manifest_keras2.json").read_text())["cases"]}
 
 
@@ -898,3 +899,28 @@ def test_reverse_on_a_bidirectionals_forward_layer_in_an_archive_is_refused(runn
     assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
     assert "--reverse says the layer is a Bidirectional's backward layer, and it is a Bidirectional's forward layer" \
         in result.stderr and not out.exists()
+
+
+@pytest.mark.parametrize(("name", "said"), [
+    ("keras_lambda_activation", "activation is a Python lambda or function saved by its code, not by a name"),
+    ("keras_bidir_fwd_go_backwards", "wraps a layer made with go_backwards=True (its backward layer runs forwards"),
+])
+def test_keras_made_archives_lstmgrad_cannot_compute_are_refused_by_name(runner, tmp_path, name, said):
+    """Archives Keras itself wrote: a lambda activation (read as linear once) and a Bidirectional wrapping a
+    go_backwards layer (computed as the usual arrangement once)."""
+    case = KERAS_REFUSALS[name]
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(KERAS / case["files"]["in"]), *keras_model_args(case), "-o", str(out)])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
+    assert said in result.stderr and not out.exists(), result.stderr
+    result = runner.invoke(main, ["inspect", str(KERAS / case["files"]["in"]), *keras_model_args(case)])
+    assert result.exit_code == 1 and said in " ".join(result.stdout.split()), result.output
+
+
+def test_a_keras_made_stateful_layers_second_batch_without_its_states_is_a_warning(runner, tmp_path):
+    case = KERAS_REFUSALS["keras_stateful_nostates"]
+    args = ["seq", str(KERAS / case["files"]["in"]), *keras_model_args(case)]
+    result = runner.invoke(main, [*args, "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 0 and "the layer was made with stateful=True" in result.stderr, result.output
+    result = runner.invoke(main, [*args, "--strict", "-o", str(tmp_path / "strict.npz")])
+    assert result.exit_code == 1 and not (tmp_path / "strict.npz").exists()

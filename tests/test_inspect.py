@@ -239,3 +239,14 @@ def test_inspect_reads_and_shows_the_entries_a_command_reads_and_counts_the_rest
     text = " ".join(runner.invoke(main, ["inspect", str(path)]).stdout.split())
     assert f"not read: {2_000 - OTHERS_SHOWN} more entries no command reads (m50, m51, m52, m53, m54 and" in text
     assert "unused: m0, m1," in text and f"and {OTHERS_SHOWN - 20} more" in text
+
+
+def test_inspect_says_each_bidirectional_layers_bias_and_direction_as_its_configuration_does(runner):
+    keras = Path(__file__).resolve().parent.parent / "fixtures" / "keras"
+    result = runner.invoke(main, ["inspect", str(keras / "keras_bidir_backward_nobias.keras")])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "Keras Bidirectional at layers/bidirectional: kernel [3, 8], recurrent_kernel [2, 8], bias: forward [8], " \
+           "backward none" in text, text
+    assert "at layers/bidirectional/backward_layer: kernel [3, 8], recurrent_kernel [2, 8], no bias (input size 3, " \
+           "2 units); activation=tanh, recurrent_activation=sigmoid, go_backwards=True" in text, text

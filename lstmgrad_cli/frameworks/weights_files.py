@@ -106,7 +106,9 @@ def keras_model_layers(path, fmt: str) -> tuple[list[dict], str | None]:
             layer["refused"] = message_of(err)
             continue
         layer["options"] = {"activation": options.activation, "recurrent_activation": options.recurrent_activation,
-                            "go_backwards": options.go_backwards, "return_sequences": options.return_sequences,
+                            # (as the configuration says: a Bidirectional's backward layer runs backwards)
+                            "go_backwards": options.go_backwards or options.reverse,
+                            "return_sequences": options.return_sequences,
                             **({"merge_mode": options.merge_mode} if layer.get("bidirectional") else {})}
     return layers, source
 
@@ -132,6 +134,9 @@ def _with_wrappers(layers: list[dict]) -> list[dict]:
             twin = next((other for other in layers if other["group"].rpartition("/")[0] == parent
                          and other["group"].rpartition("/")[2].startswith("backward_")), None)
             if twin is not None:
-                out.append({**layer, "group": parent, "name": parent.rsplit("/", 1)[-1], "bidirectional": True})
+                wrapper = {**layer, "group": parent, "name": parent.rsplit("/", 1)[-1], "bidirectional": True}
+                if twin["bias"] != layer["bias"]:  # (an explicit backward_layer may have none)
+                    wrapper["backward_bias"] = twin["bias"]
+                out.append(wrapper)
         out.append(layer)
     return out
