@@ -16,16 +16,16 @@ from . import cpu_blas
 
 
 @njit(inline="always")
-def _at(c, i, f, o, ci, co, h_grad, cs_grad, carried_h, carried_cs):
-    # What both row kernels read at cell c: the gradients arriving at h and cs, and the gates there.
-    return carried_h[c] + h_grad[c], carried_cs[c] + cs_grad[c], o[c], co[c], ci[c], i[c], f[c]
-
-
-@njit(inline="always")
 def _row(one, i, f, o, ci, co, h_grad, cs_grad, cs_prev, carried_h, carried_cs, g_i, g_f, g_c, g_o, new_cs):
     # One batch row; row views keep the inner loop simple enough for LLVM to vectorise.
     for c in range(i.shape[0]):
-        dh, dc, ov, cov, civ, iv, fv = _at(c, i, f, o, ci, co, h_grad, cs_grad, carried_h, carried_cs)
+        dh = carried_h[c] + h_grad[c]
+        dc = carried_cs[c] + cs_grad[c]
+        ov = o[c]
+        cov = co[c]
+        civ = ci[c]
+        iv = i[c]
+        fv = f[c]
         dcs = (((one - cov * cov) * dh) * ov) + dc
         g_o[c] = ((ov * (one - ov)) * dh) * cov
         g_c[c] = ((one - civ * civ) * dcs) * iv
@@ -38,7 +38,13 @@ def _row(one, i, f, o, ci, co, h_grad, cs_grad, cs_prev, carried_h, carried_cs, 
 def _row_peephole(one, i, f, o, ci, co, h_grad, cs_grad, cs_prev, cs, carried_h, carried_cs, g_i, g_f, g_c, g_o,
                   new_cs, wci, wcf, wco, acc_i, acc_f, acc_o):
     for c in range(i.shape[0]):
-        dh, dc, ov, cov, civ, iv, fv = _at(c, i, f, o, ci, co, h_grad, cs_grad, carried_h, carried_cs)
+        dh = carried_h[c] + h_grad[c]
+        dc = carried_cs[c] + cs_grad[c]
+        ov = o[c]
+        cov = co[c]
+        civ = ci[c]
+        iv = i[c]
+        fv = f[c]
         csp = cs_prev[c]
         do = ((ov * (one - ov)) * dh) * cov
         dcs = ((((one - cov * cov) * dh) * ov) + dc) + do * wco[c]
