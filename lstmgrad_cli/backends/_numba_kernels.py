@@ -16,7 +16,7 @@ from . import cpu_blas
 
 
 # The two row kernels repeat their first lines on purpose: read through an inline helper returning a tuple, the
-# loop was no longer vectorised (1.7x slower back to back at 100,64,256,256; benchmarks/RESULTS.md, issue 33).
+# backend ran 1.7x slower back to back at 100,64,256,256 (benchmarks/RESULTS.md, issue 33).
 @njit(inline="always")
 def _row(one, i, f, o, ci, co, h_grad, cs_grad, cs_prev, carried_h, carried_cs, g_i, g_f, g_c, g_o, new_cs):
     # One batch row; row views keep the inner loop simple enough for LLVM to vectorise.
