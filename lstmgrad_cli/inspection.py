@@ -289,6 +289,10 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectRepor
             report.kind, report.framework_layers = "keras-weights", layers
             for layer in layers:
                 report.notes.append(_keras_layer_note(path, layer, source))
+                for bias in ("bias", "backward_bias"):  # (kernel and recurrent_kernel agree, or it is no LSTM's)
+                    if layer.get(bias) and layer[bias] != [4 * layer["units"]]:
+                        report.error(None, f"{layer['group']}: {bias.replace('_', ' ')} has shape {layer[bias]}, "
+                                           f"expected [4C] = [{4 * layer['units']}]: seq refuses this layer")
             _framework_roles(report, "weights")
             return True
         if fmt == "keras":  # a model without an LSTM layer lstmgrad computes

@@ -250,3 +250,15 @@ def test_inspect_says_each_bidirectional_layers_bias_and_direction_as_its_config
            "backward none" in text, text
     assert "at layers/bidirectional/backward_layer: kernel [3, 8], recurrent_kernel [2, 8], no bias (input size 3, " \
            "2 units); activation=tanh, recurrent_activation=sigmoid, go_backwards=True" in text, text
+
+
+def test_inspect_of_a_weights_file_reports_a_bias_of_the_wrong_size(runner, tmp_path):
+    """A Keras weights file whose bias declares 400M values (a gzip bomb): seq refuses it before reading; inspect
+    read its shape and called the file fine."""
+    import bombs
+
+    path = bombs.keras_bias_bomb(tmp_path / "w.weights.h5")
+    result = runner.invoke(main, ["inspect", str(path)])
+    assert result.exit_code == 1, result.output
+    assert "layers/lstm: bias has shape [400000000], expected [4C] = [12]: seq refuses this layer" in \
+        " ".join(result.stdout.split()), result.output
