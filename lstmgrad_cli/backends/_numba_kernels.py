@@ -15,51 +15,47 @@ from numba import njit, prange, types
 from . import cpu_blas
 
 
-# The two row kernels repeat their first lines on purpose: read through an inline helper returning a tuple, the
-# backend ran 1.7x slower back to back at 100,64,256,256 (benchmarks/RESULTS.md, issue 33).
-@njit(inline="always")
-def _row(one, i, f, o, ci, co, h_grad, cs_grad, cs_prev, carried_h, carried_cs, g_i, g_f, g_c, g_o, new_cs):
-    # One batch row; row views keep the inner loop simple enough for LLVM to vectorise.
-    for c in range(i.shape[0]):
-        dh = carried_h[c] + h_grad[c]
-        dc = carried_cs[c] + cs_grad[c]
-        ov = o[c]
-        cov = co[c]
-        civ = ci[c]
-        iv = i[c]
-        fv = f[c]
-        dcs = (((one - cov * cov) * dh) * ov) + dc
-        g_o[c] = ((ov * (one - ov)) * dh) * cov
-        g_c[c] = ((one - civ * civ) * dcs) * iv
-        g_f[c] = ((fv * (one - fv)) * dcs) * cs_prev[c]
-        g_i[c] = ((iv * (one - iv)) * dcs) * civ
-        new_cs[c] = dcs * fv
+def _row_kernel(peephole: bool):
+    """One batch row's fused step, with or without the peephole terms: ``peephole`` is a constant of the compiled
+    kernel (numba takes closure variables as such), so each kernel holds only its own branch."""
+    @njit(inline="always")
+    def row(one, i, f, o, ci, co, h_grad, cs_grad, cs_prev, cs, carried_h, carried_cs, g_i, g_f, g_c, g_o, new_cs,
+            wci, wcf, wco, acc_i, acc_f, acc_o):
+        # Row views keep the inner loop simple enough for LLVM to vectorise.
+        for c in range(i.shape[0]):
+            dh = carried_h[c] + h_grad[c]
+            dc = carried_cs[c] + cs_grad[c]
+            ov = o[c]
+            cov = co[c]
+            civ = ci[c]
+            iv = i[c]
+            fv = f[c]
+            if peephole:
+                csp = cs_prev[c]
+                do = ((ov * (one - ov)) * dh) * cov
+                dcs = ((((one - cov * cov) * dh) * ov) + dc) + do * wco[c]
+                di = ((iv * (one - iv)) * dcs) * civ
+                df = ((fv * (one - fv)) * dcs) * csp
+                g_o[c] = do
+                g_c[c] = ((one - civ * civ) * dcs) * iv
+                g_f[c] = df
+                g_i[c] = di
+                new_cs[c] = ((dcs * fv) + di * wci[c]) + df * wcf[c]
+                acc_i[c] += di * csp
+                acc_f[c] += df * csp
+                acc_o[c] += do * cs[c]
+            else:
+                dcs = (((one - cov * cov) * dh) * ov) + dc
+                g_o[c] = ((ov * (one - ov)) * dh) * cov
+                g_c[c] = ((one - civ * civ) * dcs) * iv
+                g_f[c] = ((fv * (one - fv)) * dcs) * cs_prev[c]
+                g_i[c] = ((iv * (one - iv)) * dcs) * civ
+                new_cs[c] = dcs * fv
+    return row
 
 
-@njit(inline="always")
-def _row_peephole(one, i, f, o, ci, co, h_grad, cs_grad, cs_prev, cs, carried_h, carried_cs, g_i, g_f, g_c, g_o,
-                  new_cs, wci, wcf, wco, acc_i, acc_f, acc_o):
-    for c in range(i.shape[0]):
-        dh = carried_h[c] + h_grad[c]
-        dc = carried_cs[c] + cs_grad[c]
-        ov = o[c]
-        cov = co[c]
-        civ = ci[c]
-        iv = i[c]
-        fv = f[c]
-        csp = cs_prev[c]
-        do = ((ov * (one - ov)) * dh) * cov
-        dcs = ((((one - cov * cov) * dh) * ov) + dc) + do * wco[c]
-        di = ((iv * (one - iv)) * dcs) * civ
-        df = ((fv * (one - fv)) * dcs) * csp
-        g_o[c] = do
-        g_c[c] = ((one - civ * civ) * dcs) * iv
-        g_f[c] = df
-        g_i[c] = di
-        new_cs[c] = ((dcs * fv) + di * wci[c]) + df * wcf[c]
-        acc_i[c] += di * csp
-        acc_f[c] += df * csp
-        acc_o[c] += do * cs[c]
+_row = _row_kernel(False)
+_row_peephole = _row_kernel(True)
 
 
 def _step(one, i, f, o, ci, co, h_grad, cs_grad, cs_prev, cs, carried_h, carried_cs, gates, new_cs,
@@ -71,10 +67,10 @@ def _step(one, i, f, o, ci, co, h_grad, cs_grad, cs_prev, cs, carried_h, carried
             _row_peephole(one, i[b], f[b], o[b], ci[b], co[b], h_grad[b], cs_grad[b], cs_prev[b], cs[b],
                           carried_h[b], carried_cs[b], g[off_i:off_i + C], g[off_f:off_f + C], g[off_c:off_c + C],
                           g[off_o:off_o + C], new_cs[b], wci, wcf, wco, acc_i[b], acc_f[b], acc_o[b])
-        else:
-            _row(one, i[b], f[b], o[b], ci[b], co[b], h_grad[b], cs_grad[b], cs_prev[b], carried_h[b],
+        else:  # (wci ... acc_o are not read: without peepholes they are empty)
+            _row(one, i[b], f[b], o[b], ci[b], co[b], h_grad[b], cs_grad[b], cs_prev[b], cs[b], carried_h[b],
                  carried_cs[b], g[off_i:off_i + C], g[off_f:off_f + C], g[off_c:off_c + C], g[off_o:off_o + C],
-                 new_cs[b])
+                 new_cs[b], wci, wcf, wco, acc_i, acc_f, acc_o)
 
 
 serial_step = njit(cache=True, nogil=True)(_step)
