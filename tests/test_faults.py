@@ -142,9 +142,12 @@ def test_two_concurrent_batches_over_the_same_files_both_succeed(tmp_path):
 # -- stopping early loses nothing -------------------------------------------------------------------------------
 
 def test_a_batch_stopped_by_a_failure_reports_every_output_it_wrote(tmp_path):
+    # Workers take files in order, one at a time: the bad third file (it fails at once) is taken only when a worker
+    # has finished one of the first two, whatever the machine's load, and the failure stops the batch long before
+    # the last of the nine after it can start.
     folder = tmp_path / "in"
-    _long_inputs(folder, 10, T=6000)  # far more than a worker can finish before the bad file has failed
-    (folder / "a_bad.npz").write_bytes(b"not an npz file")  # first in order: fails at once
+    inputs = _long_inputs(folder, 12, T=3000)
+    inputs[2].write_bytes(b"not an HDF5 file")
     out = tmp_path / "out"
     proc = subprocess.run(CLI + ["seq", str(folder), "--out-dir", str(out), "--workers", "2", "--json"],
                           capture_output=True, text=True, timeout=240)
