@@ -737,6 +737,16 @@ def test_cupy_backend_shared_path_on_cpu(name):
         assert type(getattr(got, field)) is np.ndarray
 
 
+def test_cupy_kernels_are_built_by_real_cupy():
+    # cupy checks a kernel's parameters when it is constructed, before any device is touched: every call on a
+    # GPU failed here once ("Can not use 'i' as a parameter name").
+    cupy = pytest.importorskip("cupy")
+    from lstmgrad_cli.backends._cupy import CupyGradient
+
+    kernels = CupyGradient(cupy)._compile()
+    assert [k.name for k in kernels] == ["lstmgrad_step", "lstmgrad_step_peephole"]
+
+
 def test_cupy_kernel_source_keeps_tf_bracketing():
     from lstmgrad_cli.backends import _cupy
 

@@ -17,10 +17,11 @@ import numpy as np
 from ..errors import BackendUnavailableError
 from ._xp import XpGradient
 
-_PARAMS_IN = "T one, T i, T f, T o, T ci, T co, T h_grad, T cs_grad, T cs_prev, T carried_h, T carried_cs"
+_PARAMS_IN = "T one, T in_gate, T f, T o, T ci, T co, T h_grad, T cs_grad, T cs_prev, T carried_h, T carried_cs"
 _PARAMS_OUT = "T g_i, T g_f, T g_c, T g_o, T new_cs"
 
-# docs/semantics.md, one thread per element, TF's bracketing.
+# docs/semantics.md, one thread per element, TF's bracketing.  The input gate is ``in_gate``: cupy reserves ``i``
+# (its loop index) and refuses it as a parameter name.
 _BODY = """
 T dh = carried_h + h_grad;
 T dc = carried_cs + cs_grad;
@@ -28,10 +29,10 @@ T d_o = ((o * (one - o)) * dh) * co;
 T dcs = (((one - co * co) * dh) * o) + dc;
 """
 _BODY_GATES = """
-T d_i = ((i * (one - i)) * dcs) * ci;
+T d_i = ((in_gate * (one - in_gate)) * dcs) * ci;
 T d_f = ((f * (one - f)) * dcs) * cs_prev;
 g_o = d_o;
-g_c = ((one - ci * ci) * dcs) * i;
+g_c = ((one - ci * ci) * dcs) * in_gate;
 g_f = d_f;
 g_i = d_i;
 """
