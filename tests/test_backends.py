@@ -1,8 +1,9 @@
 """Backends: the registry (names, env, auto, plugins, hints) and every backend giving numpy's answer.
 
 Parity runs on the TF golden fixtures and on random shapes (hypothesis).  Nothing here is timed.
-Tests that need a CUDA device are marked ``gpu`` and skip without one; the cupy backend's shared
-array code is exercised on the CPU through a numpy stand-in for the cupy module.
+Tests that need a CUDA device are marked ``gpu`` and skip without one.  Without one, the cupy backend
+runs on the CPU all the same: its shared array code on numpy and its kernels' own C text built for the
+host (tests/cuda_host.py), in every parity test; NVRTC compiles the kernels for GPU architectures.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import types
 import warnings
 from pathlib import Path
 
+import cuda_host
 import numpy as np
 import pytest
 from conftest import CELL_CASES, SEQ_CASES, assert_close_scaled, load_case
@@ -24,9 +26,10 @@ from hypothesis import strategies as st
 
 import lstmgrad_cli as lg
 from lstmgrad_cli import backends as reg
-from lstmgrad_cli.backends import cpu_blas
+from lstmgrad_cli.backends import _cupy_kernels, cpu_blas
 from lstmgrad_cli.backends._numpy import NumpyBackend
 from lstmgrad_cli.backends._xp import XpGradient, default_chunk_steps
+from lstmgrad_cli.cli import main
 from lstmgrad_cli.errors import BackendUnavailableError, UnknownBackendError
 from lstmgrad_cli.spec import SeqTensors
 
@@ -38,6 +41,8 @@ def _gpu_usable() -> bool:
 
 
 needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
+needs_host_kernels = pytest.mark.skipif(cuda_host.compiler() is None, reason="no C compiler to build the cupy "
+                                        "backend's kernels for the host")
 
 
 @pytest.fixture(autouse=True)
@@ -61,6 +66,8 @@ def cpu_backends():
                 ("numba-overlapped", NumbaBackend(overlap=True, kernel_min_flops=0)),
                 ("numba-small-problems", NumbaBackend())]
     out.append(("xp-restricted", _RestrictedXpBackend()))
+    if cuda_host.compiler() is not None:
+        out.append(("cupy-kernels-on-host", cuda_host.cupy_backend()))
     return out
 
 
@@ -126,7 +133,7 @@ def test_cupy_backend_refuses_without_a_device():
     from lstmgrad_cli.backends._cupy import CupyBackend
 
     with pytest.raises(BackendUnavailableError, match="no CUDA device"):
-        CupyBackend(cp=_fake_cupy(available=False))
+        CupyBackend(cp=cuda_host.fake_cupy(available=False))
 
 
 # -- plugins ----------------------------------------------------------------------------------------
@@ -145,6 +152,14 @@ class Plugin(NumpyBackend):
 
 def broken():
     raise RuntimeError("plugin exploded")
+
+
+class KernelsFail(NumpyBackend):
+    name = "kernfail"
+    version = "1.0"
+
+    def build_kernels(self):
+        raise RuntimeError("kernel 'step' did not compile")
 '''
 
 
@@ -154,7 +169,8 @@ def plugins(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(tmp_path))
     dist = types.SimpleNamespace(name="lstmgrad-test-plugin", version="9.9")
     eps = [_EP("myplug", "lstmgrad_test_plugin:Plugin", dist), _EP("boom", "lstmgrad_test_plugin:broken"),
-           _EP("gone", "no_such_module_xyz:Backend"), _EP("numpy", "evil:Backend"), _EP("bad", "nocolon")]
+           _EP("gone", "no_such_module_xyz:Backend"), _EP("numpy", "evil:Backend"), _EP("bad", "nocolon"),
+           _EP("kernfail", "lstmgrad_test_plugin:KernelsFail", dist)]
 
     def entry_points(group):
         assert group == "lstmgrad.backends"
@@ -170,7 +186,7 @@ def test_plugins_are_registered_without_being_imported(plugins):
     messages = " ".join(str(w.message) for w in record)
     assert "'numpy'" in messages and "taken by the built-in backend" in messages  # no hijacking a built-in
     assert "'bad'" in messages
-    assert names == ["numpy", "numba", "cupy", "myplug", "boom", "gone"]
+    assert names == ["numpy", "numba", "cupy", "myplug", "boom", "gone", "kernfail"]
     assert reg.registry()["numpy"].target.startswith("lstmgrad_cli.")
     assert "lstmgrad_test_plugin" not in sys.modules
     mine = reg.status("myplug")
@@ -235,8 +251,8 @@ def test_backends_table_keeps_the_extras_of_install_hints(runner, monkeypatch):
     # rich reads "[cuda]" as markup and dropped it: the hint said pip install 'lstmgrad' (CUDA 13).
     from lstmgrad_cli.cli import main
 
-    if reg.status("cupy", probe_device=False).available:
-        pytest.skip("cupy is installed here, so there is no install hint to show")
+    monkeypatch.setitem(sys.modules, "cupy", None)  # as if not installed (Python's way to block an import)
+    assert not reg.status("cupy", probe_device=False).available
     monkeypatch.setenv("COLUMNS", "200")
     result = runner.invoke(main, ["backends"], catch_exceptions=False)
     assert result.exit_code == 0
@@ -691,17 +707,15 @@ def test_chunk_steps_default_bounds_memory():
     assert k * 128 * 4 * 512 * 4 <= 64 * 2**20 and -(-200 // k) * k - 200 < -(-200 // k)  # equal-length chunks
 
 
-# -- cupy's array code on the CPU -------------------------------------------------------------------
-
-# The array-module functions the shared code may use: all of them exist in cupy with numpy's meaning.
-CUPY_COMMON = ("zeros", "empty", "add", "subtract", "multiply", "matmul", "ascontiguousarray")
-
+# -- the cupy backend without a GPU ----------------------------------------------------------------
+# Its kernels are built three ways: by real cupy (constructed), by NVRTC for GPU architectures, and by the C compiler
+# for the host, where cpu_backends() runs them in every parity test above (tests/cuda_host.py).
 
 class _RestrictedNamespace:
     """numpy, but only the functions cupy has too: the shared code must not use anything else."""
 
     def __getattr__(self, name):
-        if name not in CUPY_COMMON:
+        if name not in cuda_host.CUPY_COMMON:
             raise AttributeError(f"the shared array code used xp.{name}, which is not in CUPY_COMMON")
         return getattr(np, name)
 
@@ -713,48 +727,96 @@ class _RestrictedXpBackend(NumpyBackend):
         self._gradient = XpGradient(_RestrictedNamespace())
 
 
-def _fake_cupy(available=True):
-    """A numpy-backed stand-in for the cupy module (host arrays; no kernels)."""
-    fake = types.SimpleNamespace(**{name: getattr(np, name) for name in CUPY_COMMON})
-    fake.__version__ = "0.0-fake"
-    fake.is_available = lambda: available
-    fake.asarray = lambda a: np.array(a, copy=True)   # "device" copies
-    fake.asnumpy = lambda a: np.array(a, copy=True)
-    return fake
-
-
-@pytest.mark.parametrize("name", ["seq_v2_peep", "seq_v1_clip", "seq_v2_half", "seq_v2_partial"])
-def test_cupy_backend_shared_path_on_cpu(name):
-    from lstmgrad_cli.backends._cupy import CupyBackend
-
-    inputs, expected, case = load_case(name)
-    backend = CupyBackend(cp=_fake_cupy(), fused=False)
-    whole = dict(chunk_steps=inputs["x"].shape[0])  # numpy's chunks (the device has no overlap chunks)
-    got = _run_seq(backend, inputs, case["layout"], **whole)
-    reference = _run_seq("numpy", inputs, case["layout"], **whole)
-    for field in expected:
-        np.testing.assert_array_equal(getattr(got, field), getattr(reference, field))
-        assert type(getattr(got, field)) is np.ndarray
-
-
 def test_cupy_kernels_are_built_by_real_cupy():
     # cupy checks a kernel's parameters when it is constructed, before any device is touched: every call on a
     # GPU failed here once ("Can not use 'i' as a parameter name").
     cupy = pytest.importorskip("cupy")
-    from lstmgrad_cli.backends._cupy import CupyGradient
 
-    kernels = CupyGradient(cupy)._compile()
-    assert [k.name for k in kernels] == ["lstmgrad_step", "lstmgrad_step_peephole"]
+    module = _cupy_kernels.module(cupy)
+    assert module.code == _cupy_kernels.source() and "--fmad=false" in module.options
 
 
-def test_cupy_kernel_source_keeps_tf_bracketing():
-    from lstmgrad_cli.backends import _cupy
+@pytest.mark.parametrize("arch", ["sm_90", "sm_75", "compute_90"])  # the H100's, the oldest CUDA 13 builds for
+def test_every_cupy_kernel_compiles_with_nvrtc_for_the_gpu(arch):
+    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-bindings and nvidia-cuda-nvrtc (the dev extra)")
+    compiled = _cupy_kernels.compile_for_arch(arch)
+    assert compiled.ok and compiled.size > 0, compiled.log
+    for name in _cupy_kernels.KERNELS:
+        assert f"void {name}(" in _cupy_kernels.source()
 
-    assert "--fmad=false" in _cupy.KERNEL_OPTIONS  # no contraction into fused multiply-adds
-    for src in (_cupy.STEP_SOURCE, _cupy.STEP_PEEPHOLE_SOURCE):
-        assert "T d_o = ((o * (one - o)) * dh) * co;" in src
-        assert "T dcs = (((one - co * co) * dh) * o) + dc;" in src
-    assert "new_cs = ((dcs * f) + d_i * wci) + d_f * wcf;" in _cupy.STEP_PEEPHOLE_SOURCE
+
+def test_nvrtc_reports_a_kernel_that_does_not_compile():
+    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-bindings and nvidia-cuda-nvrtc (the dev extra)")
+    broken = _cupy_kernels.source().replace("dcs * fv", "dcs * undefined_name")
+    compiled = _cupy_kernels.compile_for_arch("sm_90", broken)
+    assert not compiled.ok and "undefined_name" in compiled.log
+    with pytest.raises(ValueError, match="sm_20"):
+        _cupy_kernels.compile_for_arch("sm_20")
+
+
+@needs_host_kernels
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("peephole", [False, True])
+def test_cupy_kernels_on_the_host_equal_numpy_bit_for_bit(dtype, peephole):
+    calls = []
+    backend = cuda_host.cupy_backend(calls)
+    for B, C in ((3, 5), (1, 1), (4, 33)):
+        inputs = _random_inputs(np.random.default_rng(11), 7, B, 4, C, np.dtype(dtype))
+        kw = dict(seq_len_max=6, use_peephole=peephole, layout="icfo", compute_dtype=np.dtype(dtype), chunk_steps=4)
+        want = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw)
+        got = backend.block_lstm_grad(SeqTensors(**inputs), **kw)
+        for field, a, b in zip(want._fields, want, got, strict=True):
+            np.testing.assert_array_equal(b, a, err_msg=f"{B},{C} {field}")
+            assert type(b) is np.ndarray and b.dtype == np.dtype(dtype)
+    assert set(calls) == {_cupy_kernels.kernel_name(dtype, peephole)} and len(calls) == 3 * 6
+
+
+def test_backends_check_builds_every_kernel(runner):
+    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-bindings and nvidia-cuda-nvrtc (the dev extra)")
+    result = runner.invoke(main, ["backends", "--check", "--arch", "sm_90", "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    builds = {b["backend"]: b for b in doc["builds"]}
+    assert doc["ok"] and builds["numpy"]["ok"] is None
+    assert builds["cupy"] == {"backend": "cupy", "target": "sm_90", "kernels": len(_cupy_kernels.KERNELS), "ok": True,
+                              "detail": builds["cupy"]["detail"]}
+    if HAVE_NUMBA:
+        assert builds["numba"]["ok"] and builds["numba"]["kernels"] == 8
+    table = runner.invoke(main, ["backends", "--check", "--arch", "sm_75"])
+    assert table.exit_code == 0 and "cupy" in table.stdout and "sm_75" in table.stdout
+
+
+def test_backends_check_without_a_gpu_or_an_arch_builds_no_cupy_kernel(runner):
+    if reg.status("cupy").available:
+        pytest.skip("a GPU is usable here")
+    result = runner.invoke(main, ["backends", "--check", "--json"], catch_exceptions=False)
+    builds = {b["backend"]: b for b in json.loads(result.stdout)["builds"]}
+    assert result.exit_code == 0 and builds["cupy"]["ok"] is None and "arch" in builds["cupy"]["detail"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--check", "--arch", "sm_20"], "is not one this NVRTC compiles for"),
+    (["--check", "--arch", "volta"], "is not an architecture such as sm_90"),
+    (["--arch", "sm_90"], "give --check too"),
+])
+def test_backends_check_refuses_an_unknown_architecture(runner, args, message):
+    if "--check" in args:
+        pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-bindings and nvidia-cuda-nvrtc")
+    result = runner.invoke(main, ["backends", *args])
+    assert result.exit_code == 2 and message in result.stderr
+
+
+def test_backends_check_fails_when_a_kernel_fails(runner, plugins):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = runner.invoke(main, ["backends", "--check", "--json"], catch_exceptions=False)
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    builds = {b["backend"]: b for b in doc["builds"]}
+    assert not doc["ok"] and builds["kernfail"]["ok"] is False
+    assert builds["kernfail"]["detail"] == "RuntimeError: kernel 'step' did not compile"
+    assert builds["boom"]["ok"] is False and "plugin exploded" in builds["boom"]["detail"]
+    assert builds["myplug"]["ok"] is None and builds["gone"]["ok"] is None
 
 
 @pytest.mark.gpu

@@ -13,8 +13,12 @@ from ._common import handle_errors, print_json, print_table, stdout_console
 
 @click.command("backends")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option("--check", is_flag=True, help="Build every kernel of every installed backend and say which failed "
+              "(exit 1 if any did); it also fills the kernel caches before a long job.")
+@click.option("--arch", metavar="SM", help="With --check and no usable GPU: the GPU architecture to compile the "
+              "cupy kernels for (sm_90, sm_75, ...), with NVRTC (pip install cuda-bindings nvidia-cuda-nvrtc).")
 @handle_errors
-def backends_command(as_json: bool) -> None:
+def backends_command(as_json: bool, check: bool, arch: str | None) -> None:
     """List compute backends: availability, library version, source, install hints.
 
     Nothing is imported to find out: numba and cupy are looked up, not loaded (whether a CUDA
@@ -23,6 +27,11 @@ def backends_command(as_json: bool) -> None:
     numba backends do their matrix products on MKL when the mkl wheel is installed
     (pip install 'lstmgrad[mkl]'), else on numpy's OpenBLAS; LSTMGRAD_BLAS=openblas|mkl|auto chooses.
     """
+    if arch is not None and not check:
+        raise click.UsageError("--arch names what --check compiles the cupy kernels for: give --check too")
+    if check:
+        _check(as_json, arch)
+        return
     rows = registry.statuses()
     default = registry.resolve_name(None)
     auto = registry.resolve_name("auto")
@@ -41,3 +50,29 @@ def backends_command(as_json: bool) -> None:
         name = f"{r.name} ({', '.join(tags)})" if tags else r.name
         table.add_row(name, mark, r.version or "-", r.source, escape(r.reason))  # hints hold [extras]
     print_table(stdout_console(), table, "lstmgrad backends", f"numpy and numba products on {blas}")
+
+
+def _check(as_json: bool, arch: str | None) -> None:
+    """``--check``: every backend's kernels built; exit 1 when one failed."""
+    from ..backends import kernel_check  # noqa: PLC0415 - imports numba when it is installed
+
+    try:
+        builds = kernel_check.build_all(arch)
+    except ValueError as err:  # an architecture NVRTC does not know
+        raise click.BadParameter(str(err), param_hint="--arch") from None
+    failed = [b for b in builds if b.ok is False]
+    if as_json:
+        print_json({"ok": not failed, "builds": [
+            {"backend": b.backend, "target": b.target, "kernels": b.kernels, "ok": b.ok, "detail": b.detail}
+            for b in builds]})
+    else:
+        table = Table()
+        for col in ("backend", "target", "kernels", "result"):
+            table.add_column(col)
+        for b in builds:
+            mark = {True: "[green]built[/]", False: "[red]FAILED[/]", None: "[yellow]skipped[/]"}[b.ok]
+            table.add_row(b.backend, escape(b.target), str(b.kernels), f"{mark}: {escape(b.detail)}")
+        print_table(stdout_console(), table, "lstmgrad backends --check",
+                    f"{len(failed)} failed" if failed else "every kernel that could be built here was built")
+    if failed:
+        raise SystemExit(1)
