@@ -16,7 +16,7 @@ import numpy as np
 from . import __version__, io, provenance
 from .analysis.perstep import StepRecorder, impulse_norms, per_step_report
 from .analysis.summary import SummarisedOutput, TensorSummary, summarise
-from .backends import cpu_blas, get_backend, resolve_name
+from .backends import auto_note, cpu_blas, get_backend, resolve_name
 from .errors import InvalidArgumentError, OutputExistsError
 from .frameworks import FrameworkOptions
 from .messages import Message, Param
@@ -126,6 +126,9 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
             result.framework = problem.framework.framework
             result.module, result.computed_as = problem.framework.description, problem.framework.computed_as
         result.notes, result.recorded_op = problem.notes, problem.recorded_op
+        passed_over = auto_note(options.backend)
+        if passed_over:
+            result.notes = [*result.notes, passed_over]
         result.activations = problem.fit.to_json() if problem.fit is not None else None
         if options.strict and problem.warnings:
             raise InvalidArgumentError(_refused_strictly(input_path, problem.warnings))

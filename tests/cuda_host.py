@@ -86,19 +86,29 @@ def launcher(calls: list | None = None):
 CUPY_COMMON = ("zeros", "empty", "add", "subtract", "multiply", "matmul", "ascontiguousarray")
 
 
-def fake_cupy(available: bool = True):
-    """numpy as the cupy module: only ``CUPY_COMMON``, and copies for ``asarray``/``asnumpy`` (to and from "the
-    device")."""
+def fake_cupy(available: bool = True, free_bytes: int = 2**40, copies: list | None = None):
+    """numpy as the cupy module: only ``CUPY_COMMON``, copies for ``asarray``/``asnumpy`` (to and from "the
+    device", each appended to ``copies``), and a device with ``free_bytes`` of free memory."""
     fake = types.SimpleNamespace(**{name: getattr(np, name) for name in CUPY_COMMON})
     fake.__version__ = "0.0-host"
     fake.is_available = lambda: available
-    fake.asarray = lambda a: np.array(a, copy=True)
-    fake.asnumpy = lambda a: np.array(a, copy=True)
+    copies = [] if copies is None else copies
+
+    def copy(direction):
+        def to(a):
+            copies.append(direction)
+            return np.array(a, copy=True)
+        return to
+
+    fake.asarray, fake.asnumpy = copy("in"), copy("out")
+    device = types.SimpleNamespace(mem_info=(free_bytes, 2 * free_bytes))
+    fake.cuda = types.SimpleNamespace(Device=lambda: device)
+    fake.get_default_memory_pool = lambda: types.SimpleNamespace(free_bytes=lambda: 0)
     return fake
 
 
-def cupy_backend(calls: list | None = None):
-    """The cupy backend run on the host with its own kernels (``launcher``)."""
+def cupy_backend(calls: list | None = None, **device):
+    """The cupy backend run on the host with its own kernels (``launcher``); ``device``: ``fake_cupy``'s."""
     from lstmgrad_cli.backends._cupy import CupyBackend
 
-    return CupyBackend(cp=fake_cupy(), launch=launcher(calls))
+    return CupyBackend(cp=fake_cupy(**device), launch=launcher(calls))

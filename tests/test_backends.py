@@ -20,7 +20,8 @@ from pathlib import Path
 import cuda_host
 import numpy as np
 import pytest
-from conftest import CELL_CASES, SEQ_CASES, assert_close_scaled, load_case
+from click.testing import CliRunner
+from conftest import CELL_CASES, FIXTURES, SEQ_CASES, assert_close_scaled, load_case
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -119,14 +120,17 @@ def test_missing_library_gives_the_install_hint(monkeypatch):
         reg.get_backend("numba")
 
 
-def test_cupy_without_a_device_is_unavailable_with_a_reason(monkeypatch):
-    monkeypatch.setattr(reg, "_missing", lambda spec: [])
-    monkeypatch.setattr(reg, "_CUDA_CHECK", "import sys; sys.exit(3)")  # what the child says without a GPU
+def test_cupy_without_a_device_is_unavailable_with_the_reason():
+    pytest.importorskip("cupy")
+    if _gpu_usable():
+        pytest.skip("a GPU is usable here")
     state = reg.status("cupy")
-    assert not state.available and "no CUDA device" in state.reason
-    reg.refresh()
-    monkeypatch.setattr(reg, "_CUDA_CHECK", "import sys; sys.exit(0)")
-    assert reg.status("cupy").available
+    # here: cupy-cuda13x and no driver at all
+    assert not state.available and state.reason.startswith("cupy is installed but no CUDA device is usable: ")
+    assert state.reason != "cupy is installed but no CUDA device is usable: "
+    result = CliRunner().invoke(main, ["backends", "--json"], catch_exceptions=False)
+    rows = {row["name"]: row for row in json.loads(result.stdout)["backends"]}
+    assert rows["cupy"]["reason"] == state.reason and json.loads(result.stdout)["auto"] != "cupy"
 
 
 def test_cupy_backend_refuses_without_a_device():
@@ -769,6 +773,61 @@ def test_cupy_kernels_on_the_host_equal_numpy_bit_for_bit(dtype, peephole):
             np.testing.assert_array_equal(b, a, err_msg=f"{B},{C} {field}")
             assert type(b) is np.ndarray and b.dtype == np.dtype(dtype)
     assert set(calls) == {_cupy_kernels.kernel_name(dtype, peephole)} and len(calls) == 3 * 6
+
+
+@needs_host_kernels
+def test_cupy_refuses_a_problem_larger_than_the_free_gpu_memory_before_copying_it():
+    from lstmgrad_cli.backends._cupy import WORKING_BYTES, device_bytes
+
+    inputs = _random_inputs(np.random.default_rng(3), 50, 8, 16, 32, np.float32)
+    tensors = SeqTensors(**inputs)
+    kw = dict(seq_len_max=50, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
+    need = device_bytes(tensors, 50, np.float32)
+    assert need - WORKING_BYTES >= sum(a.nbytes for a in inputs.values())
+    copies = []
+    with pytest.raises(BackendUnavailableError, match=r"^the problem needs about \d+ MB of GPU memory and 100 MB are "
+                                                      r"free: compute it on the host \(backend numpy or numba\)"):
+        cuda_host.cupy_backend(free_bytes=100 * 2**20, copies=copies).block_lstm_grad(tensors, **kw)
+    assert copies == []  # refused before anything reached the device
+    got = cuda_host.cupy_backend(free_bytes=need, copies=copies).block_lstm_grad(tensors, **kw)
+    assert copies.count("in") == sum(1 for a in tensors if a is not None) and copies.count("out") == 8
+    np.testing.assert_array_equal(got.w_grad, NumpyBackend().block_lstm_grad(tensors, **kw).w_grad)
+
+
+@needs_host_kernels
+def test_a_gpu_out_of_memory_is_one_line_naming_what_to_do():
+    cupy = pytest.importorskip("cupy")
+    fake = cuda_host.fake_cupy()
+
+    def out_of_memory(a):
+        raise cupy.cuda.memory.OutOfMemoryError(2**30, 2**29, 2**31)
+
+    fake.asarray = out_of_memory
+    from lstmgrad_cli.backends._cupy import CupyBackend
+
+    inputs = _random_inputs(np.random.default_rng(3), 3, 2, 4, 5, np.float32)
+    with pytest.raises(BackendUnavailableError, match=r"^the GPU ran out of memory \(Out of memory allocating "
+                                                      r"1,073,741,824 bytes.*\): compute it on the host") as caught:
+        CupyBackend(cp=fake, launch=cuda_host.launcher()).block_lstm_grad(
+            SeqTensors(**inputs), seq_len_max=3, use_peephole=False, layout="ifco", compute_dtype=np.float32)
+    assert "\n" not in str(caught.value)
+
+
+def test_auto_says_what_it_passed_over(runner, tmp_path):
+    if not reg.status("cupy", probe_device=False).available or _gpu_usable():
+        pytest.skip("needs cupy installed and no usable GPU")
+    out = tmp_path / "g.npz"
+    result = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out), "--backend", "auto",
+                                  "--json"])
+    doc = json.loads(result.stdout)["results"][0]
+    assert doc["backend"] in ("numba", "numpy")
+    assert (f"backend auto: {reg.status('cupy').reason}; used {doc['backend']}") in doc["notes"]
+    plain = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out), "--force", "--json"])
+    assert not any("backend auto" in note for note in json.loads(plain.stdout)["results"][0]["notes"])
+    refused = runner.invoke(main, ["seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(tmp_path / "h.npz"),
+                                   "--backend", "cupy"])
+    assert refused.exit_code == 1 and refused.stderr == f"Error: {reg.status('cupy').reason}\n"
+    assert not (tmp_path / "h.npz").exists()
 
 
 def test_backends_check_builds_every_kernel(runner):

@@ -90,7 +90,7 @@ def refresh() -> None:
     """Forget the registry and loaded backends (after installing a plugin, and in tests)."""
     registry.cache_clear()
     _load.cache_clear()
-    _cuda_usable.cache_clear()
+    _cuda_unusable.cache_clear()
 
 
 def _library_version(module: str) -> str | None:
@@ -137,8 +137,11 @@ def status(name: str, probe_device: bool = True) -> BackendStatus:
     if missing:
         reason = f"needs {', '.join(missing)}" + (f": {spec.hint}" if spec.hint else "")
         return BackendStatus(name, False, reason, None, spec.source)
-    if name == "cupy" and probe_device and not _cuda_usable():
-        return BackendStatus(name, False, "cupy is installed but no CUDA device is usable", version, spec.source)
+    if name == "cupy" and probe_device:
+        why = _cuda_unusable()
+        if why is not None:
+            return BackendStatus(name, False, f"cupy is installed but no CUDA device is usable: {why}", version,
+                                 spec.source)
     return BackendStatus(name, True, "", version, spec.source)
 
 
@@ -146,22 +149,41 @@ def statuses() -> list[BackendStatus]:
     return [status(name) for name in registry()]
 
 
-# cupy.is_available() needs ``import cupy`` (slow, and it initialises CUDA), so the listing and
-# ``auto`` ask a child process once; the backend itself checks again in-process when it loads.
-_CUDA_CHECK = "import cupy, sys; sys.exit(0 if cupy.is_available() else 3)"
+# Whether cupy finds a device needs ``import cupy`` (slow, and it initialises CUDA), so the listing and
+# ``auto`` ask a child process once; the backend itself checks again in-process when it loads.  The child prints
+# why not: cupy's words for a missing or too old driver ("CUDA driver version is insufficient for CUDA runtime
+# version"), or that there is no device.
+_CUDA_CHECK = """
+import sys
+try:
+    import cupy
+    count = cupy.cuda.runtime.getDeviceCount()
+except Exception as err:
+    print(str(err).split(": ", 1)[-1] or type(err).__name__)
+    sys.exit(3)
+if count < 1:
+    print("the driver finds no CUDA device")
+    sys.exit(3)
+"""
 CUDA_CHECK_TIMEOUT = 60.0
 
 
 @lru_cache(maxsize=1)
-def _cuda_usable() -> bool:
+def _cuda_unusable() -> str | None:
+    """Why cupy cannot use a CUDA device here (asked of a child process), or None when it can."""
     import subprocess  # noqa: PLC0415 - only when cupy is asked about (~4 ms of every command's start)
 
     try:
-        proc = subprocess.run([sys.executable, "-c", _CUDA_CHECK], capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", _CUDA_CHECK], capture_output=True, text=True,
                               timeout=CUDA_CHECK_TIMEOUT, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return proc.returncode == 0
+    except subprocess.TimeoutExpired:
+        return f"asking cupy took over {CUDA_CHECK_TIMEOUT:.0f} s"
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"cupy could not be asked ({err})"
+    if proc.returncode == 0:
+        return None
+    said = " ".join(proc.stdout.split())[:300]
+    return said or f"cupy could not start (exit {proc.returncode})"
 
 
 def _spec(name: str) -> BackendSpec:
@@ -185,6 +207,19 @@ def resolve_name(name: str | None = None) -> str:
         return DEFAULT
     _spec(chosen)
     return chosen
+
+
+def auto_note(name: str | None = None) -> str | None:
+    """What ``auto`` passed over (a backend installed but unusable here, such as cupy without a usable GPU) and
+    took instead, in words; None when ``name`` does not resolve through ``auto`` or nothing was passed over."""
+    if (name or os.environ.get(ENV_VAR) or DEFAULT) != "auto":
+        return None
+    chosen = resolve_name("auto")
+    passed = [status(c) for c in AUTO_ORDER[:AUTO_ORDER.index(chosen)] if c in registry()]
+    unusable = [s for s in passed if s.version is not None and not s.available]  # installed, not usable
+    if not unusable:
+        return None
+    return "; ".join(f"backend auto: {s.reason}; used {chosen}" for s in unusable)
 
 
 def get_backend(backend=None):

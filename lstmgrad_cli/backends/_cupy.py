@@ -79,7 +79,7 @@ class CupyBackend:
         if cp is None:
             import cupy as cp  # noqa: PLC0415 - imported only when this backend is used
         if not cp.is_available():
-            raise BackendUnavailableError("cupy is installed but no CUDA device is usable")
+            raise BackendUnavailableError(f"cupy is installed but no CUDA device is usable{_why_not(cp)}")
         self._cp = cp
         self._gradient = CupyGradient(cp, launch)
 
@@ -90,19 +90,94 @@ class CupyBackend:
     def block_lstm_grad(self, tensors, *, seq_len_max, use_peephole, layout, compute_dtype,
                         chunk_steps=None, return_dgates=False, x_grad_out=None, observe=None):
         cp = self._cp
-        # One copy in (lazy inputs such as h5py datasets are read whole: the device holds them all).
-        on_device = type(tensors)(*(None if a is None else cp.ascontiguousarray(
-            cp.asarray(a[()] if not hasattr(a, "__array__") else a)) for a in tensors))
-        result = self._gradient.block_lstm_grad(
-            on_device, seq_len_max, use_peephole, layout, compute_dtype, chunk_steps, return_dgates,
-            observe=observe,
-        )
+        _check_fits(cp, tensors, seq_len_max, compute_dtype, return_dgates)
+        try:
+            # One copy in (lazy inputs such as h5py datasets are read whole: the device holds them all).
+            on_device = type(tensors)(*(None if a is None else cp.ascontiguousarray(
+                cp.asarray(a[()] if not hasattr(a, "__array__") else a)) for a in tensors))
+            result = self._gradient.block_lstm_grad(
+                on_device, seq_len_max, use_peephole, layout, compute_dtype, chunk_steps, return_dgates,
+                observe=observe,
+            )
+        except Exception as err:
+            reported = _device_error(err)
+            if reported is err:
+                raise
+            raise reported from err
         outs, dgates = result if return_dgates else (result, None)
         outs = _to_host(cp, outs)
         if x_grad_out is not None:  # one copy out, into the caller's lazy output
             x_grad_out[...] = outs.x_grad
             outs = outs._replace(x_grad=x_grad_out)
         return (outs, cp.asnumpy(dgates)) if return_dgates else outs
+
+
+def _why_not(cp) -> str:
+    """``": <why>"`` cupy has no device (the driver's words), or ``""`` when it does not say."""
+    try:
+        count = cp.cuda.runtime.getDeviceCount()
+    except AttributeError:  # (not the cupy module)
+        return ""
+    except Exception as err:  # noqa: BLE001 - CUDARuntimeError: no driver, or one older than cupy's CUDA
+        return ": " + (str(err).split(": ", 1)[-1] or type(err).__name__)
+    return "" if count else ": the driver finds no CUDA device"
+
+
+# Device memory a pass needs beyond its inputs and outputs: the chunk buffers (_xp.CHUNK_BYTES), cuBLAS's
+# workspace and cupy's rounding of allocations.
+WORKING_BYTES = 160 * 2**20
+
+
+def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool = False) -> int:
+    """About the device memory a pass of these tensors takes: every input, the outputs, the gate gradients of all
+    steps when ``return_dgates``, and ``WORKING_BYTES``."""
+    inputs = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in tensors if a is not None)
+    T, B, I = tensors.x.shape  # noqa: E741
+    C = tensors.w.shape[1] // 4
+    itemsize = np.dtype(compute_dtype).itemsize
+    outputs = (T * B * I + 2 * B * C + (I + C + 1) * 4 * C + 3 * C) * np.dtype(tensors.x.dtype).itemsize
+    dgates = seq_len_max * B * 4 * C * itemsize if return_dgates else 0
+    return inputs + outputs + dgates + WORKING_BYTES
+
+
+def _check_fits(cp, tensors, seq_len_max, compute_dtype, return_dgates) -> None:
+    """Refuse, before anything is copied, a problem the device's free memory cannot hold."""
+    free = _free_bytes(cp)
+    need = device_bytes(tensors, seq_len_max, compute_dtype, return_dgates)
+    if free is not None and need > free:
+        raise BackendUnavailableError(
+            f"the problem needs about {_mb(need)} of GPU memory and {_mb(free)} are free: compute it on the host "
+            "(backend numpy or numba), or free the GPU")
+
+
+def _free_bytes(cp) -> int | None:
+    """Free device memory, counting what cupy's pool holds and would reuse; None when cupy does not say."""
+    try:
+        free = cp.cuda.Device().mem_info[0]
+        return int(free) + int(cp.get_default_memory_pool().free_bytes())
+    except AttributeError:  # (not the cupy module)
+        return None
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.0f} MB"
+
+
+def _device_error(err: Exception) -> Exception:
+    """What a failure on the device means, as an error the command line reports in one line."""
+    if isinstance(err, BackendUnavailableError):
+        return err
+    kind = type(err).__name__
+    if kind == "OutOfMemoryError":  # cupy.cuda.memory.OutOfMemoryError
+        return BackendUnavailableError(f"the GPU ran out of memory ({' '.join(str(err).split())}): compute it on "
+                                       "the host (backend numpy or numba), or free the GPU")
+    if kind == "CompileException":  # cupy.cuda.compiler.CompileException: the kernels did not build for this GPU
+        first = next((line.strip() for line in str(err).splitlines() if "error" in line.lower()), kind)
+        return BackendUnavailableError(f"the cupy kernels did not compile for this GPU ({first}): compute on the "
+                                       "host (backend numpy or numba)")
+    if kind.startswith("CUDA") or type(err).__module__.startswith(("cupy", "cupy_backends")):
+        return BackendUnavailableError(f"the GPU failed: {kind}: {' '.join(str(err).split())}")
+    return err
 
 
 def _to_host(cp, outs):
