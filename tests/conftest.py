@@ -82,10 +82,16 @@ def write_h5(path: Path, tensors: dict, group: str | None = None, attrs: dict | 
     return path
 
 
+# LSTMGRAD_TEST_BACKEND=cupy runs what the suite computes on that backend by default (make gpu-check).
+TEST_BACKEND = os.environ.get("LSTMGRAD_TEST_BACKEND")
+
+
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
     for var in ("LSTMGRAD_BACKEND", "NO_COLOR", "FORCE_COLOR"):
         monkeypatch.delenv(var, raising=False)
+    if TEST_BACKEND:
+        monkeypatch.setenv("LSTMGRAD_BACKEND", TEST_BACKEND)
 
 
 @pytest.fixture

@@ -902,3 +902,66 @@ def test_cupy_on_gpu_matches_numpy_on_a_larger_shape(peephole):
     for field, a, b in zip(want._fields, want, got, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(a).max(initial=0))),
                                    err_msg=field)
+
+
+# -- arrays already on a GPU ------------------------------------------------------------------------
+
+class _DeviceArrayLike:
+    """Something that says it lives in GPU memory (``__cuda_array_interface__``) with no GPU behind it."""
+
+    def __init__(self, a):
+        self.shape, self.dtype = a.shape, a.dtype
+        self.__cuda_array_interface__ = {"shape": a.shape, "typestr": a.dtype.str, "data": (0, True), "version": 3}
+
+
+def test_gpu_arrays_are_recognised_and_never_read_as_host_arrays():
+    inputs, _, case = load_case("seq_v2_peep")
+    inputs["x"] = _DeviceArrayLike(inputs["x"])
+    assert reg.on_gpu(inputs["x"]) and not reg.on_gpu(inputs["w"])
+    for backend in (None, "numpy", "numba"):
+        with pytest.raises((lg.InvalidArgumentError, BackendUnavailableError), match="GPU") as caught:
+            lg.block_lstm_grad_v2(**inputs, backend=backend)
+        assert "\n" not in str(caught.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _gpu_usable()", reason="needs cupy and a CUDA device")
+@pytest.mark.parametrize("name", ["seq_v2_peep", "seq_v1_clip", "seq_v2_half", "cell_peep"])
+def test_cupy_arrays_in_cupy_arrays_out(name):
+    import cupy
+
+    inputs, expected, case = load_case(name)
+    on_device = {k: cupy.asarray(v) if isinstance(v, np.ndarray) and v.ndim else v for k, v in inputs.items()}
+    if case["kind"] == "seq":
+        got = _run_seq(None, on_device, case["layout"])  # no backend named: cupy, as the arrays are there
+    else:
+        got = lg.lstm_block_cell_grad_full(**{k: v for k, v in on_device.items() if k != "h"})
+    for field, want in expected.items():
+        value = getattr(got, field)
+        assert isinstance(value, cupy.ndarray), field
+        assert_close_scaled(cupy.asnumpy(value), want, name=field)
+    with pytest.raises(lg.InvalidArgumentError, match="the numpy backend computes host arrays"):
+        _run_seq("numpy", on_device, "ifco") if case["kind"] == "seq" else lg.lstm_block_cell_grad_full(
+            **{k: v for k, v in on_device.items() if k != "h"}, backend="numpy")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _gpu_usable()", reason="needs cupy and a CUDA device")
+def test_torch_cuda_tensors_and_the_forward_op_on_the_gpu():
+    import cupy
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    inputs, expected, case = load_case("seq_v2_peep")
+    tensors = {k: torch.as_tensor(v).cuda() if isinstance(v, np.ndarray) and v.ndim else v for k, v in inputs.items()}
+    got = lg.block_lstm_grad_v2(**tensors)
+    assert isinstance(got.x_grad, cupy.ndarray)
+    assert_close_scaled(cupy.asnumpy(got.w_grad), expected["w_grad"], name="w_grad")
+    forward = {k: cupy.asarray(inputs[k]) for k in ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")}
+    outs = lg.block_lstm_v2(inputs["seq_len_max"], **forward, use_peephole=True)
+    host = lg.block_lstm_v2(inputs["seq_len_max"], **{k: cupy.asnumpy(v) for k, v in forward.items()},
+                            use_peephole=True)
+    for a, b in zip(outs, host, strict=True):
+        assert isinstance(a, cupy.ndarray)
+        np.testing.assert_allclose(cupy.asnumpy(a), b, rtol=1e-5, atol=1e-6)

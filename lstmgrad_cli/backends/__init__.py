@@ -222,6 +222,39 @@ def auto_note(name: str | None = None) -> str | None:
     return "; ".join(f"backend auto: {s.reason}; used {chosen}" for s in unusable)
 
 
+# DLPack's device types of memory a CUDA kernel reads: kDLCUDA, kDLCUDAManaged.
+_DLPACK_CUDA = (2, 13)
+
+
+def on_gpu(value) -> bool:
+    """Whether ``value`` is an array in GPU memory: a cupy array, or anything with ``__cuda_array_interface__`` or a
+    DLPack CUDA device (a numba device array, a torch CUDA tensor), which the cupy backend takes without a copy."""
+    try:
+        if hasattr(value, "__cuda_array_interface__"):
+            return True
+        device = getattr(value, "__dlpack_device__", None)
+        return device is not None and int(device()[0]) in _DLPACK_CUDA
+    except Exception:  # noqa: BLE001 - torch refuses the interface for a tensor that requires grad
+        return True if hasattr(value, "__dlpack__") and "cuda" in str(getattr(value, "device", "")) else False
+
+
+def gpu_array(value):
+    """A GPU array (``on_gpu``) as a cupy array over the same memory."""
+    import cupy  # noqa: PLC0415 - only for arrays already on a GPU
+
+    if isinstance(value, cupy.ndarray):
+        return value
+    if hasattr(value, "__dlpack__") and type(value).__module__ != "numpy":  # a host array is copied (asarray)
+        return cupy.from_dlpack(value)
+    return cupy.asarray(value)
+
+
+def takes_gpu_arrays(backend) -> bool:
+    """Whether a backend object computes arrays that are on a GPU (the cupy backend; a plugin saying so with a
+    ``gpu_arrays = True`` attribute)."""
+    return bool(getattr(backend, "gpu_arrays", False))
+
+
 def get_backend(backend=None):
     """A backend object from a name, an object (returned as is), or None for the default."""
     if backend is not None and not isinstance(backend, str):

@@ -73,7 +73,11 @@ def _typed(ctype: str, value):
 
 
 class CupyBackend:
+    """Host arrays are copied to the device and the gradients back; arrays already there (cupy's, or anything
+    ``backends.gpu_array`` takes) stay there, and so do the gradients computed from them."""
+
     name = "cupy"
+    gpu_arrays = True
 
     def __init__(self, cp=None, launch=None):
         if cp is None:
@@ -105,6 +109,8 @@ class CupyBackend:
                 raise
             raise reported from err
         outs, dgates = result if return_dgates else (result, None)
+        if isinstance(tensors.x, getattr(cp, "ndarray", ())):  # the caller's arrays are on the device: so are these
+            return (outs, dgates) if return_dgates else outs
         outs = _to_host(cp, outs)
         if x_grad_out is not None:  # one copy out, into the caller's lazy output
             x_grad_out[...] = outs.x_grad

@@ -1,8 +1,9 @@
-"""Forward passes of LSTMBlockCell, BlockLSTM and BlockLSTMV2 (docs/semantics.md), in numpy.
+"""Forward passes of LSTMBlockCell, BlockLSTM and BlockLSTMV2 (docs/semantics.md), on numpy or cupy arrays.
 
 Used to build consistent inputs for the gradient ops (``lstmgrad forward``) and as the function whose
 finite differences the gradient tests check.  Gate values beyond ``seq_len_max`` are zeros, where
-TensorFlow leaves uninitialised memory.
+TensorFlow leaves uninitialised memory.  The arithmetic is written once against the array module of x
+(``array_module``): cupy arrays are computed on their GPU.
 """
 
 from __future__ import annotations
@@ -12,14 +13,24 @@ import numpy as np
 from ..spec import LAYOUTS
 
 
+def array_module(a):
+    """numpy, or cupy for a cupy array (the module whose functions compute it where it is)."""
+    if type(a).__module__.startswith("cupy"):
+        import cupy  # noqa: PLC0415 - only for arrays already on a GPU
+
+        return cupy
+    return np
+
+
 def sigmoid(z):
     """The logistic function, accurate in relative terms over the whole float range (as TF's Eigen kernel is).
 
     exp(-|z|) never overflows; 1 / (1 + e) for z >= 0 and e / (1 + e) below keep full relative precision in
     the tails, where 0.5 (1 + tanh(z/2)) loses it (exactly 0 in float32 below z = -19, 2e-4 off at -10)."""
-    z = np.asarray(z)
-    e = np.exp(-np.abs(z))
-    out = np.where(z >= 0, np.ones_like(e), e)
+    xp = array_module(z)
+    z = xp.asarray(z)
+    e = xp.exp(-xp.abs(z))
+    out = xp.where(z >= 0, xp.ones_like(e), e)
     e += 1.0
     out /= e
     return out if out.ndim else out[()]
@@ -39,7 +50,8 @@ def gate_slices(C: int, layout: str) -> dict[str, slice]:
 def block_lstm_forward(seq_len_max: int, x, cs_prev, h_prev, w, wci, wcf, wco, b, *, forget_bias: float,
                        cell_clip: float, use_peephole: bool, layout: str, compute_dtype, clip_offsets=None,
                        offsets_out=None) -> tuple:
-    """The BlockLSTM recurrence on validated numpy arrays; returns (i, cs, f, o, ci, co, h) as [T, B, C].
+    """The BlockLSTM recurrence on validated arrays (numpy, or cupy: ``array_module``); returns
+    (i, cs, f, o, ci, co, h) as [T, B, C].
 
     The state carried from one step to the next is the stored (output-dtype) ``cs``/``h``, so the
     outputs are exactly consistent with each other, as TF's are.  ``offsets_out`` ([T, B, C]), when
@@ -47,6 +59,7 @@ def block_lstm_forward(seq_len_max: int, x, cs_prev, h_prev, w, wci, wcf, wco, b
     ``cs = cs_raw + clip_offsets[t]`` instead of clipping: the straight-through function whose
     gradient the ops compute (gradcheck.py's finite differences).
     """
+    xp = array_module(x)
     out_dtype = x.dtype
     cdt = np.dtype(compute_dtype)
     T, B, I = x.shape
@@ -56,10 +69,10 @@ def block_lstm_forward(seq_len_max: int, x, cs_prev, h_prev, w, wci, wcf, wco, b
     w_c, b_c = w.astype(cdt), b.astype(cdt)
     wci, wcf, wco = (p.astype(cdt) for p in (wci, wcf, wco))
     fb = cdt.type(forget_bias)
-    outs = [np.zeros((T, B, C), dtype=out_dtype) for _ in range(7)]
+    outs = [xp.zeros((T, B, C), dtype=out_dtype) for _ in range(7)]
     i_o, cs_o, f_o, o_o, ci_o, co_o, h_o = outs
     cs_t, h_t = cs_prev.astype(cdt), h_prev.astype(cdt)
-    with np.errstate(all="ignore"):  # NaN/Inf in the inputs are computed through, as TF does
+    with np.errstate(all="ignore"):  # NaN/Inf in the inputs are computed through, as TF does (cupy never warns)
         gates_x = x[:L].astype(cdt) @ w_c[:I]  # the input part of all steps in one product
         for t in range(L):
             gates = gates_x[t] + h_t @ w_c[I:] + b_c
@@ -67,17 +80,17 @@ def block_lstm_forward(seq_len_max: int, x, cs_prev, h_prev, w, wci, wcf, wco, b
             if use_peephole:
                 zi = zi + cs_t * wci
                 zf = zf + cs_t * wcf
-            i, ci, f = sigmoid(zi), np.tanh(zc), sigmoid(zf)
+            i, ci, f = sigmoid(zi), xp.tanh(zc), sigmoid(zf)
             raw = i * ci + f * cs_t
             if clip_offsets is not None:
                 cs = raw + clip_offsets[t]
             elif cell_clip > 0:
-                cs = np.clip(raw, -cdt.type(cell_clip), cdt.type(cell_clip))
+                cs = xp.clip(raw, -cdt.type(cell_clip), cdt.type(cell_clip))
             else:
                 cs = raw
             if offsets_out is not None and clip_offsets is None:
                 offsets_out[t] = cs - raw
-            co = np.tanh(cs)
+            co = xp.tanh(cs)
             o = sigmoid(zo + cs * wco) if use_peephole else sigmoid(zo)
             h = o * co
             for store, value in zip(outs, (i, cs, f, o, ci, co, h), strict=True):

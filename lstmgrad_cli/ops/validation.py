@@ -12,13 +12,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..backends import gpu_array, on_gpu
 from ..errors import InvalidArgumentError
 from ..io import LazyDataset
 from ..spec import CELL_TENSORS, FORWARD_INPUTS, PEEPHOLES, RANKS, SEQ_TENSORS
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 COMPUTE_DTYPES = ("float16", "float32", "float64")
-
 
 
 class Dims(NamedTuple):
@@ -38,17 +38,25 @@ class Issue(NamedTuple):
 
 
 def as_float_arrays(tensors: Mapping[str, object]) -> dict[str, np.ndarray]:
-    """Turn array-likes into numpy arrays of one float dtype, or say which tensor is wrong."""
+    """Turn array-likes into numpy arrays of one float dtype, or say which tensor is wrong; where one is on a GPU
+    (``backends.on_gpu``), all become cupy arrays there."""
     arrays: dict[str, np.ndarray] = {}
     for name, value in tensors.items():
         if isinstance(value, np.ndarray) or _is_lazy_array(value):
             array = value  # a lazy array (an h5py dataset) is checked by shape and dtype, not read
+        elif on_gpu(value):  # checked by shape and dtype too, and computed where it is (the cupy backend)
+            try:
+                array = gpu_array(value)
+            except Exception as err:  # noqa: BLE001 - cupy missing, or torch's "use tensor.detach()"
+                raise InvalidArgumentError(f"{name} is on a GPU, and cupy cannot take it: {err}") from None
         else:
             try:
                 array = np.asarray(value)
             except (TypeError, ValueError) as err:
                 raise InvalidArgumentError(f"{name} is not an array: {err}") from None
         arrays[name] = array
+    if any(on_gpu(a) for a in arrays.values()):  # one on a GPU: the others join it there (a copy each)
+        arrays = {name: a if on_gpu(a) else gpu_array(np.asarray(a)) for name, a in arrays.items()}
     _raise_first(dtype_issues(arrays))
     return arrays
 
