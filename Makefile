@@ -4,7 +4,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test lint bench bench-batch bench-stream bench-lengths fuzz signals fixtures conformance docs clean
+.PHONY: demo test lint bench bench-batch bench-stream bench-lengths fuzz signals fixtures conformance docs clean \
+	gpu-check gpu-pylibs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +47,16 @@ bench-stream: $(STAMP)
 # An nn.LSTM's gradient with per-example lengths against the padded one, lstmgrad and PyTorch (.venv-torch) side by side.
 bench-lengths: $(STAMP)
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(PY) benchmarks/bench_lengths.py $(BENCH_ARGS)
+
+# On a machine with a CUDA GPU, from the repository root with the machine's own Python (the device tool's machines
+# have cupy, torch, h5py, click and rich, no venv and no network): backends --check, the gpu tests, every golden
+# case on cupy and the bench against cuDNN, in under 5 minutes (benchmarks/gpu_check.py).
+gpu-check:
+	PYTHONPATH="$(CURDIR):$(CURDIR)/build/gpu-pylibs" $(PYTHON) benchmarks/gpu_check.py
+
+# pytest and hypothesis for such a machine, to carry with the working tree (build/ is not committed).
+gpu-pylibs:
+	$(PYTHON) -m pip install --quiet --target build/gpu-pylibs pytest hypothesis
 
 # The long fuzz run (hypothesis); `make test` runs a short one. LSTMGRAD_FUZZ_EXAMPLES sets the examples per test.
 fuzz: $(STAMP)

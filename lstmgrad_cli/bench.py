@@ -40,7 +40,8 @@ CHILD_RATIO_NOTE = "ratio to the GEMM limit timed in the same rounds of its own 
 
 @dataclass
 class Timing:
-    engine: str  # backend name, "gemm-limit", "tensorflow" or "torch"
+    engine: str  # backend name, "gemm-limit", "tensorflow" or "torch"; on a GPU also "gpu-gemm-limit",
+    # "cupy-device" (the cupy backend on arrays already there), "torch-cudnn" and "torch-cudnn-tf32"
     version: str | None
     shape: tuple[int, int, int, int]
     dtype: str
@@ -141,10 +142,7 @@ def _gemm_limit_call(shape, dtype, matmul=None):
     matmul = matmul or (lambda a, b, out: np.matmul(a, b, out=out))
     T, B, I, C = shape  # noqa: E741
     cdt = np.float64 if np.dtype(dtype) == np.float64 else np.float32
-    rng = np.random.default_rng(1)
-    dg = rng.standard_normal((T * B, 4 * C)).astype(cdt)
-    w = rng.standard_normal((I + C, 4 * C)).astype(cdt)
-    xh = rng.standard_normal((T * B, I + C)).astype(cdt)
+    dg, w, xh = _gemm_operands(shape, cdt)
     out1, out2 = np.empty((T * B, I + C), cdt), np.empty((I + C, 4 * C), cdt)
 
     def call():
@@ -152,6 +150,14 @@ def _gemm_limit_call(shape, dtype, matmul=None):
         matmul(xh.T, dg, out2)
 
     return call
+
+
+def _gemm_operands(shape, cdt):
+    """The GEMM limit's operands: gate gradients [T*B, 4C], w [I+C, 4C], [x, h] [T*B, I+C]."""
+    T, B, I, C = shape  # noqa: E741
+    rng = np.random.default_rng(1)
+    return (rng.standard_normal((T * B, 4 * C)).astype(cdt), rng.standard_normal((I + C, 4 * C)).astype(cdt),
+            rng.standard_normal((T * B, I + C)).astype(cdt))
 
 
 def _backend_call(backend, inputs, use_peephole):
@@ -168,8 +174,9 @@ def _backend_call(backend, inputs, use_peephole):
     return call
 
 
-def framework_call(name: str, inputs: dict, use_peephole: bool):
-    """(callable, version, note) timing TensorFlow or PyTorch on ``inputs``; ImportError if absent."""
+def framework_call(name: str, inputs: dict, use_peephole: bool, device: str = "cpu", tf32: bool = False):
+    """(callable, version, note) timing TensorFlow or PyTorch on ``inputs``; ImportError if absent.  PyTorch runs
+    on ``device`` ("cuda": cuDNN, each call ending when the device is done, TF32 matrix products when ``tf32``)."""
     T, B, I = inputs["x"].shape  # noqa: E741
     C = inputs["w"].shape[1] // 4
     if name == "tensorflow":
@@ -188,24 +195,86 @@ def framework_call(name: str, inputs: dict, use_peephole: bool):
         import torch  # noqa: PLC0415 - optional, never a dependency
 
         dt = getattr(torch, str(inputs["x"].dtype))
-        lstm = torch.nn.LSTM(I, C).to(dt)
+        lstm = torch.nn.LSTM(I, C).to(dt).to(device)
         with torch.no_grad():  # IFCO is torch's gate order (i, f, g, o)
             lstm.weight_ih_l0.copy_(torch.from_numpy(np.ascontiguousarray(inputs["w"][:I].T)))
             lstm.weight_hh_l0.copy_(torch.from_numpy(np.ascontiguousarray(inputs["w"][I:].T)))
             lstm.bias_ih_l0.copy_(torch.from_numpy(inputs["b"]))
             lstm.bias_hh_l0.zero_()
-        x = torch.from_numpy(inputs["x"]).requires_grad_()
-        h0 = torch.from_numpy(inputs["h_prev"])[None].clone().requires_grad_()
-        c0 = torch.from_numpy(inputs["cs_prev"])[None].clone().requires_grad_()
+
+        def tensor(a):
+            return torch.from_numpy(a).to(device)
+
+        x = tensor(inputs["x"]).requires_grad_()
+        h0 = tensor(inputs["h_prev"])[None].clone().requires_grad_()
+        c0 = tensor(inputs["cs_prev"])[None].clone().requires_grad_()
+        note = "nn.LSTM backward, no peepholes"
+        if device == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+            note += f", cuDNN {torch.backends.cudnn.version()}, TF32 {'on' if tf32 else 'off'}"
         out, _ = lstm(x, (h0, c0))
-        grad_out = torch.from_numpy(inputs["h_grad"])
+        grad_out = tensor(inputs["h_grad"])
         wrt = [x, h0, c0, *lstm.parameters()]
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
         def call():
+            if device == "cuda":
+                torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
             torch.autograd.grad(out, wrt, grad_out, retain_graph=True)
+            sync()
 
-        return call, torch.__version__, "nn.LSTM backward, no peepholes"
+        return call, torch.__version__, note
     raise ValueError(f"unknown framework {name!r}")
+
+
+GPU_LIMIT = "gpu-gemm-limit"
+
+
+def gpu_calls(shape, dtype: str, inputs: dict, use_peephole: bool, backend) -> tuple[dict, dict, dict]:
+    """(calls, versions, notes) of the GPU engines, each call ending when the device is done: the GEMM limit
+    on the GPU (cupy.matmul), the cupy backend on arrays already on the device, and PyTorch's cuDNN nn.LSTM
+    backward on the same arrays with TF32 off and on, when a CUDA torch is importable.  The cupy backend on
+    host arrays (copies in and out) is the ``backend`` row ``run`` times anyway."""
+    import cupy  # noqa: PLC0415 - only with the cupy backend
+
+    from .ops.validation import resolve_compute_dtype  # noqa: PLC0415
+    from .spec import SeqTensors  # noqa: PLC0415
+
+    sync = cupy.cuda.get_current_stream().synchronize
+    T, B, I, C = shape  # noqa: E741
+    cdt = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    dg, w, xh = (cupy.asarray(a) for a in _gemm_operands(shape, cdt))
+    out1, out2 = cupy.empty((T * B, I + C), cdt), cupy.empty((I + C, 4 * C), cdt)
+
+    def gemm():
+        cupy.matmul(dg, w.T, out=out1)
+        cupy.matmul(xh.T, dg, out=out2)
+        sync()
+
+    tensors = SeqTensors(**{k: cupy.asarray(v) for k, v in inputs.items()})
+    compute = resolve_compute_dtype(inputs["x"].dtype, None)
+
+    def on_device():
+        backend.block_lstm_grad(tensors, seq_len_max=T, use_peephole=use_peephole, layout="ifco",
+                                compute_dtype=compute)
+        sync()
+
+    calls = {GPU_LIMIT: gemm, "cupy-device": on_device}
+    versions = {GPU_LIMIT: None, "cupy-device": backend.version}
+    notes = {"cupy-device": "arrays already on the GPU"}
+    try:
+        import torch  # noqa: PLC0415 - optional, never a dependency
+
+        usable = torch.cuda.is_available()
+    except Exception:  # noqa: BLE001 - absent or broken: not compared
+        usable = False
+    if usable:
+        for tf32 in (False, True):
+            name = "torch-cudnn-tf32" if tf32 else "torch-cudnn"
+            call, versions[name], notes[name] = framework_call("torch", inputs, use_peephole, device="cuda",
+                                                               tf32=tf32)
+            calls[name] = call
+    return calls, versions, notes
 
 
 def _round_robin(calls: dict, repeats: int, progress=None) -> dict[str, list[float]]:
@@ -297,9 +366,17 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
         inputs = make_inputs(shape, dtype)
         calls = {"gemm-limit": _gemm_limit_call(shape, dtype, cpu_blas.matmul)}
         versions, notes = {"gemm-limit": None}, {}
+        gpu_engines = set()
         for backend in loaded:
             calls[backend.name] = _backend_call(backend, inputs, use_peephole)
             versions[backend.name] = backend.version
+            if registry.takes_gpu_arrays(backend):  # the GPU's engines, rated against the GPU's GEMM rate
+                more, more_versions, more_notes = gpu_calls(shape, dtype, inputs, use_peephole, backend)
+                calls.update(more)
+                versions.update(more_versions)
+                notes.update(more_notes)
+                notes[backend.name] = "host arrays: copies in and out included"
+                gpu_engines |= {backend.name, *more}
         for name in frameworks:
             try:
                 call, versions[name], notes[name] = framework_call(name, inputs, use_peephole)
@@ -334,6 +411,8 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
                     limits[name] = float(np.median(child_limit))
                     notes[name] = "; ".join(filter(None, [notes[name], limit_note]))
         limit = float(np.median(times["gemm-limit"]))
+        if GPU_LIMIT in times:
+            limits.update(dict.fromkeys(gpu_engines, float(np.median(times[GPU_LIMIT]))))
         for name, secs in times.items():
             if name.startswith(BACK_TO_BACK):
                 continue

@@ -44,8 +44,11 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
     are timed round-robin so machine noise hits them alike, each call 0.3 s after the one before
     (thread pools stop spinning), and again right after it, as a loop of calls runs them: the
     back-to-back median.  Engines run in another interpreter (--compare-python) are rated
-    against a GEMM limit timed in their own rounds.  For stable numbers on OpenBLAS, run with
-    OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset.
+    against a GEMM limit timed in their own rounds.  With the cupy backend on a GPU, the GPU's
+    engines are rated against the GPU's own GEMM limit (gpu-gemm-limit): cupy from host arrays
+    (copies included), cupy-device on arrays already there, and PyTorch's cuDNN backward with
+    TF32 off and on when a CUDA-enabled torch is importable.  For stable numbers on OpenBLAS,
+    run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset.
 
     \b
     lstmgrad bench

@@ -1,0 +1,97 @@
+"""`make gpu-check`: everything that needs a real GPU, in one run of under 5 minutes, ending in one table.
+
+1. the device, its driver and the libraries;
+2. `lstmgrad backends --check`: every kernel built for this GPU;
+3. the suite's `gpu` tests (tests/test_backends.py);
+4. every golden case of the suite (TensorFlow ops, Keras layers, PyTorch layers and whole modules) on cupy:
+   tests/test_ops_golden.py, test_frameworks.py and test_modules.py with LSTMGRAD_TEST_BACKEND=cupy;
+5. `lstmgrad bench` on the GPU: the cupy backend from host arrays and on device arrays, the GPU's own GEMM
+   limit, PyTorch's cuDNN backward with TF32 off and on.
+
+Runs with the machine's own Python from the repository root (`make gpu-check` sets PYTHONPATH): the device
+machine has cupy, torch, numba, h5py, click and rich; pytest and hypothesis come from build/gpu-pylibs when
+it is carried (`make gpu-pylibs` makes it here).  Paste what it prints into benchmarks/RESULTS.md with the date.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = ("50,32,128,128", "100,64,256,256", "200,128,512,512", "500,16,256,256")
+GOLDEN_TESTS = ("tests/test_ops_golden.py", "tests/test_frameworks.py", "tests/test_modules.py")
+
+
+def run(title: str, cmd: list[str], timeout: float, env: dict | None = None) -> tuple[str, str, float]:
+    """(result word, its last lines, seconds) of one step, its output shown as it comes."""
+    print(f"\n== {title}: {' '.join(cmd)}", flush=True)
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return "TIMEOUT", f"stopped after {timeout:.0f} s", time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    output = (proc.stdout + proc.stderr).rstrip()
+    print(output, flush=True)
+    tail = " / ".join(line.strip() for line in output.splitlines()[-2:])
+    return ("ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"), tail, seconds
+
+
+def device_lines() -> list[str]:
+    import cupy  # noqa: PLC0415 - the device machine has it
+
+    lines = []
+    for index in range(cupy.cuda.runtime.getDeviceCount()):
+        props = cupy.cuda.runtime.getDeviceProperties(index)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        lines.append(f"GPU {index}: {name}, sm_{props['major']}{props['minor']}, "
+                     f"{props['totalGlobalMem'] / 2**30:.0f} GiB, {props['multiProcessorCount']} SMs")
+    lines.append(f"driver {cupy.cuda.runtime.driverGetVersion()}, runtime {cupy.cuda.runtime.runtimeGetVersion()}, "
+                 f"cupy {cupy.__version__}")
+    try:
+        import torch  # noqa: PLC0415
+
+        lines.append(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")
+    except ImportError:
+        lines.append("torch: not installed (no cuDNN comparison)")
+    return lines
+
+
+def main() -> int:
+    started = time.perf_counter()
+    python = sys.executable
+    print("lstmgrad gpu-check", time.strftime("%Y-%m-%d %H:%M"), flush=True)
+    try:
+        lines = device_lines()
+    except Exception as err:  # noqa: BLE001 - no cupy, no driver, no device
+        print(f"no usable GPU here ({type(err).__name__}: {err}): make gpu-check needs one", file=sys.stderr)
+        return 2
+    for line in lines:
+        print(line, flush=True)
+    rows = [("backends --check", *run("kernels", [python, "-m", "lstmgrad_cli", "backends", "--check"], 120))]
+    if importlib.util.find_spec("pytest") is None:
+        why = "pytest is not installed here: carry build/gpu-pylibs (make gpu-pylibs)"
+        rows += [("gpu tests", "SKIPPED", why, 0.0), ("golden cases on cupy", "SKIPPED", why, 0.0)]
+    else:
+        pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+        rows.append(("gpu tests", *run("gpu tests", [*pytest, "-m", "gpu", "-rs", "tests/test_backends.py"], 180)))
+        rows.append(("golden cases on cupy", *run("golden cases on cupy", [*pytest, *GOLDEN_TESTS], 240,
+                                                  {"LSTMGRAD_TEST_BACKEND": "cupy"})))
+    bench = [python, "-m", "lstmgrad_cli", "bench", "--backend", "cupy", "--repeats", "5", "--markdown",
+             *(arg for shape in SHAPES for arg in ("--shape", shape))]
+    rows.append(("bench (cupy, cuDNN)", *run("bench", bench, 240)))
+    print("\n| step | result | last lines | seconds |\n| --- | --- | --- | ---: |")
+    for step, result, tail, seconds in rows:
+        print(f"| {step} | {result} | {tail.replace('|', '/')} | {seconds:.0f} |")
+    print(f"\nin all {time.perf_counter() - started:.0f} s")
+    return 0 if all(result in ("ok", "SKIPPED") for _, result, _, _ in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
