@@ -170,7 +170,10 @@ CUDA_CHECK_TIMEOUT = 60.0
 
 @lru_cache(maxsize=1)
 def _cuda_unusable() -> str | None:
-    """Why cupy cannot use a CUDA device here (asked of a child process), or None when it can."""
+    """Why cupy cannot use a CUDA device here (asked of a child process, unless Linux shows no NVIDIA driver at
+    all), or None when it can."""
+    if no_nvidia_driver():
+        return "no NVIDIA driver is loaded (Linux shows no /proc/driver/nvidia)"
     import subprocess  # noqa: PLC0415 - only when cupy is asked about (~4 ms of every command's start)
 
     try:
@@ -184,6 +187,14 @@ def _cuda_unusable() -> str | None:
         return None
     said = " ".join(proc.stdout.split())[:300]
     return said or f"cupy could not start (exit {proc.returncode})"
+
+
+def no_nvidia_driver() -> bool:
+    """Whether this is Linux with no NVIDIA kernel driver loaded (nor WSL's GPU device): then no process here can
+    use a CUDA device, and nothing needs to start one to find out (~1 s for a child importing cupy)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return not (os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/dxg"))
 
 
 def _spec(name: str) -> BackendSpec:

@@ -119,7 +119,12 @@ class CupyBackend:
 
 
 def _why_not(cp) -> str:
-    """``": <why>"`` cupy has no device (the driver's words), or ``""`` when it does not say."""
+    """``": <why>"`` cupy has no device (as ``backends.status`` says it, else the driver's words), or ``""``."""
+    from . import status  # noqa: PLC0415 - (the registry imports this module)
+
+    reason = status("cupy").reason
+    if reason:
+        return ": " + reason.split(": ", 1)[-1]
     try:
         count = cp.cuda.runtime.getDeviceCount()
     except AttributeError:  # (not the cupy module)
