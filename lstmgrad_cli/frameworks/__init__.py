@@ -9,11 +9,13 @@ the way back to the framework's names.  pytorch.py and keras.py say how each fra
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, LstmGradError
+from ..messages import Message, Param, message_of
 from . import keras, keras_config, pytorch, weights_files
 from .common import FrameworkOptions, Plan, check_applicable
 from .keras import KerasLayer
@@ -77,10 +79,46 @@ def detect(keys, options: FrameworkOptions) -> str:
 
 
 def plan(framework: str, tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = None) -> Plan:
-    """Check a Keras or PyTorch user's tensors (as a file holds them) and build what computes their gradients."""
+    """Check a Keras or PyTorch user's tensors (as a file holds them) and build what computes their gradients.
+    A refusal that the other time layout of x would not give (batch_first for PyTorch, time_major for Keras) says
+    so."""
+    try:
+        return _plan(framework, tensors, options, layer)
+    except InvalidArgumentError as err:
+        flipped, hint = _other_layout(framework, tensors, options)
+        if flipped is None:
+            raise
+        try:
+            _plan(framework, tensors, flipped, layer)
+        except LstmGradError:
+            raise err from None
+        raise InvalidArgumentError(Message.format("{}; {}", message_of(err), hint)) from None
+
+
+def _plan(framework: str, tensors: dict, options: FrameworkOptions, layer: KerasLayer | None) -> Plan:
     if framework == "keras":
         return keras.plan(keras.tensors_of(tensors), options, layer)
     return pytorch.plan(tensors, options)
+
+
+def _other_layout(framework: str, tensors: dict, options: FrameworkOptions) -> tuple:
+    """The options with x's other time layout, and words for what it would change; (None, "") where it would change
+    nothing (x not a sequence, as long as it is wide)."""
+    shape = np.shape(tensors.get("x")) if tensors.get("x") is not None else ()
+    if len(shape) != 3 or shape[0] == shape[1]:
+        return None, ""
+    if framework == "torch":
+        flag = Param("batch_first", True)
+        hint = (Message.format("without {} (x time-major, [T, B, I]: [{}, {}, ...]) the shapes fit", flag, *shape[:2])
+                if options.batch_first else
+                Message.format("with {} (x batch-first, [B, T, I]: [{}, {}, ...], as nn.LSTM(batch_first=True) takes "
+                               "it) the shapes fit", flag, *shape[:2]))
+        return replace(options, batch_first=not options.batch_first), hint
+    flag = Param("time_major", True)
+    hint = (Message.format("without {} (x batch-first, [B, T, I]: [{}, {}, ...]) the shapes fit", flag, *shape[:2])
+            if options.time_major else
+            Message.format("with {} (x time-major, [T, B, I]: [{}, {}, ...]) the shapes fit", flag, *shape[:2]))
+    return replace(options, time_major=not options.time_major), hint
 
 
 # -- the Python API ---------------------------------------------------------------------------------------
@@ -118,7 +156,7 @@ def keras_lstm_grad(x, kernel=None, recurrent_kernel=None, bias=None, *, weights
                             "not both")
         given = {k: _numpy(v) for k, v in weights.items()}
     tensors = dict(x=x, **given, h0=h0, c0=c0, h_grad=h_grad, hn_grad=hn_grad, cn_grad=cn_grad, mask=mask)
-    out = keras.plan({n: v for n, v in tensors.items() if v is not None}, options, layer).gradients(
+    out = plan("keras", {n: v for n, v in tensors.items() if v is not None}, options, layer).gradients(
         backend, compute_dtype)
     if weights is not None:
         return out
@@ -156,14 +194,14 @@ def torch_lstm_grad(x, weight_ih=None, weight_hh=None, bias_ih=None, bias_hh=Non
         options = FrameworkOptions("torch", batch_first=batch_first, layer=layer, reverse=reverse)
         _refuse_model_state_dict(state_dict)
         tensors = {**{k: _numpy(v) for k, v in state_dict.items()}, **state}
-        return pytorch.plan({n: v for n, v in tensors.items() if v is not None}, options).gradients(
+        return plan("torch", {n: v for n, v in tensors.items() if v is not None}, options).gradients(
             backend, compute_dtype)
     options = FrameworkOptions("torch", batch_first=batch_first, layer=0, reverse=reverse)
     names = pytorch.names(0, reverse)
     tensors = {names["weight_ih"]: weight_ih, names["weight_hh"]: weight_hh, names["bias_ih"]: bias_ih,
                names["bias_hh"]: bias_hh}
     tensors = {**{n: None if v is None else _numpy(v) for n, v in tensors.items()}, **state}
-    out = pytorch.plan({n: v for n, v in tensors.items() if v is not None}, options).gradients(backend, compute_dtype)
+    out = plan("torch", {n: v for n, v in tensors.items() if v is not None}, options).gradients(backend, compute_dtype)
     return TorchLSTMGradOutputs(out["x_grad"], out[f"{names['weight_ih']}_grad"], out[f"{names['weight_hh']}_grad"],
                                 out.get(f"{names['bias_ih']}_grad"), out.get(f"{names['bias_hh']}_grad"),
                                 out["h0_grad"], out["c0_grad"])
