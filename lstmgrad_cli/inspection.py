@@ -316,19 +316,54 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectRepor
                                                    None if projection is None else projection.shape[0]))
         _framework_roles(report, "weights")
         return True
-    name = frameworks.detect(keys, frameworks.FrameworkOptions())
+    cells = _torch_cells(keys, raw)
+    if cells and "x" not in raw:  # an nn.LSTMCell's state_dict (or a model's holding some)
+        report.kind = "torch-weights"
+        for prefix, (w_ih, w_hh) in cells.items():
+            where = Message.format(" {}", Param("weights_group", prefix)) if prefix else ""
+            report.notes.append(Message.format(
+                "PyTorch nn.LSTMCell{}: weight_ih {}, weight_hh {}: lstmgrad cell DATA {}{} (one step, {})",
+                f" {prefix}" if prefix else "", w_ih, w_hh, Param("weights", path), where,
+                frameworks.pytorch.CELL_STEP))
+        _framework_roles(report, "weights")
+        return True
+    held = {k: np.asarray(v) for k, v in raw.items()}
+    step = frameworks.cells.framework_of(keys, None, held["x"].ndim if "x" in held else None)
+    if step is None and frameworks.cells.without_weights(keys):
+        report.kind, report.op = "cell", "one step of a PyTorch or Keras cell, without its weights"
+        report.error(None, frameworks.cells.MISSING_WEIGHTS)
+        _framework_roles(report, "used")
+        return True
+    name = step or frameworks.detect(keys, frameworks.FrameworkOptions())
     if name not in frameworks.FRAMEWORKS:
         return False
     report.kind = name
-    held = {k: np.asarray(v) for k, v in raw.items()}
     try:
-        frameworks.plan(name, held, frameworks.FrameworkOptions())
-        report.notes.append(f"a {'Keras LSTM' if name == 'keras' else 'PyTorch nn.LSTM'} layer's tensors: lstmgrad "
-                            "seq computes its gradients in its names")
+        if step:
+            report.op = f"a {'Keras LSTMCell' if name == 'keras' else 'PyTorch nn.LSTMCell'} step's tensors"
+            plan = frameworks.cells.plan(name, held, keys=keys)
+            report.op = f"{plan.description}, computed as {plan.computed_as}"
+            report.notes.append("lstmgrad cell computes its gradients in its names")
+        else:
+            frameworks.plan(name, held, frameworks.FrameworkOptions())
+            report.notes.append(f"a {'Keras LSTM' if name == 'keras' else 'PyTorch nn.LSTM'} layer's tensors: "
+                                "lstmgrad seq computes its gradients in its names")
     except LstmGradError as err:
-        report.error(None, str(err))
+        report.error(None, message_of(err))
     _framework_roles(report, "used")
     return True
+
+
+def _torch_cells(keys, raw: dict) -> dict[str, tuple[list, list]]:
+    """The nn.LSTMCells among a state_dict's keys: their module prefix ("" for a cell's own state_dict) -> the shapes of
+    weight_ih and weight_hh."""
+    found = {}
+    for key in keys:
+        prefix, _, name = key.rpartition(".")
+        other = f"{prefix}.weight_hh" if prefix else "weight_hh"
+        if name == "weight_ih" and other in raw:
+            found[prefix] = (list(np.shape(raw[key])), list(np.shape(raw[other])))
+    return found
 
 
 def _with_weights(report: InspectReport, path: Path, group, weights, weights_group, framework) -> InspectReport:

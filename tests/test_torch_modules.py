@@ -10,6 +10,8 @@ import json
 import numpy as np
 import pytest
 from conftest import FIXTURES, write_npz
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 import lstmgrad_cli as lg
 from lstmgrad_cli.cli import main
@@ -213,3 +215,53 @@ def test_check_labels_an_unbatched_modules_axes(runner, tmp_path):
                                   str(write_npz(tmp_path / "ref.npz", reference))])
     assert result.exit_code == 1, result.output
     assert "the worst at [t=3, i=0]" in result.stdout and "the first failing time step is t=3" in result.stdout
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.integers(1, 2), D=st.integers(1, 2), T=st.integers(0, 3), B=st.integers(0, 2), C=st.integers(1, 3),
+       P=st.sampled_from([0, 1, 2]), unbatched=st.booleans(), last=st.booleans(),
+       mutate=st.sampled_from([None, "shape", "dtype", "drop", "stray"]), data=st.data())
+def test_any_projected_or_unbatched_module_computes_in_the_users_shapes_or_is_refused(layers, D, T, B, C, P,
+                                                                                      unbatched, last, mutate, data):
+    """Random state_dicts with weight_hr (proj_size P) or without, unbatched or batched x, one tensor mutated (any
+    shape, an integer dtype, left out, a stray weight_hr_l{K}): every gradient has the shape of what it
+    differentiates, or a one-line LstmGradError; never another exception."""
+    rng = np.random.default_rng(layers * 1000 + D * 100 + T * 10 + C)
+    H = P or C
+    batch = () if unbatched else (B,)
+    params = {}
+    for k in range(layers):
+        for d in range(D):
+            s = f"_l{k}" + ("_reverse" if d else "")
+            params["weight_ih" + s] = rng.normal(size=(4 * C, 2 if k == 0 else D * H))
+            params["weight_hh" + s] = rng.normal(size=(4 * C, H))
+            params["bias_ih" + s] = params["bias_hh" + s] = rng.normal(size=4 * C)
+            if P:
+                params["weight_hr" + s] = rng.normal(size=(P, C))
+    state = {"x": rng.normal(size=(T, *batch, 2)), "h0": rng.normal(size=(layers * D, *batch, H)),
+             "c0": rng.normal(size=(layers * D, *batch, C)),
+             "h_grad": rng.normal(size=(*batch, D * H) if last else (T, *batch, D * H))}
+    if mutate is not None:
+        name = data.draw(st.sampled_from(sorted([*params, *state])), label="tensor")
+        where = params if name in params else state
+        if mutate == "shape":
+            where[name] = np.zeros(data.draw(st.lists(st.integers(0, 5), max_size=4), label="shape"))
+        elif mutate == "dtype":
+            where[name] = where[name].astype(np.int64)
+        elif mutate == "drop":
+            del where[name]
+        else:
+            params[f"weight_hr_l{data.draw(st.integers(0, 3), label='layer')}"] = np.ones((1, C))
+    try:
+        grads = lg.torch_lstm_grad(state.pop("x", None), state_dict=params, **state)
+    except lg.LstmGradError as err:
+        assert "\n" not in str(err) and str(err)
+        event(f"refused ({mutate})")
+        return
+    event(f"computed ({mutate})")
+    for name, value in params.items():
+        assert grads[f"{name}_grad"].shape == value.shape, name
+    for name in ("x", "h0", "c0"):
+        if name in state or name == "x":
+            assert grads[f"{name}_grad"].shape == (state.get(name) if name != "x" else grads["x_grad"]).shape
+    assert all(np.isfinite(v).all() for v in grads.values())

@@ -84,17 +84,22 @@ def cells_in(keys) -> list[str]:
     keys = set(keys)
     prefixes = sorted({k.rpartition(".")[0] for k in keys if k.endswith(".weight_ih") and
                        f"{k.rpartition('.')[0]}.weight_hh" in keys})
-    return [f"{p} holds an nn.LSTMCell's weights (one step, called in a Python loop), not an nn.LSTM's: copy them into "
-            "an nn.LSTM (weight_ih_l0 = cell.weight_ih, ...) and give the whole sequence" for p in prefixes]
+    return [Message.format("{} holds an nn.LSTMCell's weights (one step, called in a Python loop), not an nn.LSTM's: "
+                           "lstmgrad cell computes a step of it with {} ({}); for a whole sequence copy them into an "
+                           "nn.LSTM (weight_ih_l0 = cell.weight_ih, ...)", p, Param("weights_group", p), CELL_STEP)
+            for p in prefixes]
+
+
+CELL_STEP = "x, h0, c0 and the gradients at h1, c1 of h1, c1 = cell(x, (h0, c0)) as h1_grad, c1_grad"
 
 
 def _refuse_other_modules(tensors: dict) -> None:
     if all(k in tensors for k in CELL_KEYS):
         raise InvalidArgumentError(
             "weight_ih and weight_hh without a layer suffix are an nn.LSTMCell's (one step, called in a Python loop), "
-            "not an nn.LSTM's (weight_ih_l0, ...): lstmgrad computes whole nn.LSTM layers; copy the cell's weights "
-            "into an nn.LSTM(input_size, hidden_size) (weight_ih_l0 = cell.weight_ih, ...) and give the whole "
-            "sequence")
+            f"not an nn.LSTM's (weight_ih_l0, ...): lstmgrad cell computes one step of it ({CELL_STEP}); for a whole "
+            "sequence copy the cell's weights into an nn.LSTM(input_size, hidden_size) (weight_ih_l0 = "
+            "cell.weight_ih, ...)")
 
 
 class TorchPlan(Plan):
@@ -176,6 +181,10 @@ def plan(tensors: dict, options: FrameworkOptions) -> TorchPlan:
         raise InvalidArgumentError(Message(f"missing tensor{'s' * (len(missing) > 1)} {', '.join(missing)} (", where,
                                            ")", hint))
     arrays = dtyped(tensors)
+    stray = [k for k in arrays if k.startswith("weight_hr_l") and k.removeprefix("weight_hr") not in found]
+    if stray and not single:
+        raise InvalidArgumentError(f"{stray[0]} is there, and no {stray[0].replace('weight_hr', 'weight_ih')}: a "
+                                   "projection (proj_size) belongs to a layer and direction of the module")
     projections = [f"weight_hr{suffix(*c)}" for c in chosen]
     projected = [n for n in projections if n in arrays]
     if projected and len(projected) != len(projections):
