@@ -118,7 +118,7 @@ def test_inspect_describes_a_projected_state_dict(runner):
      "weight_hh_l0 is [4C, P] = [20, 3]"),
     ({"weight_hr_l0": np.zeros((2, 5, 1), np.float32)}, "weight_hr_l0 must be rank 2 [P, C]"),
     ({"weight_hr_l0": None}, "weight_hh_l0 has 20 gate units for 2 cell units"),  # no LSTM's without weight_hr
-    ({"h0": np.zeros((1, 3, 5), np.float32)}, "h0 has shape [1, 3, 5], expected [B, C] = [3, 2]"),
+    ({"h0": np.zeros((1, 3, 5), np.float32)}, "h0 has shape [1, 3, 5], expected [1, B, P] or [B, P] = [1, 3, 2]"),
 ])
 def test_a_projection_that_does_not_fit_is_refused_by_name(runner, tmp_path, change, said):
     case = CASES["torch_proj"]
@@ -265,3 +265,13 @@ def test_any_projected_or_unbatched_module_computes_in_the_users_shapes_or_is_re
         if name in state or name == "x":
             assert grads[f"{name}_grad"].shape == (state.get(name) if name != "x" else grads["x_grad"]).shape
     assert all(np.isfinite(v).all() for v in grads.values())
+
+
+def test_a_keras_layers_time_major_flag_is_told_the_same_way(runner, tmp_path):
+    """The hint is the frameworks' one: a Keras layer's --time-major (x [T, B, I]) that its shapes contradict."""
+    keras = FIXTURES / "keras"
+    result = runner.invoke(main, ["seq", str(keras / "keras_states.in.npz"), "--time-major", "-o",
+                                  str(tmp_path / "g.npz")])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
+    assert ("hn_grad has shape [2, 4], expected [B, C] = [5, 4]; without --time-major (x batch-first, [B, T, I]: "
+            "[2, 5, ...]) the shapes fit") in result.stderr

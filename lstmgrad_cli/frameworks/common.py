@@ -224,13 +224,13 @@ def states(name: str, value, count: int, B: int, C: int, dtype, what: str) -> np
     or [B, C] where there is one; zeros when absent (None for an absent gradient: ``dtype`` None)."""
     if value is None:
         return None if dtype is None else np.zeros((count, B, C), dtype)
-    value = np.asarray(value)
+    value = given = np.asarray(value)
     if value.ndim == 2 and count == 1:
         value = value[None]
     if value.shape != (count, B, C):
         label = f"[{count}, B, C] ({what})" if count > 1 else "[B, C]"
         hint = f" for {count} layer-directions" if count > 1 else ""
-        raise InvalidArgumentError(f"{name} has shape {list(value.shape)}, expected {label}"
+        raise InvalidArgumentError(f"{name} has shape {list(given.shape)}, expected {label}"
                                    f"{' = ' + str([count, B, C]) if count > 1 else ' = ' + str([B, C])}{hint}")
     return value
 

@@ -29,7 +29,7 @@ from ..layers.modules import Module
 from ..layers.recurrence import DirectionGrads, DirectionWeights
 from ..layers.schedule import Schedule
 from ..messages import Message, Param
-from .common import FrameworkOptions, Plan, as_lengths, cells, check_applicable, dtyped, rank, shaped, states
+from .common import FrameworkOptions, Plan, as_lengths, cells, check_applicable, dtyped, rank, shaped
 
 WEIGHT = re.compile(r"^weight_ih_l(\d+)(_reverse)?$")
 PARAMETERS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
@@ -226,9 +226,9 @@ def plan(tensors: dict, options: FrameworkOptions) -> TorchPlan:
         "torch", Module(module_layers, schedules), np.ascontiguousarray(x),
         _state("h0", h0, count, B, H, x.dtype, layout), _state("c0", c0, count, B, C, x.dtype, layout),
         h_grad, last_grad, hn_grad, cn_grad, options.batch_first and not unbatched,
-        _state_shape(h0, count, B, H, layout), arrays,
+        _state_shape(h0, c0, count, B, H, layout), arrays,
         description=_description(layers, D, single, chosen, lengths, H if projected else None, unbatched),
-        notes=notes + ([DROPOUT_NOTE] if layers > 1 else []), c_state_shape=_state_shape(c0, count, B, C, layout),
+        notes=notes + ([DROPOUT_NOTE] if layers > 1 else []), c_state_shape=_state_shape(c0, h0, count, B, C, layout),
         unbatched=unbatched)
     result.selected = chosen[0] if single else None
     return result
@@ -252,27 +252,30 @@ def _sizes(arrays: dict, first: tuple[int, bool], layout: _Layout) -> tuple[int,
 
 
 def _state(name: str, value, count: int, B: int, width: int, dtype, layout: _Layout) -> np.ndarray | None:
-    """An initial state or a final state's gradient, [count, B, width] as the module computes it (the user's
-    unbatched [count, width], or [width] for one layer-direction, with a batch axis of 1)."""
-    if value is None or not layout.unbatched:
-        return states(name, value, count, B, width, dtype, "layers x directions")
-    value = np.asarray(value)
-    if value.ndim == 1 and count == 1:
+    """An initial state or a final state's gradient, [count, B, width] as the module computes it: as nn.LSTM keeps
+    it ([L*D, B, width]; unbatched [L*D, width]), or without its first axis where there is one layer-direction;
+    zeros when absent (None for an absent gradient: ``dtype`` None)."""
+    if value is None:
+        return None if dtype is None else np.zeros((count, B, width), dtype)
+    value = given = np.asarray(value)
+    batch = () if layout.unbatched else (B,)
+    if value.ndim == len(batch) + 1 and count == 1:
         value = value[None]
-    if value.shape != (count, width):
-        what = "P" if layout.projected and name in ("h0", "hn_grad") else "C"
-        label = f"[{count}, {what}]" if count > 1 else f"[1, {what}] or [{what}]"
-        raise InvalidArgumentError(f"{name} has shape {list(value.shape)}, expected {label} = {[count, width]} for "
-                                   f"unbatched x {layout.x} (L*D, {what}, as nn.LSTM takes it)")
-    return value[:, None]
+    if value.shape != (count, *batch, width):
+        what = ("" if layout.unbatched else "B, ") + ("P" if layout.projected and name in ("h0", "hn_grad") else "C")
+        label = f"[1, {what}] or [{what}]" if count == 1 else f"[{count}, {what}] (layers x directions)"
+        raise InvalidArgumentError(f"{name} has shape {list(given.shape)}, expected {label} = {[count, *batch, width]}"
+                                   + (f" for unbatched x {layout.x}" if layout.unbatched else ""))
+    return value if not layout.unbatched else value[:, None]
 
 
-def _state_shape(given, count: int, B: int, width: int, layout: _Layout) -> tuple:
-    """The shape of h0_grad or c0_grad: as the user gave h0 or c0, else [L*D, B, width] for the module (as PyTorch
-    keeps it, one layer included) and [B, width] for one layer picked from it (without the batch axis when x is
-    unbatched)."""
-    if given is not None:
-        return np.shape(given)
+def _state_shape(given, other, count: int, B: int, width: int, layout: _Layout) -> tuple:
+    """The shape of h0_grad or c0_grad: that of h0 or c0 as the user gave it (else of the other state, ``other``, as
+    wide as this one), else [L*D, B, width] for the module (as PyTorch keeps it, one layer included) and [B, width]
+    for one layer picked from it (without the batch axis when x is unbatched)."""
+    like = given if given is not None else other
+    if like is not None:
+        return (*np.shape(like)[:-1], width)
     shape = (B, width) if layout.single else (count, B, width)
     return tuple(n for k, n in enumerate(shape) if not (layout.unbatched and k == len(shape) - 2))
 
