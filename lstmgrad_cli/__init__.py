@@ -16,7 +16,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "InvalidArgumentError": "errors", "LstmGradError": "errors", "UnrecordedTensorsError": "errors",
     "KerasLSTMGradOutputs": "frameworks", "TorchLSTMGradOutputs": "frameworks", "keras_lstm_grad": "frameworks",
-    "torch_lstm_grad": "frameworks",
+    "torch_lstm_grad": "frameworks", "KerasCellGradOutputs": "frameworks", "TorchCellGradOutputs": "frameworks",
+    "keras_cell_grad": "frameworks", "torch_cell_grad": "frameworks",
     "OpInputs": "loading", "load": "loading",
     "block_lstm": "ops", "block_lstm_grad": "ops", "block_lstm_grad_v2": "ops", "block_lstm_v2": "ops",
     "lstm_block_cell": "ops", "lstm_block_cell_grad": "ops", "lstm_block_cell_grad_full": "ops",
@@ -25,16 +26,25 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "BlockLSTMGradOutputs", "BlockLSTMOutputs", "InvalidArgumentError", "KerasLSTMGradOutputs",
-    "LSTMBlockCellGradFullOutputs", "LSTMBlockCellGradOutputs", "LstmGradError", "OpInputs", "TorchLSTMGradOutputs",
-    "__version__", "block_lstm", "block_lstm_grad", "block_lstm_grad_v2", "block_lstm_v2", "keras_lstm_grad", "load",
-    "lstm_block_cell", "lstm_block_cell_grad", "lstm_block_cell_grad_full", "torch_lstm_grad",
-    "UnrecordedTensorsError",
+    "BlockLSTMGradOutputs", "BlockLSTMOutputs", "InvalidArgumentError", "KerasCellGradOutputs", "KerasLSTMGradOutputs",
+    "LSTMBlockCellGradFullOutputs", "LSTMBlockCellGradOutputs", "LstmGradError", "OpInputs", "TorchCellGradOutputs",
+    "TorchLSTMGradOutputs", "__version__", "block_lstm", "block_lstm_grad", "block_lstm_grad_v2", "block_lstm_v2",
+    "keras_cell_grad", "keras_lstm_grad", "load", "lstm_block_cell", "lstm_block_cell_grad",
+    "lstm_block_cell_grad_full", "torch_cell_grad", "torch_lstm_grad", "UnrecordedTensorsError",
 ]
 
 if TYPE_CHECKING:
     from .errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
-    from .frameworks import KerasLSTMGradOutputs, TorchLSTMGradOutputs, keras_lstm_grad, torch_lstm_grad
+    from .frameworks import (
+        KerasCellGradOutputs,
+        KerasLSTMGradOutputs,
+        TorchCellGradOutputs,
+        TorchLSTMGradOutputs,
+        keras_cell_grad,
+        keras_lstm_grad,
+        torch_cell_grad,
+        torch_lstm_grad,
+    )
     from .loading import OpInputs, load
     from .ops import (
         block_lstm,

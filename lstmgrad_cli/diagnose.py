@@ -201,9 +201,7 @@ def gradient_axes(problem: Problem, names=()) -> dict[str, tuple[str, ...]]:
         axes["x_grad"] = ("b", "i")
     plan = problem.framework
     if plan is not None:  # its own names, in the layout the user gave (frameworks.Plan says which)
-        state = ("b", "c") if len(plan.state_shape) == 2 else ("n", "b", "c")
-        axes = {"x_grad": ("b", "t", "i") if plan.batch_major else ("t", "b", "i"), "h0_grad": state,
-                "c0_grad": state}
+        axes = plan.axes()
         for name in names:
             found = [ax for pattern, ax in FRAMEWORK_AXES if pattern.fullmatch(name)]
             if found:

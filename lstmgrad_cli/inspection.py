@@ -307,32 +307,63 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectRepor
         report.kind, report.framework_layers = "torch-weights", torch
         for prefix in dict.fromkeys(layer["prefix"] for layer in torch):
             recurrent = raw.get(f"{prefix}.weight_hh_l0" if prefix else "weight_hh_l0")
-            if recurrent is not None and (recurrent.ndim != 2 or recurrent.shape[0] != 4 * recurrent.shape[1]):
-                gates = recurrent.shape[0] // max(recurrent.shape[-1], 1) if recurrent.ndim == 2 else "?"
-                report.warn(None, f"{prefix or 'the state_dict'}: weight_hh_l0 has shape {list(recurrent.shape)}, "
-                                  f"{gates} gates: not an nn.LSTM (a GRU has 3, a plain RNN 1); lstmgrad computes "
-                                  "LSTMs")
+            projection = raw.get(f"{prefix}.weight_hr_l0" if prefix else "weight_hr_l0")
+            why = _not_an_lstm(recurrent, projection)
+            if why:
+                report.warn(None, f"{prefix or 'the state_dict'}: {why}")
                 continue
-            report.notes.append(_torch_module_note(path, [t for t in torch if t["prefix"] == prefix], prefix))
-        for layer in torch:
-            if layer["projection"]:
-                report.warn(None, f"layer {layer['layer']} has proj_size > 0 (weight_hr): not these ops' maths; "
-                                  "lstmgrad does not compute it")
+            report.notes.append(_torch_module_note(path, [t for t in torch if t["prefix"] == prefix], prefix,
+                                                   None if projection is None else projection.shape[0]))
         _framework_roles(report, "weights")
         return True
-    name = frameworks.detect(keys, frameworks.FrameworkOptions())
+    cells = _torch_cells(keys, raw)
+    if cells and "x" not in raw:  # an nn.LSTMCell's state_dict (or a model's holding some)
+        report.kind = "torch-weights"
+        for prefix, (w_ih, w_hh) in cells.items():
+            where = Message.format(" {}", Param("weights_group", prefix)) if prefix else ""
+            report.notes.append(Message.format(
+                "PyTorch nn.LSTMCell{}: weight_ih {}, weight_hh {}: lstmgrad cell DATA {}{} (one step, {})",
+                f" {prefix}" if prefix else "", w_ih, w_hh, Param("weights", path), where,
+                frameworks.pytorch.CELL_STEP))
+        _framework_roles(report, "weights")
+        return True
+    held = {k: np.asarray(v) for k, v in raw.items()}
+    step = frameworks.cells.framework_of(keys, None, held["x"].ndim if "x" in held else None)
+    if step is None and frameworks.cells.without_weights(keys):
+        report.kind, report.op = "cell", "one step of a PyTorch or Keras cell, without its weights"
+        report.error(None, frameworks.cells.MISSING_WEIGHTS)
+        _framework_roles(report, "used")
+        return True
+    name = step or frameworks.detect(keys, frameworks.FrameworkOptions())
     if name not in frameworks.FRAMEWORKS:
         return False
     report.kind = name
-    held = {k: np.asarray(v) for k, v in raw.items()}
     try:
-        frameworks.plan(name, held, frameworks.FrameworkOptions())
-        report.notes.append(f"a {'Keras LSTM' if name == 'keras' else 'PyTorch nn.LSTM'} layer's tensors: lstmgrad "
-                            "seq computes its gradients in its names")
+        if step:
+            report.op = f"a {'Keras LSTMCell' if name == 'keras' else 'PyTorch nn.LSTMCell'} step's tensors"
+            plan = frameworks.cells.plan(name, held, keys=keys)
+            report.op = f"{plan.description}, computed as {plan.computed_as}"
+            report.notes.append("lstmgrad cell computes its gradients in its names")
+        else:
+            frameworks.plan(name, held, frameworks.FrameworkOptions())
+            report.notes.append(f"a {'Keras LSTM' if name == 'keras' else 'PyTorch nn.LSTM'} layer's tensors: "
+                                "lstmgrad seq computes its gradients in its names")
     except LstmGradError as err:
-        report.error(None, str(err))
+        report.error(None, message_of(err))
     _framework_roles(report, "used")
     return True
+
+
+def _torch_cells(keys, raw: dict) -> dict[str, tuple[list, list]]:
+    """The nn.LSTMCells among a state_dict's keys: their module prefix ("" for a cell's own state_dict) -> the shapes of
+    weight_ih and weight_hh."""
+    found = {}
+    for key in keys:
+        prefix, _, name = key.rpartition(".")
+        other = f"{prefix}.weight_hh" if prefix else "weight_hh"
+        if name == "weight_ih" and other in raw:
+            found[prefix] = (list(np.shape(raw[key])), list(np.shape(raw[other])))
+    return found
 
 
 def _with_weights(report: InspectReport, path: Path, group, weights, weights_group, framework) -> InspectReport:
@@ -386,13 +417,29 @@ def _keras_layer_note(path: Path, layer: dict, source: str | None) -> Message:
     return Message.format("{} at {}: {}; {}: lstmgrad seq DATA {}", what, layer["group"], shapes, made, group)
 
 
-def _torch_module_note(path: Path, layers: list[dict], prefix: str) -> Message:
+def _not_an_lstm(recurrent, projection) -> str:
+    """Why an nn.LSTM-named state_dict's first recurrent weights (and projection) are not an nn.LSTM's; ""."""
+    if recurrent is None:
+        return ""
+    if projection is not None:  # proj_size P: weight_hr_l0 [P, C], weight_hh_l0 [4C, P]
+        if projection.ndim == 2 and recurrent.shape == (4 * projection.shape[1], projection.shape[0]):
+            return ""
+        return (f"weight_hh_l0 has shape {list(recurrent.shape)} and weight_hr_l0 {list(projection.shape)}: an nn.LSTM "
+                "with proj_size P and hidden_size C has [4C, P] and [P, C]")
+    if recurrent.ndim == 2 and recurrent.shape[0] == 4 * recurrent.shape[1]:
+        return ""
+    gates = recurrent.shape[0] // max(recurrent.shape[-1], 1) if recurrent.ndim == 2 else "?"
+    return (f"weight_hh_l0 has shape {list(recurrent.shape)}, {gates} gates: not an nn.LSTM (a GRU has 3, a plain RNN "
+            "1); lstmgrad computes LSTMs")
+
+
+def _torch_module_note(path: Path, layers: list[dict], prefix: str, projection: int | None = None) -> Message:
     """What an nn.LSTM of a state_dict is, and the commands for the whole module and for one layer."""
     count = 1 + max(layer["layer"] for layer in layers)
     both = any(layer["reverse"] for layer in layers)
     where = Message.format(" {}", Param("weights_group", prefix)) if prefix else ""
     what = (f"PyTorch nn.LSTM{' ' + prefix if prefix else ''}: {count} layer{'s' * (count > 1)}"
-            f"{', bidirectional' if both else ''}")
+            f"{', bidirectional' if both else ''}{f', proj_size={projection}' if projection else ''}")
     return Message.format("{}: lstmgrad seq DATA {}{} (the whole module; {} for one layer)", what,
                           Param("weights", path), where, Param("layer"))
 

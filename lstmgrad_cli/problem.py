@@ -153,6 +153,8 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
     wanted = validation.SEQ_TENSORS if kind != "cell" else validation.CELL_TENSORS
     if kind != "cell" and framework.framework != "tf":
         wanted = tuple(dict.fromkeys([*wanted, *frameworks.file_names(framework)]))
+    if kind == "cell":  # a PyTorch or Keras cell's step too (frameworks/cells.py)
+        wanted = tuple(dict.fromkeys([*wanted, *frameworks.cells.file_names()]))
     scalars = ("seq_len_max", "use_peephole") if kind != "cell" else ("use_peephole",)
     scalars += ("forget_bias", "cell_clip")  # used only when the activations are recomputed
     scalars += (io.METADATA_KEY,)  # the forward op of an ``lstmgrad forward`` output
@@ -160,16 +162,21 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
                         input_format=input_format) as loaded:
         notes, keys, supplied, extra = _supplement(loaded, weights, weights_group, wanted, scalars)
         try:
-            name = "tf" if kind == "cell" else frameworks.detect([*keys, *loaded.tensors], framework)
+            step = frameworks.cells.framework_of([*keys, *loaded.tensors], kind, np.ndim(loaded.tensors["x"])
+                                                 if "x" in loaded.tensors else None)
+            name = step or ("tf" if kind == "cell" else frameworks.detect([*keys, *loaded.tensors], framework))
             plan = None
             if name == "tf":
                 try:
+                    if kind == "cell" and frameworks.cells.without_weights([*keys, *loaded.tensors]):
+                        raise InvalidArgumentError(frameworks.cells.MISSING_WEIGHTS)
                     frameworks.check_applicable(name, framework)
                     _refuse_unused(loaded.keys)
                 except InvalidArgumentError as err:
                     raise err.prefixed(str(path)) from None
             if name in frameworks.FRAMEWORKS:
-                plan = _framework_plan(path, loaded, name, framework, group, weights, weights_group, extra)
+                plan = _framework_plan(path, loaded, name, framework, group, weights, weights_group, extra,
+                                       step is not None)
                 layout, use_peephole, kind = "ifco", False, "seq"
             if plan is not None and not plan.single:
                 problem = _module_problem(path, loaded, plan)
@@ -179,7 +186,7 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
         except InvalidArgumentError:
             if weights is None or supplied:
                 raise
-            where = _layers_in(weights, keys, weights_group)
+            where = _layers_in(weights, keys, weights_group, kind)
             if not where:
                 raise
             # what was missing is beside the point: nothing could be read from a file (or a group of it) that keeps
@@ -213,15 +220,20 @@ def _refuse_unused(keys) -> None:
 
 
 def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, group, weights, weights_group,
-                    extra) -> frameworks.Plan:
-    """What computes a Keras or PyTorch user's gradients (frameworks.py); a single layer-direction of the op's own
-    maths replaces the input's tensors by the op's (its forward outputs are then recomputed)."""
-    if name == "torch":
+                    extra, step: bool = False) -> frameworks.Plan:
+    """What computes a Keras or PyTorch user's gradients (frameworks.py; ``step``: one cell step, cells.py); a single
+    layer-direction of the op's own maths replaces the input's tensors by the op's (its forward outputs are then
+    recomputed)."""
+    if name == "torch" and not step:
         _read_torch_layers(path, loaded, group)
     held = {n: np.asarray(v[()]) for n, v in loaded.tensors.items()}  # (lazy datasets read whole)
     try:
-        layer = _keras_layer(weights, weights_group, extra, options) if name == "keras" else None
-        plan = frameworks.plan(name, held, options, layer)
+        if step:
+            frameworks.check_applicable(name, options)
+            plan = frameworks.cells.plan(name, held, keys=loaded.keys)
+        else:
+            layer = _keras_layer(weights, weights_group, extra, options) if name == "keras" else None
+            plan = frameworks.plan(name, held, options, layer)
     except InvalidArgumentError as err:
         if name == "keras" and weights_group and extra is not None and extra.format == "hdf5" and any(
                 found["stacked"] and found["group"].startswith(weights_group.strip("/") + "/")
@@ -269,10 +281,12 @@ def _module_problem(path: Path, loaded: io.LoadedFile, plan: frameworks.Plan) ->
     return problem
 
 
-def _layers_in(weights, keys, weights_group: str | None = None) -> Message | str:
+def _layers_in(weights, keys, weights_group: str | None = None, kind: str | None = None) -> Message | str:
     """What a ``--weights`` file (or its group ``weights_group``) that supplied nothing holds instead, in words (""
     when nothing useful): where it keeps its LSTM layers (in groups), or that it holds none lstmgrad computes (the
-    cells of a StackedRNNCells, a GRU, an nn.LSTMCell)."""
+    cells of a StackedRNNCells, a GRU, an nn.LSTMCell); for ``lstmgrad cell`` (``kind``), where it keeps cells."""
+    if kind == "cell":
+        return _cells_in(weights, keys, weights_group)
     try:
         fmt = io.sniff_format(weights)
         if fmt in ("hdf5", "keras"):
@@ -289,12 +303,36 @@ def _layers_in(weights, keys, weights_group: str | None = None) -> Message | str
     except LstmGradError:  # (it was read a moment ago: what is wrong with it now is for the next run to say)
         return ""
     if refused:
-        return f"holds no LSTM layer lstmgrad computes: {'; '.join(refused)}"
+        return Message("holds no LSTM layer lstmgrad computes: ", Message.join("; ", refused))
     if groups and all("/cells/" in g for g in groups):
         return f"holds the LSTM cells of a {frameworks.keras_config.STACKED}"
     if not groups:
         return ""
     return Message.format("holds LSTM layers at {}{}: name one with {}", ", ".join(groups[:6]),
+                          ", ..." if len(groups) > 6 else "", Param("weights_group"))
+
+
+def _cells_in(weights, keys, weights_group: str | None) -> Message | str:
+    """Where a ``--weights`` file that supplied no cell's weights keeps LSTM cells (a state_dict's nn.LSTMCell, a Keras
+    file's cell groups), in words; "" when nothing useful."""
+    try:
+        if io.sniff_format(weights) in ("hdf5", "keras"):
+            if weights_group:
+                return ""
+            fmt = io.sniff_format(weights)
+            if fmt == "keras":
+                with io.keras_archive.model_weights(weights) as (h5, _config, _version, _relabel):
+                    groups = frameworks.weights_files.keras_cells(h5)
+            else:
+                groups = frameworks.weights_files.keras_cells(weights)
+        else:
+            below = f"{weights_group.strip('./')}." if weights_group else ""
+            groups = [below + k.removesuffix(".weight_ih") for k in keys if k.endswith(".weight_ih")]
+    except LstmGradError:
+        return ""
+    if not groups:
+        return ""
+    return Message.format("holds LSTM cell weights at {}{}: name one with {}", ", ".join(groups[:6]),
                           ", ..." if len(groups) > 6 else "", Param("weights_group"))
 
 

@@ -27,13 +27,14 @@ def act(name, z):
             "hard_sigmoid_keras2": lambda v: np.clip(0.2 * v + 0.5, 0, 1)}[name](z)
 
 
-def cell(x, h, c, kernel, recurrent, bias, a="tanh", g="sigmoid"):
-    """One Keras LSTM step (gates i, f, c, o)."""
+def cell(x, h, c, kernel, recurrent, bias, a="tanh", g="sigmoid", projection=None):
+    """One Keras LSTM step (gates i, f, c, o); ``projection`` [P, C]: PyTorch's weight_hr, h = W_hr (o * tanh(c))."""
     z = x @ kernel + h @ recurrent + bias
-    C = h.shape[-1]
+    C = c.shape[-1]
     i, f, ci, o = act(g, z[:C]), act(g, z[C:2 * C]), act(a, z[2 * C:3 * C]), act(g, z[3 * C:])
     c = f * c + i * ci
-    return o * act(a, c), c
+    h = o * act(a, c)
+    return (h if projection is None else projection @ h), c
 
 
 def keras_layer(x, mask, kernel, recurrent, bias, h0, c0, *, go_backwards=False, zero_output=False, a="tanh",
@@ -53,22 +54,23 @@ def keras_layer(x, mask, kernel, recurrent, bias, h0, c0, *, go_backwards=False,
     return np.array(outs).reshape(T, h0.shape[0]), (outs[-1] if T else np.zeros_like(h0)), h, c
 
 
-def torch_direction(x, n, w_ih, w_hh, b, h0, c0, reverse):
+def torch_direction(x, n, w_ih, w_hh, b, h0, c0, reverse, w_hr=None):
     """One direction of one nn.LSTM layer on one example of a packed batch (its first n steps of x)."""
     T = x.shape[0]
     out = np.zeros((T, h0.shape[0]))
     h, c = h0, c0
     for t in (range(n - 1, -1, -1) if reverse else range(n)):
-        h, c = cell(x[t], h, c, w_ih.T, w_hh.T, b)
+        h, c = cell(x[t], h, c, w_ih.T, w_hh.T, b, projection=w_hr)
         out[t] = h
     return out, h, c
 
 
 def torch_module(x, lengths, params, h0, c0, layers, D):
-    """A whole nn.LSTM on x [T, B, I] with per-example lengths: (out [T, B, D*C], h_n, c_n [L*D, B, C])."""
+    """A whole nn.LSTM on x [T, B, I] with per-example lengths: (out [T, B, D*H], h_n [L*D, B, H], c_n [L*D, B, C];
+    H = proj_size where params holds weight_hr_l{K}, else C)."""
     T, B, _ = x.shape
-    C = h0.shape[-1]
-    out = np.zeros((T, B, D * C))
+    H = h0.shape[-1]
+    out = np.zeros((T, B, D * H))
     hn, cn = np.zeros_like(h0), np.zeros_like(c0)
     for b in range(B):
         inputs = x[:, b]
@@ -78,7 +80,8 @@ def torch_module(x, lengths, params, h0, c0, layers, D):
                 s = f"_l{k}" + ("_reverse" if d else "")
                 o, hn[k * D + d, b], cn[k * D + d, b] = torch_direction(
                     inputs, lengths[b], params["weight_ih" + s], params["weight_hh" + s],
-                    params["bias_ih" + s] + params["bias_hh" + s], h0[k * D + d, b], c0[k * D + d, b], bool(d))
+                    params["bias_ih" + s] + params["bias_hh" + s], h0[k * D + d, b], c0[k * D + d, b], bool(d),
+                    params.get("weight_hr" + s))
                 parts.append(o)
             inputs = np.concatenate(parts, axis=-1)
         out[:, b] = inputs
@@ -106,23 +109,28 @@ def finite_differences(loss, arrays: dict, names, eps=1e-6) -> dict:
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), layers=st.integers(1, 2), D=st.integers(1, 2), T=st.integers(1, 4),
-       B=st.integers(1, 3), packed=st.booleans(), batch_first=st.booleans())
-def test_torch_modules_with_lengths_match_the_reference(seed, layers, D, T, B, packed, batch_first):
+       B=st.integers(1, 3), packed=st.booleans(), batch_first=st.booleans(), projected=st.booleans())
+def test_torch_modules_with_lengths_match_the_reference(seed, layers, D, T, B, packed, batch_first, projected):
+    """Every layer and direction, per-example lengths, and (proj_size) h projected by weight_hr [P, C]: h0, h_n and
+    the output P wide, c0 and c_n C wide, the layer above reading the projected outputs."""
     rng = np.random.default_rng(seed)
-    I, C = 2, 2  # noqa: E741
+    I, C = 2, 3  # noqa: E741
+    H = 2 if projected else C
     params = {}
     for k in range(layers):
         for d in range(D):
             s = f"_l{k}" + ("_reverse" if d else "")
-            params["weight_ih" + s] = rng.normal(0, 0.8, (4 * C, I if k == 0 else D * C))
-            params["weight_hh" + s] = rng.normal(0, 0.8, (4 * C, C))
+            params["weight_ih" + s] = rng.normal(0, 0.8, (4 * C, I if k == 0 else D * H))
+            params["weight_hh" + s] = rng.normal(0, 0.8, (4 * C, H))
             params["bias_ih" + s] = rng.normal(0, 0.5, 4 * C)
             params["bias_hh" + s] = rng.normal(0, 0.5, 4 * C)
+            if projected:
+                params["weight_hr" + s] = rng.normal(0, 0.8, (H, C))
     x = rng.normal(size=(T, B, I))
     lengths = rng.integers(0, T + 1, B) if packed else np.full(B, T)
-    h0, c0 = rng.normal(size=(2, layers * D, B, C))
-    h_grad = rng.normal(size=(T, B, D * C))
-    hn_grad, cn_grad = rng.normal(size=(2, layers * D, B, C))
+    h0, hn_grad = rng.normal(size=(2, layers * D, B, H))
+    c0, cn_grad = rng.normal(size=(2, layers * D, B, C))
+    h_grad = rng.normal(size=(T, B, D * H))
 
     arrays = {"x": x, "h0": h0, "c0": c0, **params}
 
@@ -130,13 +138,52 @@ def test_torch_modules_with_lengths_match_the_reference(seed, layers, D, T, B, p
         out, hn, cn = torch_module(x, lengths, params, h0, c0, layers, D)
         return float((out * h_grad).sum() + (hn * hn_grad).sum() + (cn * cn_grad).sum())
 
-    want = finite_differences(loss, arrays, ["x", "h0", "c0", "weight_ih_l0", f"weight_hh_l{layers - 1}"])
+    names = ["x", "h0", "c0", "weight_ih_l0", f"weight_hh_l{layers - 1}"]
+    want = finite_differences(loss, arrays, names + [f"weight_hr_l{layers - 1}"] * projected)
     tm = (lambda a: np.swapaxes(a, 0, 1)) if batch_first else (lambda a: a)
     got = lg.torch_lstm_grad(tm(x), state_dict=params, lengths=lengths if packed else None, h_grad=tm(h_grad),
                              h0=h0, c0=c0, hn_grad=hn_grad, cn_grad=cn_grad, batch_first=batch_first)
+    assert {f"weight_hr_l{k}{'_reverse' * d}_grad" for k in range(layers) for d in range(D)} <= set(got) or \
+        not projected
     for name in want:
         np.testing.assert_allclose(tm(got[f"{name}_grad"]) if name == "x" else got[f"{name}_grad"], want[name],
                                    rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), layers=st.integers(1, 2), D=st.integers(1, 2), T=st.integers(1, 4),
+       projected=st.booleans(), last_only=st.booleans(), batch_first=st.booleans())
+def test_unbatched_torch_input_is_one_example_without_its_batch_axis(seed, layers, D, T, projected, last_only,
+                                                                     batch_first):
+    """x [T, I], states [L*D, H] and [L*D, C], out [T, D*H] (out[-1]: [D*H]), as nn.LSTM takes an unbatched input
+    (batch_first does not apply to it): the gradients of the same example with a batch axis of one, in the
+    unbatched shapes."""
+    rng = np.random.default_rng(seed)
+    I, C = 3, 3  # noqa: E741
+    H = 2 if projected else C
+    params = {}
+    for k in range(layers):
+        for d in range(D):
+            s = f"_l{k}" + ("_reverse" if d else "")
+            params["weight_ih" + s] = rng.normal(0, 0.8, (4 * C, I if k == 0 else D * H))
+            params["weight_hh" + s] = rng.normal(0, 0.8, (4 * C, H))
+            params["bias_ih" + s] = params["bias_hh" + s] = rng.normal(0, 0.5, 4 * C)
+            if projected:
+                params["weight_hr" + s] = rng.normal(0, 0.8, (H, C))
+    x = rng.normal(size=(T, I))
+    h0, hn_grad = rng.normal(size=(2, layers * D, H))
+    c0, cn_grad = rng.normal(size=(2, layers * D, C))
+    h_grad = rng.normal(size=(D * H,) if last_only else (T, D * H))
+    got = lg.torch_lstm_grad(x, state_dict=params, h_grad=h_grad, h0=h0, c0=c0, hn_grad=hn_grad, cn_grad=cn_grad,
+                             batch_first=batch_first)
+    one = np.zeros((T, 1, D * H))
+    one[-1 if last_only else slice(None), 0] = h_grad
+    batched = lg.torch_lstm_grad(x[:, None], state_dict=params, h_grad=one, h0=h0[:, None], c0=c0[:, None],
+                                 hn_grad=hn_grad[:, None], cn_grad=cn_grad[:, None])
+    assert got["x_grad"].shape == x.shape and got["h0_grad"].shape == h0.shape and got["c0_grad"].shape == c0.shape
+    for name, value in batched.items():
+        np.testing.assert_allclose(got[name], value[:, 0] if name in ("x_grad", "h0_grad", "c0_grad") else value,
+                                   rtol=1e-12, atol=1e-14, err_msg=name)
 
 
 # -- Keras layers with masks and activations -----------------------------------------------------------------

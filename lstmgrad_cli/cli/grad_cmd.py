@@ -106,8 +106,9 @@ def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_
 
     Keras: x [B,T,I], kernel, recurrent_kernel, bias, h0, c0, h_grad ([B,T,C] or the last output's
     [B,C]), hn_grad, cn_grad; gives x_grad, kernel_grad, recurrent_kernel_grad, bias_grad, h0_grad,
-    c0_grad.  PyTorch: x [T,B,I], weight_ih_lK, weight_hh_lK, bias_ih_lK, bias_hh_lK (_reverse), h0,
-    c0, h_grad, hn_grad, cn_grad; gives the same names with _grad.  Weights often come with --weights
+    c0_grad.  PyTorch: x [T,B,I] (or unbatched [T,I]), weight_ih_lK, weight_hh_lK, bias_ih_lK,
+    bias_hh_lK, weight_hr_lK with proj_size (_reverse), h0, c0, h_grad, hn_grad, cn_grad; gives the
+    same names with _grad.  Weights often come with --weights
     (a Keras .weights.h5 with --weights-group layers/lstm, a state_dict in safetensors with the module
     prefix as --weights-group).
     """
@@ -125,11 +126,18 @@ def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_
 @handle_errors
 def cell_command(backend, use_peephole, group, compute_dtype, force, weights, weights_group, forget_bias, cell_clip,
                  **flags):
-    """LSTMBlockCellGrad of each INPUT, plus x_grad, h_prev_grad, w_grad and b_grad.
+    """LSTMBlockCellGrad of each INPUT, plus x_grad, h_prev_grad, w_grad and b_grad; or of one step
+    of a PyTorch nn.LSTMCell or Keras LSTMCell, in that framework's names.
 
     Each INPUT (HDF5, NPZ, or a directory of .npy files) holds one step: x [B,I], cs_prev, h_prev [B,C],
     w [I+C,4C], wci, wcf, wco [C], b [4C], i, cs, f, o, ci, co, cs_grad, h_grad [B,C], and optionally
     use_peephole (when absent: what the stored activations fit).  dicfo is in ICFO order.
+
+    A cell's step, h1, c1 = cell(x, (h0, c0)): x [B,I] (PyTorch also [I]), h0, c0 [B,C] (zeros when
+    absent), h1_grad and/or c1_grad (the gradients at h1 and c1), and the cell's weights (PyTorch:
+    weight_ih, weight_hh, bias_ih, bias_hh, a state_dict with its prefix as --weights-group; Keras:
+    kernel, recurrent_kernel, bias, a weights file with the cell's group); gives x_grad, the weights'
+    names with _grad, h0_grad, c0_grad.
     """
     options = GradOptions("cell", "icfo", backend, use_peephole, None, group, compute_dtype, None, force,
                           strict=flags.pop("strict"), weights=None if weights is None else str(weights),

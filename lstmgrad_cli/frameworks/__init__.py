@@ -9,20 +9,23 @@ the way back to the framework's names.  pytorch.py and keras.py say how each fra
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
-from . import keras, keras_config, pytorch, weights_files
+from ..errors import InvalidArgumentError, LstmGradError
+from ..messages import Message, Param, message_of
+from . import cells, keras, keras_config, pytorch, weights_files
 from .common import FrameworkOptions, Plan, check_applicable
 from .keras import KerasLayer
 from .weights_files import KERAS_WALK_GROUPS, keras_layers
 
 __all__ = [
-    "FRAMEWORKS", "KERAS_WALK_GROUPS", "FrameworkOptions", "KerasLSTMGradOutputs", "KerasLayer", "Plan",
-    "TorchLSTMGradOutputs", "check_applicable", "detect", "file_names", "keras", "keras_config", "keras_layers",
-    "keras_lstm_grad", "plan", "pytorch", "torch_lstm_grad", "torch_state_dict_layers", "weights_files",
+    "FRAMEWORKS", "KERAS_WALK_GROUPS", "FrameworkOptions", "KerasCellGradOutputs", "KerasLSTMGradOutputs",
+    "KerasLayer", "Plan", "TorchCellGradOutputs", "TorchLSTMGradOutputs", "cells", "check_applicable", "detect",
+    "file_names", "keras", "keras_cell_grad", "keras_config", "keras_layers", "keras_lstm_grad", "plan", "pytorch",
+    "torch_cell_grad", "torch_lstm_grad", "torch_state_dict_layers", "weights_files",
 ]
 
 FRAMEWORKS = ("keras", "torch")
@@ -53,12 +56,37 @@ class TorchLSTMGradOutputs(NamedTuple):
     c0_grad: np.ndarray
 
 
+class TorchCellGradOutputs(NamedTuple):
+    """Gradients of one nn.LSTMCell step (bias grads None without biases; equal)."""
+
+    x_grad: np.ndarray
+    weight_ih_grad: np.ndarray
+    weight_hh_grad: np.ndarray
+    bias_ih_grad: np.ndarray | None
+    bias_hh_grad: np.ndarray | None
+    h0_grad: np.ndarray
+    c0_grad: np.ndarray
+
+
+class KerasCellGradOutputs(NamedTuple):
+    """Gradients of one Keras LSTMCell step (bias_grad None without a bias)."""
+
+    x_grad: np.ndarray
+    kernel_grad: np.ndarray
+    recurrent_kernel_grad: np.ndarray
+    bias_grad: np.ndarray | None
+    h0_grad: np.ndarray
+    c0_grad: np.ndarray
+
+
 def file_names(options: FrameworkOptions) -> list[str]:
     """Every name a Keras or PyTorch input may hold, for reading before the framework is known (PyTorch's other
-    layers are read once the names present are known: ``pytorch.parameter_names``)."""
+    layers are read once the names present are known: ``pytorch.parameter_names``); a cell step's too, but for its
+    weights under a cell's own group (``cells.file_names``, read for ``lstmgrad cell``)."""
     layer = options.layer or 0
     torch = [*pytorch.names(layer, options.reverse).values(), f"weight_hr{pytorch.suffix(layer, options.reverse)}"]
-    return list(dict.fromkeys([*keras.file_names(), *pytorch.STATE_NAMES, *torch, *pytorch.CELL_KEYS]))
+    step = [n for n in cells.file_names() if not n.startswith("vars/")]
+    return list(dict.fromkeys([*keras.file_names(), *pytorch.STATE_NAMES, *torch, *pytorch.CELL_KEYS, *step]))
 
 
 def detect(keys, options: FrameworkOptions) -> str:
@@ -77,10 +105,52 @@ def detect(keys, options: FrameworkOptions) -> str:
 
 
 def plan(framework: str, tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = None) -> Plan:
-    """Check a Keras or PyTorch user's tensors (as a file holds them) and build what computes their gradients."""
+    """Check a Keras or PyTorch user's tensors (as a file holds them) and build what computes their gradients.
+    A refusal that the other time layout of x would not give (batch_first for PyTorch, time_major for Keras) says
+    so.  One cell step's tensors: ``cells.plan``."""
+    try:
+        return _plan(framework, tensors, options, layer)
+    except InvalidArgumentError as err:
+        flipped, hint = _other_layout(framework, tensors, options)
+        if flipped is None:
+            raise
+        try:
+            _plan(framework, tensors, flipped, layer)
+        except LstmGradError:
+            raise err from None
+        raise InvalidArgumentError(Message.format("{}; {}", message_of(err), hint)) from None
+
+
+def _plan(framework: str, tensors: dict, options: FrameworkOptions, layer: KerasLayer | None) -> Plan:
     if framework == "keras":
-        return keras.plan(keras.tensors_of(tensors), options, layer)
+        held = keras.tensors_of(tensors)
+        if np.ndim(held.get("x")) == 2 and "forward_kernel" not in held:
+            raise InvalidArgumentError(f"x has shape {list(np.shape(held['x']))}, one step [B, I]: a Keras LSTM layer "
+                                       "takes a sequence [B, T, I]; lstmgrad cell computes one step of an LSTMCell "
+                                       "(x, h0, c0 and the gradients at h1, c1 of out, [h1, c1] = cell(x, [h0, c0]) "
+                                       "as h1_grad, c1_grad)")
+        return keras.plan(held, options, layer)
     return pytorch.plan(tensors, options)
+
+
+def _other_layout(framework: str, tensors: dict, options: FrameworkOptions) -> tuple:
+    """The options with x's other time layout, and words for what it would change; (None, "") where it would change
+    nothing (x not a sequence, as long as it is wide)."""
+    shape = np.shape(tensors.get("x")) if tensors.get("x") is not None else ()
+    if len(shape) != 3 or shape[0] == shape[1]:
+        return None, ""
+    if framework == "torch":
+        flag = Param("batch_first", True)
+        hint = (Message.format("without {} (x time-major, [T, B, I]: [{}, {}, ...]) the shapes fit", flag, *shape[:2])
+                if options.batch_first else
+                Message.format("with {} (x batch-first, [B, T, I]: [{}, {}, ...], as nn.LSTM(batch_first=True) takes "
+                               "it) the shapes fit", flag, *shape[:2]))
+        return replace(options, batch_first=not options.batch_first), hint
+    flag = Param("time_major", True)
+    hint = (Message.format("without {} (x batch-first, [B, T, I]: [{}, {}, ...]) the shapes fit", flag, *shape[:2])
+            if options.time_major else
+            Message.format("with {} (x time-major, [T, B, I]: [{}, {}, ...]) the shapes fit", flag, *shape[:2]))
+    return replace(options, time_major=not options.time_major), hint
 
 
 # -- the Python API ---------------------------------------------------------------------------------------
@@ -118,7 +188,7 @@ def keras_lstm_grad(x, kernel=None, recurrent_kernel=None, bias=None, *, weights
                             "not both")
         given = {k: _numpy(v) for k, v in weights.items()}
     tensors = dict(x=x, **given, h0=h0, c0=c0, h_grad=h_grad, hn_grad=hn_grad, cn_grad=cn_grad, mask=mask)
-    out = keras.plan({n: v for n, v in tensors.items() if v is not None}, options, layer).gradients(
+    out = plan("keras", {n: v for n, v in tensors.items() if v is not None}, options, layer).gradients(
         backend, compute_dtype)
     if weights is not None:
         return out
@@ -156,24 +226,69 @@ def torch_lstm_grad(x, weight_ih=None, weight_hh=None, bias_ih=None, bias_hh=Non
         options = FrameworkOptions("torch", batch_first=batch_first, layer=layer, reverse=reverse)
         _refuse_model_state_dict(state_dict)
         tensors = {**{k: _numpy(v) for k, v in state_dict.items()}, **state}
-        return pytorch.plan({n: v for n, v in tensors.items() if v is not None}, options).gradients(
+        return plan("torch", {n: v for n, v in tensors.items() if v is not None}, options).gradients(
             backend, compute_dtype)
     options = FrameworkOptions("torch", batch_first=batch_first, layer=0, reverse=reverse)
     names = pytorch.names(0, reverse)
     tensors = {names["weight_ih"]: weight_ih, names["weight_hh"]: weight_hh, names["bias_ih"]: bias_ih,
                names["bias_hh"]: bias_hh}
     tensors = {**{n: None if v is None else _numpy(v) for n, v in tensors.items()}, **state}
-    out = pytorch.plan({n: v for n, v in tensors.items() if v is not None}, options).gradients(backend, compute_dtype)
+    out = plan("torch", {n: v for n, v in tensors.items() if v is not None}, options).gradients(backend, compute_dtype)
     return TorchLSTMGradOutputs(out["x_grad"], out[f"{names['weight_ih']}_grad"], out[f"{names['weight_hh']}_grad"],
                                 out.get(f"{names['bias_ih']}_grad"), out.get(f"{names['bias_hh']}_grad"),
                                 out["h0_grad"], out["c0_grad"])
 
 
-def _refuse_model_state_dict(state_dict) -> None:
-    """A whole model's state_dict (its nn.LSTM's keys behind a prefix, or an nn.LSTMCell's) says where the module is."""
+def torch_cell_grad(x, weight_ih=None, weight_hh=None, bias_ih=None, bias_hh=None, *, state_dict=None, h0=None,
+                    c0=None, h1_grad=None, c1_grad=None, backend=None, compute_dtype=None) -> TorchCellGradOutputs:
+    """The gradients of one PyTorch ``nn.LSTMCell`` step, ``h1, c1 = cell(x, (h0, c0))``, as autograd gives them.
+
+    The cell's ``weight_ih`` [4C, I], ``weight_hh`` [4C, C] (and ``bias_ih``, ``bias_hh`` [4C]), or its
+    ``state_dict`` (``cell.state_dict()``); ``x`` [B, I] or unbatched [I]; ``h0``, ``c0`` [B, C] (or [C]; zeros when
+    absent); ``h1_grad``, ``c1_grad``: the gradients arriving at h1 and c1 (one may be absent: that output unused).
+    """
+    if state_dict is not None:
+        if weight_ih is not None or weight_hh is not None:
+            raise TypeError("torch_cell_grad takes a state_dict or weight_ih/weight_hh, not both")
+        _refuse_model_state_dict(state_dict, cell=True)
+        weights = {k: _numpy(v) for k, v in state_dict.items()}
+    else:
+        weights = dict(weight_ih=weight_ih, weight_hh=weight_hh, bias_ih=bias_ih, bias_hh=bias_hh)
+    tensors = {**weights, "x": x, "h0": h0, "c0": c0, "h1_grad": h1_grad, "c1_grad": c1_grad}
+    out = cells.plan("torch", {n: _numpy(v) for n, v in tensors.items() if v is not None}).gradients(
+        backend, compute_dtype)
+    return TorchCellGradOutputs(out["x_grad"], out["weight_ih_grad"], out["weight_hh_grad"], out.get("bias_ih_grad"),
+                                out.get("bias_hh_grad"), out["h0_grad"], out["c0_grad"])
+
+
+def keras_cell_grad(x, kernel, recurrent_kernel, bias=None, *, h0=None, c0=None, h1_grad=None, c1_grad=None,
+                    activation="tanh", recurrent_activation="sigmoid", backend=None,
+                    compute_dtype=None) -> KerasCellGradOutputs:
+    """The gradients of one Keras ``LSTMCell`` step, ``out, [h1, c1] = cell(x, [h0, c0])``, as GradientTape gives
+    them: ``x`` [B, I], ``kernel`` [I, 4C], ``recurrent_kernel`` [C, 4C], ``bias`` [4C]; ``h0``, ``c0`` [B, C]
+    (zeros when absent); ``h1_grad``, ``c1_grad`` the gradients arriving at h1 (out) and c1 (one may be absent).
+    ``activation``/``recurrent_activation``: as the cell was made (tanh, sigmoid, hard_sigmoid, relu, linear)."""
+    layer = KerasLayer(keras_activation(activation), keras_activation(recurrent_activation), source="the arguments")
+    tensors = dict(x=x, kernel=kernel, recurrent_kernel=recurrent_kernel, bias=bias, h0=h0, c0=c0, h1_grad=h1_grad,
+                   c1_grad=c1_grad)
+    out = cells.plan("keras", {n: _numpy(v) for n, v in tensors.items() if v is not None}, layer=layer).gradients(
+        backend, compute_dtype)
+    return KerasCellGradOutputs(out["x_grad"], out["kernel_grad"], out["recurrent_kernel_grad"], out.get("bias_grad"),
+                                out["h0_grad"], out["c0_grad"])
+
+
+def _refuse_model_state_dict(state_dict, cell: bool = False) -> None:
+    """A whole model's state_dict (its nn.LSTM's keys behind a prefix, or an nn.LSTMCell's) says where the module is;
+    ``cell``: for an nn.LSTMCell's step (its keys weight_ih, ... without a prefix)."""
     keys = list(state_dict)
-    if pytorch.layers_in(keys):
+    own = set(pytorch.CELL_KEYS) <= set(keys) if cell else pytorch.layers_in(keys)
+    if own:
         return
+    if cell:
+        prefixes = [k.removesuffix(".weight_ih") for k in keys if k.endswith(".weight_ih")]
+        where = (f"; it keeps nn.LSTMCell weights at {', '.join(prefixes)}: give that cell's state_dict "
+                 f"(model.{prefixes[0]}.state_dict()), or its keys without the prefix" if prefixes else "")
+        raise InvalidArgumentError(f"state_dict holds no nn.LSTMCell weights of its own (weight_ih, weight_hh){where}")
     prefixes = list(dict.fromkeys(d["prefix"] for d in pytorch.state_dict_layers(keys)))
     if prefixes:
         raise InvalidArgumentError(

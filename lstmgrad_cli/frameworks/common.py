@@ -57,18 +57,21 @@ class Plan:
     framework: str  # "keras" | "torch"
     module: Module
     x: np.ndarray  # [T, B, I]
-    h0: np.ndarray  # [L*D, B, C]
-    c0: np.ndarray
+    h0: np.ndarray  # [L*D, B, H] (H: the projection's width, else C)
+    c0: np.ndarray  # [L*D, B, C]
     h_grad: np.ndarray | None  # [T, B, width] at the returned output sequence
     last_grad: np.ndarray | None  # [B, width] at its last output only
-    hn_grad: np.ndarray | None  # [L*D, B, C]
-    cn_grad: np.ndarray | None
+    hn_grad: np.ndarray | None  # [L*D, B, H]
+    cn_grad: np.ndarray | None  # [L*D, B, C]
     batch_major: bool  # x (and x_grad) are [B, T, I] for the user
-    state_shape: tuple  # the shape the user's h0/c0 (and so h0_grad/c0_grad) have
+    state_shape: tuple  # the shape the user's h0 (and so h0_grad) has
     tensors: dict = field(default_factory=dict)  # what the user gave (checked), in their names
     notes: list[str] = field(default_factory=list)  # what was assumed or read from a model's configuration
     warnings: list[str] = field(default_factory=list)  # what may make the gradient not the one the user took
     description: str = ""  # "PyTorch nn.LSTM, 2 layers x 2 directions", for the summary
+    c_state_shape: tuple | None = None  # the shape of the user's c0 (and c0_grad); None: ``state_shape``
+    unbatched: bool = False  # the user's x (and x_grad) has no batch axis (B = 1 here)
+    step: bool = False  # one cell step: the user's x (and x_grad) has no time axis (T = 1 here)
 
     @property
     def single(self) -> bool:
@@ -81,11 +84,19 @@ class Plan:
         if len(self.module.layers) > 1 or self.module.directions > 1:
             return Message.format("this is {}, several layers or directions: give {} (and {}) for one of them",
                                   self.description, Param("layer"), Param("reverse"))
+        if self.projected:
+            return f"this is {self.description}, whose projection of h is not in the op"
         return f"this is {self.description}, whose activations are not the op's (tanh, sigmoid)"
+
+    @property
+    def projected(self) -> bool:
+        return any(w.projection is not None for layer in self.module.layers for w in layer)
 
     @property
     def computed_as(self) -> str:
         """How the gradients are computed, in words for the summary."""
+        if self.projected:
+            return "the LSTM recurrence with its projection of h, recomputed and differentiated (numpy)"
         if not all(w.standard for layer in self.module.layers for w in layer):
             return "the LSTM recurrence with the layer's activations, recomputed and differentiated (numpy)"
         each = "" if self.single else " per layer and direction"
@@ -144,16 +155,27 @@ class Plan:
 
     def _named(self, grads: dict) -> dict:
         x_grad = grads["x_grad"]
-        out = {"x_grad": np.ascontiguousarray(np.swapaxes(x_grad, 0, 1) if self.batch_major else x_grad)}
+        x_grad = np.swapaxes(x_grad, 0, 1) if self.batch_major else x_grad
+        x_grad = x_grad[0] if self.step else x_grad
+        out = {"x_grad": np.ascontiguousarray(x_grad[..., 0, :] if self.unbatched else x_grad)}
         for k, layer in enumerate(self.module.layers):
             for d in range(len(layer)):
                 out.update(self.weight_grads(k, d, grads[(k, d)]))
         out["h0_grad"] = grads["h0_grad"].reshape(self.state_shape)
-        out["c0_grad"] = grads["c0_grad"].reshape(self.state_shape)
+        out["c0_grad"] = grads["c0_grad"].reshape(self.c_state_shape or self.state_shape)
         return out
 
     def weight_grads(self, k: int, d: int, grads: DirectionGrads) -> dict:
         raise NotImplementedError
+
+    def axes(self) -> dict[str, tuple[str, ...]]:
+        """What each axis of x_grad, h0_grad and c0_grad is as the user holds them: "t" time, "b" batch, "i" input,
+        "n" layers x directions, "c" cell."""
+        x = ("b", "t", "i") if self.batch_major else ("t", "b", "i")
+        x = tuple(a for a in x if not (a == "t" and self.step or a == "b" and self.unbatched))
+        state = tuple(a for a in ("n", "b", "c") if not (a == "b" and self.unbatched))
+        return {"x_grad": x, "h0_grad": state[-len(self.state_shape):],
+                "c0_grad": state[-len(self.c_state_shape or self.state_shape):]}
 
 
 # -- checks of what the user gave ------------------------------------------------------------------------
@@ -202,13 +224,13 @@ def states(name: str, value, count: int, B: int, C: int, dtype, what: str) -> np
     or [B, C] where there is one; zeros when absent (None for an absent gradient: ``dtype`` None)."""
     if value is None:
         return None if dtype is None else np.zeros((count, B, C), dtype)
-    value = np.asarray(value)
+    value = given = np.asarray(value)
     if value.ndim == 2 and count == 1:
         value = value[None]
     if value.shape != (count, B, C):
         label = f"[{count}, B, C] ({what})" if count > 1 else "[B, C]"
         hint = f" for {count} layer-directions" if count > 1 else ""
-        raise InvalidArgumentError(f"{name} has shape {list(value.shape)}, expected {label}"
+        raise InvalidArgumentError(f"{name} has shape {list(given.shape)}, expected {label}"
                                    f"{' = ' + str([count, B, C]) if count > 1 else ' = ' + str([B, C])}{hint}")
     return value
 

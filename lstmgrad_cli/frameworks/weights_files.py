@@ -61,6 +61,29 @@ def _keras_lstm(name: str, group, h5py) -> dict | None:
             "stacked": stacked}
 
 
+def keras_cells(path) -> list[str]:
+    """The groups of a Keras weights file that hold an LSTM cell's weights as ``vars/0, 1, 2`` (kernel [I, 4C],
+    recurrent_kernel [C, 4C], bias): an LSTMCell a subclassed model keeps as an attribute (``decoder_cell``), and the
+    ``cell`` of each LSTM layer (``layers/lstm/cell``), for one step of it.  Walked as ``keras_layers`` walks."""
+    from ..io import hdf5  # noqa: PLC0415 - h5py is imported when an HDF5 file is actually read
+
+    found = []
+    with hdf5.open_hdf5(path) as (fh, h5py), hdf5.hdf5_errors(path):
+        pending, seen = [("", fh)], 0
+        while pending and seen < KERAS_WALK_GROUPS:
+            name, group = pending.pop()
+            seen += 1
+            own = _hard_path(group, ("vars",), h5py)
+            shapes = [_dataset_shape(own, str(k), h5py) for k in range(2)] if own is not None else [None]
+            if None not in shapes and all(len(s) == 2 for s in shapes) and shapes[0][1] == shapes[1][1] == \
+                    4 * shapes[1][0]:
+                found.append(name)
+            children = [(f"{name}/{k}" if name else k, _hard_child(group, k, h5py)) for k in group.keys()]
+            pending.extend(reversed([(n, g) for n, g in children if isinstance(g, h5py.Group) and n.rpartition("/")[2]
+                                     != "vars"]))
+    return found
+
+
 def _hard_child(group, name: str, h5py):
     if not isinstance(group, h5py.Group) or name not in group:
         return None

@@ -11,7 +11,7 @@ Everything here is time-major ([T, B, ...]) and in x's time order; framework lay
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,14 +41,17 @@ class Module:
     def C(self) -> int:  # noqa: N802
         return self.layers[-1][0].C
 
+    @property
+    def H(self) -> int:  # noqa: N802 - the width of h (the projection's, where the layers project it)
+        return self.layers[-1][0].H
+
     def astype(self, dtype) -> Module:
         """The same module with its weights in ``dtype`` (and no forward pass yet)."""
-        return Module([[replace(w, w=w.w.astype(dtype), b=w.b.astype(dtype)) for w in layer] for layer in self.layers],
-                      self.schedules, self.merge)
+        return Module([[w.astype(dtype) for w in layer] for layer in self.layers], self.schedules, self.merge)
 
     def forward(self, x: np.ndarray, h0: np.ndarray, c0: np.ndarray, compute_dtype=None) -> np.ndarray:
-        """Run every layer on ``x`` [T, B, I] from the initial states ``h0``, ``c0`` [L*D, B, C] (PyTorch's
-        order: layer-major); returns the top layer's output sequence (merged directions)."""
+        """Run every layer on ``x`` [T, B, I] from the initial states ``h0`` [L*D, B, H], ``c0`` [L*D, B, C]
+        (PyTorch's order: layer-major); returns the top layer's output sequence (merged directions)."""
         self.passes = []
         inputs = x
         for k, layer in enumerate(self.layers):
@@ -86,13 +89,14 @@ class Module:
     def backward(self, h_grad: np.ndarray | None, last_grad: np.ndarray | None, hn_grad: np.ndarray | None,
                  cn_grad: np.ndarray | None, *, backend=None) -> dict:
         """The gradients from those at the top layer's output (``h_grad`` [T, B, width] the sequence,
-        ``last_grad`` [B, width] its last output only) and at the final states (``hn_grad``/``cn_grad``
-        [L*D, B, C]).  Returns {"x_grad", "h0_grad", "c0_grad" ([L*D, B, C]), (k, d): DirectionGrads}."""
+        ``last_grad`` [B, width] its last output only) and at the final states (``hn_grad`` [L*D, B, H],
+        ``cn_grad`` [L*D, B, C]).  Returns {"x_grad", "h0_grad" ([L*D, B, H]), "c0_grad" ([L*D, B, C]),
+        (k, d): DirectionGrads}."""
         D = self.directions
         B = self.schedules[0].B
-        C = self.C
-        h0_grad = np.zeros((len(self.layers) * D, B, C), self.passes[0][0].x.dtype)
-        c0_grad = np.zeros_like(h0_grad)
+        dtype = self.passes[0][0].x.dtype
+        h0_grad = np.zeros((len(self.layers) * D, B, self.H), dtype)
+        c0_grad = np.zeros((len(self.layers) * D, B, self.C), dtype)
         out: dict = {}
         for k in range(len(self.layers) - 1, -1, -1):
             passes = self.passes[k]

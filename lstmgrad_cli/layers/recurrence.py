@@ -3,7 +3,9 @@
 With the default activations (tanh for the cell, sigmoid for the gates) a direction is BlockLSTMV2 without
 peepholes, forget bias or clipping, in the IFCO gate layout: it is computed by the op functions (ops.py), so by
 any backend.  With other activations (a Keras layer made with ``activation='relu'``, ``hard_sigmoid`` gates, ...)
-the same recurrence runs here in numpy with the activations' own derivatives (activations.py).
+the same recurrence runs here in numpy with the activations' own derivatives (activations.py), and so does a
+projected one (PyTorch's ``proj_size``: h = (o * tanh(c)) @ projection, P wide, is what the layer outputs and
+what its next step reads; the cell state c stays C wide).
 
 Either way the steps each example runs, and where its outputs go, are the ``Schedule``'s (schedule.py): the op
 sees x in run order, one example per column, the steps an example does not run at the end, on zeros.
@@ -11,7 +13,7 @@ sees x in run order, one example per column, the steps an example does not run a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -24,22 +26,33 @@ from .schedule import Schedule
 
 @dataclass(frozen=True)
 class DirectionWeights:
-    """A direction's weights in the op's layout: ``w`` = [input weights; recurrent weights] [I + C, 4C] and ``b``
-    [4C], gates in the order i, f, c, o; and the activations it applies (``activations.ACTIVATIONS`` keys)."""
+    """A direction's weights in the op's layout: ``w`` = [input weights; recurrent weights] [I + H, 4C] and ``b``
+    [4C], gates in the order i, f, c, o; the activations it applies (``activations.ACTIVATIONS`` keys); and a
+    ``projection`` [C, P] of its output (PyTorch's weight_hr transposed), None without one (H = P with it, else C).
+    """
 
     w: np.ndarray
     b: np.ndarray
     activation: str = "tanh"
     recurrent_activation: str = "sigmoid"
+    projection: np.ndarray | None = None
 
     @property
     def C(self) -> int:  # noqa: N802 - the op's name for the cell size
         return self.w.shape[1] // 4
 
     @property
+    def H(self) -> int:  # noqa: N802 - the width of h: the output, and the recurrent input
+        return self.C if self.projection is None else self.projection.shape[1]
+
+    @property
     def standard(self) -> bool:
         """Whether this is BlockLSTMV2's maths (the op functions and backends compute it)."""
-        return (self.activation, self.recurrent_activation) == activations.DEFAULT
+        return (self.activation, self.recurrent_activation) == activations.DEFAULT and self.projection is None
+
+    def astype(self, dtype) -> DirectionWeights:
+        return replace(self, w=self.w.astype(dtype), b=self.b.astype(dtype),
+                       projection=None if self.projection is None else self.projection.astype(dtype))
 
 
 @dataclass
@@ -51,7 +64,7 @@ class DirectionPass:
     x: np.ndarray  # [T, B, I] the op's x (run order)
     h0: np.ndarray
     c0: np.ndarray
-    outputs: BlockLSTMOutputs  # i, cs, f, o, ci, co, h [T, B, C] (run order; zeros after seq_len_max)
+    outputs: BlockLSTMOutputs  # i, cs, f, o, ci, co [T, B, C], h [T, B, H] (run order; zeros after seq_len_max)
     compute_dtype: np.dtype
 
     def returned(self) -> np.ndarray:
@@ -78,6 +91,7 @@ class DirectionGrads:
     b_grad: np.ndarray
     h0_grad: np.ndarray
     c0_grad: np.ndarray
+    projection_grad: np.ndarray | None = None  # [C, P], with a projection
 
 
 def forward(weights: DirectionWeights, schedule: Schedule, x: np.ndarray, h0: np.ndarray, c0: np.ndarray,
@@ -102,24 +116,26 @@ def backward(state: DirectionPass, h_grad: np.ndarray | None = None, last_grad: 
     order it returns them; ``last_grad`` [B, C] at the last one) and at its final states."""
     schedule, weights = state.schedule, state.weights
     dtype = state.x.dtype
-    op_h_grad = schedule.run_h_grad(h_grad, last_grad, weights.C, dtype)
-    op_cs_grad = np.zeros_like(op_h_grad)
+    op_h_grad = schedule.run_h_grad(h_grad, last_grad, weights.H, dtype)
+    op_cs_grad = np.zeros((schedule.T, schedule.B, weights.C), dtype)
     schedule.place_final(op_h_grad, hn_grad)
     schedule.place_final(op_cs_grad, cn_grad)
+    projection_grad = None
     if weights.standard:
         zeros = np.zeros(weights.C, dtype)
         grads = ops.block_lstm_grad_v2(schedule.seq_len_max, state.x, state.c0, state.h0, weights.w, zeros, zeros,
                                        zeros, weights.b, *state.outputs, op_cs_grad, op_h_grad, False,
                                        backend=backend, compute_dtype=state.compute_dtype)
     else:
-        grads = _backward(state, op_cs_grad, op_h_grad)
+        grads, projection_grad = _backward(state, op_cs_grad, op_h_grad)
     h0_grad, c0_grad = grads.h_prev_grad.copy(), grads.cs_prev_grad.copy()
     schedule.bypass_final(h0_grad, hn_grad)
     schedule.bypass_final(c0_grad, cn_grad)
-    return DirectionGrads(schedule.x_grad(grads.x_grad), grads.w_grad, grads.b_grad, h0_grad, c0_grad)
+    return DirectionGrads(schedule.x_grad(grads.x_grad), grads.w_grad, grads.b_grad, h0_grad, c0_grad,
+                          projection_grad)
 
 
-# -- any activations: the recurrence in numpy ------------------------------------------------------------------
+# -- any activations, and a projection: the recurrence in numpy --------------------------------------------------
 
 def _gates(z: np.ndarray, C: int):
     return z[:, :C], z[:, C:2 * C], z[:, 2 * C:3 * C], z[:, 3 * C:]  # IFCO
@@ -130,9 +146,10 @@ def _forward(weights: DirectionWeights, x, h0, c0, steps: int, cdt) -> BlockLSTM
     act = activations.ACTIVATIONS[weights.activation]
     gate = activations.ACTIVATIONS[weights.recurrent_activation]
     T, B, I = x.shape
-    C = weights.C
+    C, H = weights.C, weights.H
     w, b = weights.w.astype(cdt), weights.b.astype(cdt)
-    outs = [np.zeros((T, B, C), x.dtype) for _ in range(7)]
+    projection = None if weights.projection is None else weights.projection.astype(cdt)
+    outs = [np.zeros((T, B, C), x.dtype) for _ in range(6)] + [np.zeros((T, B, H), x.dtype)]
     h, c = h0.astype(cdt), c0.astype(cdt)
     with np.errstate(all="ignore"):  # NaN/Inf in the inputs are computed through
         zx = x[:steps].astype(cdt) @ w[:I] + b
@@ -141,33 +158,39 @@ def _forward(weights: DirectionWeights, x, h0, c0, steps: int, cdt) -> BlockLSTM
             i, f, o, ci = gate.function(zi), gate.function(zf), gate.function(zo), act.function(zc)
             c = f * c + i * ci
             co = act.function(c)
-            h = o * co
+            h = o * co if projection is None else (o * co) @ projection
             for store, value in zip(outs, (i, c, f, o, ci, co, h), strict=True):
                 store[t] = value
             c, h = outs[1][t].astype(cdt), outs[6][t].astype(cdt)  # carried as stored, as the op does
     return BlockLSTMOutputs(*outs)
 
 
-def _backward(state: DirectionPass, cs_grad, h_grad) -> BlockLSTMGradOutputs:
+def _backward(state: DirectionPass, cs_grad, h_grad) -> tuple[BlockLSTMGradOutputs, np.ndarray | None]:
+    """The op's gradients, and the projection's ([C, P]; None without one)."""
     weights = state.weights
     act = activations.ACTIVATIONS[weights.activation]
     gate = activations.ACTIVATIONS[weights.recurrent_activation]
     cdt = state.compute_dtype
     x = state.x
     T, B, I = x.shape
-    C = weights.C
+    C, H = weights.C, weights.H
     steps = state.schedule.seq_len_max
     w, b = weights.w.astype(cdt), weights.b.astype(cdt)
+    projection = None if weights.projection is None else weights.projection.astype(cdt)
     a = {name: getattr(state.outputs, name)[:steps].astype(cdt) for name in ("cs", "h", "i", "f", "o", "ci", "co")}
     h_prev = np.concatenate([state.h0.astype(cdt)[None], a["h"][:-1]]) if steps else a["h"]
     c_prev = np.concatenate([state.c0.astype(cdt)[None], a["cs"][:-1]]) if steps else a["cs"]
     dz = np.zeros((steps, B, 4 * C), cdt)
-    dh_next, dc_next = np.zeros((B, C), cdt), np.zeros((B, C), cdt)
+    dh_next, dc_next = np.zeros((B, H), cdt), np.zeros((B, C), cdt)
+    projection_grad = None if projection is None else np.zeros_like(projection)
     with np.errstate(all="ignore"):
         z = x[:steps].astype(cdt) @ w[:I] + h_prev @ w[I:] + b  # the pre-activations, as the forward made them
         for t in range(steps - 1, -1, -1):
             zi, zf, zc, zo = _gates(z[t], C)
             dh = h_grad[t].astype(cdt) + dh_next
+            if projection is not None:  # h = r @ projection, r = o * co
+                projection_grad += (a["o"][t] * a["co"][t]).T @ dh
+                dh = dh @ projection.T
             dc = cs_grad[t].astype(cdt) + dc_next + dh * a["o"][t] * act.derivative(a["cs"][t], a["co"][t])
             di, df, dci, do = _gates(dz[t], C)
             do[:] = dh * a["co"][t] * gate.derivative(zo, a["o"][t])
@@ -179,7 +202,8 @@ def _backward(state: DirectionPass, cs_grad, h_grad) -> BlockLSTMGradOutputs:
         x_grad = np.zeros((T, B, I), x.dtype)
         x_grad[:steps] = dz @ w[:I].T
         flat = dz.reshape(-1, 4 * C)
-        w_grad = np.concatenate([x[:steps].astype(cdt).reshape(-1, I).T @ flat, h_prev.reshape(-1, C).T @ flat])
+        w_grad = np.concatenate([x[:steps].astype(cdt).reshape(-1, I).T @ flat, h_prev.reshape(-1, H).T @ flat])
     zeros = np.zeros(C, x.dtype)
-    return BlockLSTMGradOutputs(x_grad, dc_next.astype(x.dtype), dh_next.astype(x.dtype), w_grad.astype(x.dtype),
-                                zeros, zeros, zeros, flat.sum(axis=0).astype(x.dtype))
+    grads = BlockLSTMGradOutputs(x_grad, dc_next.astype(x.dtype), dh_next.astype(x.dtype), w_grad.astype(x.dtype),
+                                 zeros, zeros, zeros, flat.sum(axis=0).astype(x.dtype))
+    return grads, None if projection_grad is None else projection_grad.astype(x.dtype)
