@@ -449,9 +449,19 @@ def _run_pending(tasks, pending, options, results, finish, workers, dask_address
     # No more worker processes than tasks: all of them start before the first (local_workers._start_all_workers).
     try:
         with contextlib.ExitStack() as running:
-            with interrupts.interruptible():  # (starting the pool, connecting to Dask: a signal interrupts them)
-                executor, threads = running.enter_context(make_executor(min(workers, len(bundles)), dask_address,
-                                                                        _worker_started))
+            try:
+                with interrupts.interruptible():  # (starting the pool, connecting to Dask: a signal interrupts them)
+                    executor, threads = running.enter_context(make_executor(min(workers, len(bundles)), dask_address,
+                                                                            _worker_started))
+            except (OSError, RuntimeError, cf.BrokenExecutor) as err:
+                # Local workers that could not start (one killed as it started, or multiprocessing's resource
+                # tracker: a broken pipe to it): each file's failure, not the batch's (nor its stdout's).
+                if dask_address:
+                    raise
+                for index in pending:
+                    finish(index, failed(tasks[index], options, f"{tasks[index].input}: the worker processes could "
+                                                                 f"not start ({type(err).__name__}: {err})"))
+                return results
             if executor is None:
                 return _run_serially(tasks, pending, options, results, finish, keep_going, stop)
             # Local workers were started with their BLAS thread counts set (local_workers._thread_env), and leave

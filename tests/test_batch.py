@@ -394,6 +394,32 @@ def test_killed_as_the_pool_starts_never_hangs_nor_prints_a_traceback(tmp_path, 
                    for r in json.loads(stdout)["results"] if r["status"] != "ok")
 
 
+def test_worker_processes_that_cannot_start_fail_each_file_and_the_document_is_printed(runner, tmp_path,
+                                                                                       monkeypatch):
+    # Starting the pool registers its lock with multiprocessing's resource tracker; a tracker killed as it
+    # started left a broken pipe that the command took for its own closed stdout, and printed no JSON.
+    import contextlib
+
+    from lstmgrad_cli import batch
+    from lstmgrad_cli.cli import main
+
+    @contextlib.contextmanager
+    def executor(workers=1, dask_address=None, initializer=None):
+        raise BrokenPipeError(32, "Broken pipe")
+        yield  # (a generator)
+
+    monkeypatch.setattr(batch, "make_executor", executor)
+    make_inputs(tmp_path / "in")
+    result = runner.invoke(main, ["seq", str(tmp_path / "in"), "--out-dir", str(tmp_path / "out"), "--workers", "2",
+                                  "--json"])
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert doc["summary"]["failed"] == len(doc["results"]) > 1
+    assert all("the worker processes could not start (BrokenPipeError: [Errno 32] Broken pipe)" in r["error"]
+               for r in doc["results"])
+    assert "stdout was closed" not in result.stderr and not list((tmp_path / "out").glob("*.grads.*"))
+
+
 def test_a_task_that_cannot_be_handed_out_is_that_files_failure(tmp_path, monkeypatch):
     import concurrent.futures as cf
     import contextlib
@@ -453,7 +479,9 @@ def test_no_more_worker_processes_than_files(tmp_path, monkeypatch):
 
 def _worker_pids(parent: int) -> list[int]:
     """Worker processes of a process pool: children of ``parent`` but the multiprocessing resource tracker
-    (forked workers run the parent's command line, spawned ones multiprocessing's)."""
+    (forked workers run the parent's command line, spawned ones multiprocessing's).  A child that is still
+    between its fork and its exec runs the parent's command line too, whatever it becomes: spawned workers and
+    the resource tracker are counted only once they run their own (``_started``)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -464,9 +492,21 @@ def _worker_pids(parent: int) -> list[int]:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and b"resource_tracker" not in cmdline:
+        if ppid == parent and b"resource_tracker" not in cmdline and _started(cmdline, parent):
             pids.append(int(entry.name))
     return pids
+
+
+def _started(cmdline: bytes, parent: int) -> bool:
+    """Whether a child whose command line is ``cmdline`` is a worker at work: a spawned one (multiprocessing's
+    command line), or a forked one where the parent forks its workers (it runs no resource tracker then)."""
+    if b"spawn_main" in cmdline:
+        return True
+    try:
+        forking = b"local_workers.start_method = lambda: 'spawn'" not in Path(f"/proc/{parent}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return forking
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork only on Linux")
