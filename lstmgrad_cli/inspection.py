@@ -206,7 +206,7 @@ def inspect_file(path, group: str | None = None, *, weights=None, weights_group:
 
     if weights is not None:
         return _with_weights(report, path, group, weights, weights_group, framework)
-    framework = _framework_kind(path, fmt, group, raw, report)
+    framework = _framework_kind(path, fmt, group, raw, report, bool(framework and framework.inference))
     if framework:
         return report
     if "x" not in by_name:
@@ -280,15 +280,17 @@ def inspect_file(path, group: str | None = None, *, weights=None, weights_group:
     return report
 
 
-def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectReport) -> bool:
+def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectReport, inference: bool = False) -> bool:
     """A Keras weights file, a PyTorch state_dict, or a Keras/PyTorch layer's tensors: said in notes (and what
     is wrong with the tensors, as problems); False for anything else."""
     if fmt in ("hdf5", "keras") and group is None:
-        layers, source = frameworks.weights_files.keras_model_layers(path, fmt)
+        layers, source = frameworks.weights_files.keras_model_layers(path, fmt, inference=inference)
         if layers:
             report.kind, report.framework_layers = "keras-weights", layers
             for layer in layers:
                 report.notes.append(_keras_layer_note(path, layer, source))
+                if layer.get("refused"):  # (what seq says for its group)
+                    report.error(None, Message.format("{}: {}", layer["group"], layer["refused"]))
                 for bias in ("bias", "backward_bias"):  # (kernel and recurrent_kernel agree, or it is no LSTM's)
                     if layer.get(bias) and layer[bias] != [4 * layer["units"]]:
                         report.error(None, f"{layer['group']}: {bias.replace('_', ' ')} has shape {layer[bias]}, "
@@ -379,11 +381,13 @@ def _keras_layer_note(path: Path, layer: dict, source: str | None) -> Message:
     shapes = (f"kernel {layer['kernel']}, recurrent_kernel {layer['recurrent_kernel']}{bias} (input size "
               f"{layer['input_size']}, {layer['units']} units{each})")
     if layer.get("refused"):
-        return Message.format("{} at {}: {}; {}", what, layer["group"], shapes, layer["refused"])
+        return Message.format("{} at {}: {}; refused (the error above says why)", what, layer["group"], shapes)
     options = layer.get("options")
     made = ", ".join(f"{k}={v}" for k, v in options.items() if v is not None) if options else (
         "options not recorded: Keras' defaults assumed")
-    return Message.format("{} at {}: {}; {}: lstmgrad seq DATA {}", what, layer["group"], shapes, made, group)
+    needs = f"; DATA holds {', '.join(layer['needs'])}" if layer.get("needs") else ""
+    return Message.format("{} at {}: {}; {}: lstmgrad seq DATA {}{}", what, layer["group"], shapes, made, group,
+                          needs)
 
 
 def _torch_module_note(path: Path, layers: list[dict], prefix: str) -> Message:

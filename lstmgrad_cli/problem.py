@@ -156,9 +156,13 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
     scalars = ("seq_len_max", "use_peephole") if kind != "cell" else ("use_peephole",)
     scalars += ("forget_bias", "cell_clip")  # used only when the activations are recomputed
     scalars += (io.METADATA_KEY,)  # the forward op of an ``lstmgrad forward`` output
+    resolved = ""
+    if weights is not None and kind != "cell" and framework.framework in (None, "keras"):
+        weights_group, resolved = frameworks.weights_files.resolve_group(weights, weights_group)
     with io.open_inputs(path, wanted, scalars, group, lazy=TIME_MAJOR if lazy else (),
                         input_format=input_format) as loaded:
         notes, keys, supplied, extra = _supplement(loaded, weights, weights_group, wanted, scalars)
+        notes += [f"from {weights}: {resolved}"] if resolved else []
         try:
             name = "tf" if kind == "cell" else frameworks.detect([*keys, *loaded.tensors], framework)
             plan = None

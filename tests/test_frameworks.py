@@ -453,7 +453,6 @@ def test_inspect_lists_the_lstm_layers_of_weights_files(runner):
                               "recurrent_activation=sigmoid, go_backwards=False, return_sequences=True, "
                               "merge_mode=sum: lstmgrad seq DATA --weights"),
     ("keras2_hard_sigmoid.h5", "recurrent_activation=hard_sigmoid_keras2"),
-    ("keras_dropout.keras", "layer 'lstm' has dropout=0.2: in training its random masks change the gradient"),
     ("keras_stacked_cells.weights.h5", "an LSTMCell of a StackedRNNCells at layers/rnn/cell/cells/lstm_cell: not a "
                                        "layer lstmgrad computes"),
 ])
@@ -461,6 +460,18 @@ def test_inspect_says_what_each_layer_of_a_model_file_was_made_with(runner, name
     result = runner.invoke(main, ["inspect", str(KERAS / name)])
     assert result.exit_code == 0, result.output
     assert said in " ".join(result.stdout.split())
+
+
+def test_inspect_counts_a_layer_seq_refuses_as_an_error(runner):
+    result = runner.invoke(main, ["inspect", str(KERAS / "keras_dropout.keras")])
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.stdout.split())
+    assert ("error: layers/lstm: layer 'lstm' has dropout=0.2: in training its random masks change the gradient, "
+            "and lstmgrad cannot know them; if the gradient was taken in inference (training=False, where dropout "
+            "does nothing), say so with --inference") in text
+    assert text.endswith("1 error, 0 warnings")
+    allowed = runner.invoke(main, ["inspect", str(KERAS / "keras_dropout.keras"), "--inference"])
+    assert allowed.exit_code == 0 and "DATA holds x [B, T, 3], h_grad [B, T, 2]" in " ".join(allowed.stdout.split())
 
 
 def test_inspect_lists_a_whole_nn_lstm_first(runner):

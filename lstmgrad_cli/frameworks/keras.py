@@ -99,12 +99,13 @@ class KerasLayer:
     wrapped: bool = False  # one of a Bidirectional's two layers
     unroll: bool = False
     return_sequences: bool | None = None  # None: from h_grad's rank
-    merge_mode: str | None = None  # a whole Bidirectional's
+    merge_mode: str | None = None  # a whole Bidirectional's ("None": merge_mode=None, a list of the two outputs)
     source: str = ""  # "": Keras' defaults, assumed; else where they were read ("m.keras config.json")
     notes: tuple[str, ...] = field(default=())
     stateful: bool = False  # its initial states are the previous batch's final ones
     time_major: bool = False  # tf.keras' time_major=True: x is [T, B, I]
     policy: str = ""  # its dtype policy ("mixed_float16", ...; "": none recorded, the tensors' own dtype)
+    return_state: bool = False
     reaching: Reaching | None = None  # the mask and initial states the model hands it (None: no model recorded)
 
     @classmethod
@@ -136,6 +137,7 @@ class KerasLayer:
         if wrapper is not None:
             wcfg = wrapper.get("config", wrapper)
             merge = wcfg.get("merge_mode", "concat")
+            merge = "None" if merge is None else merge  # (a list of the two outputs: their gradients concatenated)
             wrapped = wcfg.get("layer", {})
             wrapped = wrapped.get("config", wrapped) if isinstance(wrapped, dict) else {}
             if wrapped.get("go_backwards"):  # its backward layer then runs forwards, and Keras flips its outputs
@@ -154,7 +156,40 @@ class KerasLayer:
         return cls(act, gate, cfg.get("use_bias"), go_backwards, backward,
                    None if zero_output is None else bool(zero_output), wrapper is not None,
                    bool(cfg.get("unroll", False)), cfg.get("return_sequences"), merge, source, tuple(notes),
-                   bool(cfg.get("stateful", False)), bool(cfg.get("time_major", False)), policy)
+                   bool(cfg.get("stateful", False)), bool(cfg.get("time_major", False)), policy,
+                   bool(cfg.get("return_state", False)))
+
+    def needs(self, input_size: int, units: int, bidirectional: bool = False) -> list[str]:
+        """What the gradient of this layer is computed from, in words: each tensor to give, its shape and why."""
+        I, C = input_size, units  # noqa: E741
+        x = f"x [T, B, {I}]" if self.time_major else f"x [B, T, {I}]"
+        merge = self.merge_mode or "concat"
+        width = f"{2 * C}" if bidirectional and merge in ("concat", "None") else f"{C}"
+        sequence = f"[T, B, {width}]" if self.time_major else f"[B, T, {width}]"
+        if self.return_sequences is True:
+            h_grad = f"h_grad {sequence}"
+        elif self.return_sequences is False:
+            h_grad = f"h_grad [B, {width}] (the last output's)"
+        else:
+            h_grad = f"h_grad {sequence} or [B, {width}] (the last output's)"
+        if bidirectional and merge == "None":
+            h_grad += " (merge_mode=None: the two outputs' gradients concatenated on the last axis)"
+        out = [x, h_grad]
+        states = f"[2, B, {C}]" if bidirectional else f"[B, {C}]"
+        if self.reaching is not None and self.reaching.masked:
+            masking = self.reaching.computable_from_x()
+            out.append(f"mask [B, T] (the model masks its input: {self.reaching.mask_words}"
+                       + ("; computed from x when not given)" if masking is not None else ")"))
+        if self.reaching is not None and self.reaching.states:
+            out.append(f"h0, c0 {states} (the model calls it with initial_state: "
+                       f"{', '.join(repr(s) for s in self.reaching.states)})")
+        elif self.stateful:
+            out.append(f"h0, c0 {states} (stateful=True: the states the previous batch left)")
+        if self.return_state:
+            out.append(f"hn_grad, cn_grad {states} where its final states are used (return_state=True)")
+        if self.policy == MIXED_FLOAT16:
+            out.append("computed in float16 (dtype policy mixed_float16)")
+        return out
 
     def assumed(self, bidirectional: bool = False) -> str | None:
         """Words for the summary: what was assumed (no configuration) or read."""
@@ -249,6 +284,10 @@ def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = No
     else:
         schedules = [_schedule(T, B, mask, layer.go_backwards or layer.reverse, layer.reverse, layer)]
     merge = layer.merge_mode or "concat"
+    if merge == "None":
+        merge = "concat"
+        notes.append("merge_mode=None: the wrapper returns its two outputs, and h_grad is their gradients "
+                     "concatenated on the last axis (forward first)")
     if merge not in MERGE_MODES:
         raise InvalidArgumentError(f"a Bidirectional with merge_mode={merge!r} is not implemented (lstmgrad computes "
                                    f"{', '.join(MERGE_MODES)})")
