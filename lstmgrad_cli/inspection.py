@@ -327,13 +327,17 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectRepor
         return False
     report.kind = name
     held = {k: np.asarray(v) for k, v in raw.items()}
+    unused = []
     try:
-        frameworks.plan(name, held, frameworks.FrameworkOptions())
+        plan = frameworks.plan(name, held, frameworks.FrameworkOptions())
         report.notes.append(f"a {'Keras LSTM' if name == 'keras' else 'PyTorch nn.LSTM'} layer's tensors: lstmgrad "
                             "seq computes its gradients in its names")
+        unused, warning = frameworks.unused.check(keys, plan)
+        if warning:
+            report.warn(None, warning)
     except LstmGradError as err:
-        report.error(None, str(err))
-    _framework_roles(report, "used")
+        report.error(None, message_of(err))
+    _framework_roles(report, "used", unused)
     return True
 
 
@@ -362,7 +366,7 @@ def _with_weights(report: InspectReport, path: Path, group, weights, weights_gro
     report.notes += problem.notes
     for warning in problem.warnings:
         report.warn(None, warning)
-    _framework_roles(report, "used")
+    _framework_roles(report, "used", problem.unused)
     return report
 
 
@@ -401,10 +405,12 @@ def _torch_module_note(path: Path, layers: list[dict], prefix: str) -> Message:
                           Param("weights", path), where, Param("layer"))
 
 
-def _framework_roles(report: InspectReport, role: str) -> None:
+def _framework_roles(report: InspectReport, role: str, unused=()) -> None:
+    """Every readable tensor's role: ``role``, or "unused" for the entries no computation uses."""
     for t in report.tensors:
         if t.role != "unreadable":
-            t.role = role
+            t.role = "unused" if t.key in unused else role
+    report.unused += [t.key for t in report.tensors if t.role == "unused"]
 
 
 def _roles(report: InspectReport, used: set, seq: bool = True) -> None:

@@ -48,6 +48,7 @@ class Problem:
     member: str | None = None  # the execution of a TensorFlow debug dump this problem is
     recorded_op: str | None = None  # the gradient op TensorFlow ran on these tensors, when the input says
     framework: frameworks.Plan | None = None  # a Keras or PyTorch module's tensors: how to compute and name them
+    unused: list[str] = field(default_factory=list)  # a framework input's entries no computation uses (as stored)
 
     @property
     def dtype(self) -> str:
@@ -172,8 +173,9 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
                     _refuse_unused(loaded.keys)
                 except InvalidArgumentError as err:
                     raise err.prefixed(str(path)) from None
+            unused = []
             if name in frameworks.FRAMEWORKS:
-                plan = _framework_plan(path, loaded, name, framework, group, weights, weights_group, extra)
+                plan, unused = _framework_plan(path, loaded, name, framework, group, weights, weights_group, extra)
                 layout, use_peephole, kind = "ifco", False, "seq"
             if plan is not None and not plan.single:
                 problem = _module_problem(path, loaded, plan)
@@ -193,7 +195,7 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
                                                       where)) from None
         problem.notes = notes + problem.notes
         if plan is not None:
-            problem.framework = plan
+            problem.framework, problem.unused = plan, unused
             problem.sources["layout"] = problem.sources["use_peephole"] = name
             problem.notes += plan.notes
             problem.warnings += plan.warnings
@@ -217,15 +219,19 @@ def _refuse_unused(keys) -> None:
 
 
 def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, group, weights, weights_group,
-                    extra) -> frameworks.Plan:
-    """What computes a Keras or PyTorch user's gradients (frameworks.py); a single layer-direction of the op's own
-    maths replaces the input's tensors by the op's (its forward outputs are then recomputed)."""
+                    extra) -> tuple[frameworks.Plan, list[str]]:
+    """What computes a Keras or PyTorch user's gradients (frameworks.py), and the input's entries it does not use
+    (warned of); a single layer-direction of the op's own maths replaces the input's tensors by the op's (its
+    forward outputs are then recomputed)."""
     if name == "torch":
         _read_torch_layers(path, loaded, group)
     held = {n: np.asarray(v[()]) for n, v in loaded.tensors.items()}  # (lazy datasets read whole)
     try:
         layer = _keras_layer(weights, weights_group, extra, options) if name == "keras" else None
         plan = frameworks.plan(name, held, options, layer)
+        unused, warning = frameworks.unused.check(_tensor_keys(path, loaded, group), plan)
+        if warning:
+            plan.warnings.append(warning)
     except InvalidArgumentError as err:
         if name == "keras" and weights_group and extra is not None and extra.format == "hdf5" and any(
                 found["stacked"] and found["group"].startswith(weights_group.strip("/") + "/")
@@ -236,7 +242,18 @@ def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, group
         op, steps = plan.op_tensors()
         loaded.tensors = op
         loaded.scalars = {"seq_len_max": (steps, name)}
-    return plan
+    return plan, unused
+
+
+def _tensor_keys(path: Path, loaded: io.LoadedFile, group) -> list[str]:
+    """The input's entries that are tensors (not an HDF5 file's groups, nor lstmgrad's metadata)."""
+    keys = [k for k in loaded.keys if k != io.METADATA_KEY]
+    if loaded.format != "hdf5" or not keys:
+        return keys
+    with io.hdf5.open_hdf5(path) as (fh, h5py), io.hdf5.hdf5_errors(path):
+        node = io.hdf5.walk(fh, fh, group, path, h5py, f"group {group!r}") if group else fh
+        return [k for k in keys if not (isinstance(node.get(k, getlink=True), h5py.HardLink)
+                                        and isinstance(node.get(k), h5py.Group))]
 
 
 def _read_torch_layers(path: Path, loaded: io.LoadedFile, group) -> None:

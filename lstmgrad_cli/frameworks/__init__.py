@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import InvalidArgumentError
-from . import keras, keras_config, pytorch, weights_files
+from . import keras, keras_config, pytorch, unused, weights_files
 from .common import FrameworkOptions, Plan, check_applicable
 from .keras import KerasLayer
 from .weights_files import KERAS_WALK_GROUPS, keras_layers
@@ -22,7 +22,7 @@ from .weights_files import KERAS_WALK_GROUPS, keras_layers
 __all__ = [
     "FRAMEWORKS", "KERAS_WALK_GROUPS", "FrameworkOptions", "KerasLSTMGradOutputs", "KerasLayer", "Plan",
     "TorchLSTMGradOutputs", "check_applicable", "detect", "file_names", "keras", "keras_config", "keras_layers",
-    "keras_lstm_grad", "plan", "pytorch", "torch_lstm_grad", "torch_state_dict_layers", "weights_files",
+    "keras_lstm_grad", "plan", "pytorch", "torch_lstm_grad", "torch_state_dict_layers", "unused", "weights_files",
 ]
 
 FRAMEWORKS = ("keras", "torch")
