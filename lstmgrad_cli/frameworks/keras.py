@@ -342,9 +342,10 @@ def _policy_arrays(tensors: dict, layer: KerasLayer, notes: list) -> tuple[dict,
     for state in ("h0", "c0"):
         dtypes.setdefault(f"{state}_grad", kept["x"])
     notes.append(Message.format(
-        "dtype policy {} ({}): computed as Keras computes it, in float16: x, the states and the weights rounded to "
-        "float16, the gradients rounded to float16 and those of float32 tensors returned in float32 (Keras' own "
-        "float16 arithmetic rounds at every operation: expect it to differ by about 1e-3 of the largest value)",
+        "dtype policy {} ({}): computed at the layer's precision, as Keras casts it: x, the states and the weights "
+        "rounded to float16, the gradients rounded to float16 and those of float32 tensors returned in float32; "
+        "Keras' own float16 arithmetic rounds at every operation, so its gradients differ from these by about "
+        "its rounding, 1e-3 of the largest value (these are the closer to the exact gradient)",
         MIXED_FLOAT16, layer.source or "given"))
     return arrays, {n: d for n, d in dtypes.items() if d != np.float16}
 
