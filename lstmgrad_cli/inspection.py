@@ -380,7 +380,7 @@ def _keras_layer_note(path: Path, layer: dict, source: str | None) -> Message:
     if "backward_bias" in layer:  # a Bidirectional whose two layers differ
         bias = ", bias: forward " + (str(layer["bias"]) if layer["bias"] else "none") + ", backward " + (
             str(layer["backward_bias"]) if layer["backward_bias"] else "none")
-    what = "Keras Bidirectional" if layer.get("bidirectional") else f"Keras LSTM layer {layer['name']!r}"
+    what = f"Keras {'Bidirectional' if layer.get('bidirectional') else 'LSTM layer'} {layer['name']!r}"
     each = ", each direction" if layer.get("bidirectional") else ""
     shapes = (f"kernel {layer['kernel']}, recurrent_kernel {layer['recurrent_kernel']}{bias} (input size "
               f"{layer['input_size']}, {layer['units']} units{each})")

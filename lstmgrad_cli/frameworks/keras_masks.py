@@ -39,7 +39,7 @@ DROP = frozenset({
     "AveragePooling1D", "GlobalAveragePooling1D", "GlobalMaxPooling1D", "Dot", "Lambda", "EinsumDense",
 })
 MAX_STEPS = 20_000  # layers looked at for one LSTM layer, at most
-MAX_DEPTH = 300  # layers followed back in one chain (and models nested), at most
+MAX_DEPTH = 150  # layers followed back in one chain (and models nested), at most
 
 
 @dataclass(frozen=True)
@@ -219,6 +219,7 @@ def _union(*groups) -> tuple:
 class _Walk:
     def __init__(self):
         self.steps = 0
+        self.known: dict = {}  # (scope, layer, call, output) -> its mask; None while it is being found (a cycle)
 
     def _step(self, where: str, depth: int) -> None:
         self.steps += 1
@@ -256,7 +257,7 @@ class _Walk:
             yield masks, (), [masks]
             return
         for call in _calls(layer):
-            each = [self.tensor_mask(scope, ref, depth + 1) for ref in call.inputs]
+            each = [self.output_mask(scope, *ref, depth + 1) for ref in call.inputs]
             masks = each[0] if each else ()
             if call.mask is not None:  # a mask this call was given (Keras 3 records the one Keras itself passed)
                 masks = self._given_mask(scope, call, masks, depth)
@@ -270,7 +271,7 @@ class _Walk:
         ref = call.mask[0]
         source = scope.layers.get(ref[0])
         if source is not None and _kind(source) == "InputLayer":
-            outer = self.tensor_mask(scope, ref, depth + 1)  # (in a nested model: whatever feeds that input)
+            outer = self.output_mask(scope, *ref, depth + 1)  # (in a nested model: whatever feeds that input)
             return _union(tuple(m for m in outer if m.kind in ("input", "argument")), (MaskSource("input", ref[0]),))
         direct = [m for m in propagated if m.direct]
         if direct and not self._masking_ops(scope, ref, call):
@@ -293,12 +294,19 @@ class _Walk:
         compared = _calls(not_equal)
         return bool(compared and compared[0].inputs and compared[0].inputs[0] == masking_calls[0].inputs[0])
 
-    def tensor_mask(self, scope: _Scope, ref: tuple, depth: int) -> tuple:
-        name, node, index = ref
-        return self.output_mask(scope, name, node, index, depth)
-
     def output_mask(self, scope: _Scope, name: str, node: int, index: int, depth: int) -> tuple:
-        """The mask Keras attaches to output ``index`` of call ``node`` of layer ``name`` in ``scope``."""
+        """The mask Keras attaches to output ``index`` of call ``node`` of layer ``name`` in ``scope`` (each found
+        once; a layer fed by its own output, which no model Keras builds has, gives up)."""
+        key = (id(scope), name, node, index)
+        if key in self.known:
+            if self.known[key] is None:
+                raise _GaveUp(name)
+            return self.known[key]
+        self.known[key] = None
+        self.known[key] = found = self._find(scope, name, node, index, depth)
+        return found
+
+    def _find(self, scope: _Scope, name: str, node: int, index: int, depth: int) -> tuple:
         self._step(name, depth)
         layer = scope.layers.get(name)
         if layer is None:
@@ -313,6 +321,11 @@ class _Walk:
             value = cfg.get("mask_value", 0.0)
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
             return (MaskSource("masking", name, float(value) if number else None, direct=True),)
+        if kind in RECURRENT and not (index == 0 and cfg.get("return_sequences") is True):
+            return ()  # (a last output, or a state: no mask, whatever reaches the layer)
+        known = (*CONTAINERS, *KEEP, *RECURRENT, *ANY_MERGE, *ALL_MERGE)
+        if kind not in known and _built_in(layer) and not (kind == "Lambda" and cfg.get("mask") is not None):
+            return ()  # a Keras layer that drops it (nothing before it is looked at)
         calls = list(self._inputs_of(scope, layer, depth))
         if not calls:
             return ()
@@ -324,17 +337,13 @@ class _Walk:
             outputs = inner.outputs()
             if index >= len(outputs):
                 return ()
-            return self.tensor_mask(inner, outputs[index], depth + 1)
-        if kind in RECURRENT:
-            return _undirect(masks) if index == 0 and cfg.get("return_sequences") is True else ()
-        if kind in KEEP:
+            return self.output_mask(inner, *outputs[index], depth + 1)
+        if kind in RECURRENT or kind in KEEP:
             return _undirect(masks)
         if kind in ANY_MERGE:
             return _undirect(_union(*each))
         if kind in ALL_MERGE:
             return _undirect(_union(*each)) if each and all(each) else ()
-        if _built_in(layer) and not (kind == "Lambda" and cfg.get("mask") is not None):
-            return ()
         return (MaskSource("unknown", name),) if any(each) else ()
 
 

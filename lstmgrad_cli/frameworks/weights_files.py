@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import InvalidArgumentError
 from .keras_config import layer_options, other_recurrent
 
 KERAS_WALK_GROUPS = 10_000  # groups a weights file is searched through for LSTM layers, at most
@@ -153,13 +154,16 @@ def resolve_group(path, group: str | None) -> tuple[str | None, str]:
         what = "Bidirectional" if units[0].get("bidirectional") else "LSTM layer"
         return units[0]["group"], f"the model's one {what}, {units[0]['name']!r}: group {units[0]['group']}"
     wanted = group.strip("/")
-    if any(layer["group"] == wanted for layer in layers):
+    if not layers or any(layer["group"] == wanted or layer["group"].startswith(f"{wanted}/") for layer in layers):
         return group, ""
     named = [layer for layer in layers if layer["name"] == wanted and not layer.get("stacked")]
     named = [layer for layer in named if layer.get("bidirectional")] or named  # (a wrapper before its layers)
-    if len(named) != 1:
-        return group, ""
-    return named[0]["group"], f"layer {wanted!r}: group {named[0]['group']}"
+    if len(named) == 1:
+        return named[0]["group"], f"layer {wanted!r}: group {named[0]['group']}"
+    listed = ", ".join(f"{layer['name']!r} at {layer['group']}" for layer in layers[:12] if not layer.get("stacked"))
+    raise InvalidArgumentError(f"{path} has no LSTM layer named {wanted!r}{' (several are)' if named else ''}, nor "
+                               f"a group of that name holding one: its LSTM layers are {listed}"
+                               + (", ..." if len(layers) > 12 else ""))
 
 
 def _in_wrapper(layer: dict, layers: list[dict]) -> bool:
