@@ -21,7 +21,7 @@ from . import frameworks, io, ops
 from .analysis import decide, detect
 from .analysis.decide import Given
 from .errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
-from .messages import Message, Param
+from .messages import Message, Param, message_of
 from .ops import validation
 from .spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OPS, TIME_MAJOR  # noqa: F401 - (re-exported)
 
@@ -237,6 +237,9 @@ def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, group
                 found["stacked"] and found["group"].startswith(weights_group.strip("/") + "/")
                 for found in frameworks.keras_layers(weights)):
             raise InvalidArgumentError(f"{path}: {weights_group} is a {frameworks.keras_config.STACKED}") from None
+        hints = frameworks.unused.hints(_tensor_keys(path, loaded, group), name)  # (a misnamed tensor's, maybe)
+        if hints and hints not in str(err):
+            err = InvalidArgumentError(Message(message_of(err), f"; {hints}"))
         raise err.prefixed(str(path)) from None
     if plan.single:
         op, steps = plan.op_tensors()

@@ -80,6 +80,10 @@ def test_a_model_files_mask_and_states_give_what_gradient_tape_gives(runner, tmp
                                    "as `mask` [B, T] beside x (True where a step is used); x has steps of zeros, "
                                    "which Masking makes of the steps it masks"),
     ("keras_mask_input_nomask", "the model masks this layer's input (a mask the model takes as its input 'valid')"),
+    ("keras_embedding_mask_misnamed", "save the mask as `mask` [B, T] beside x (True where a step is used); "
+                                      "input_mask is there, not used: did you mean mask?; seq_lens is there, not "
+                                      "used: did you mean mask? a Keras LSTM layer takes a mask [B, T], True where a "
+                                      "step is used: np.arange(T) < seq_lens[:, None] for a post-padded batch"),
     ("keras_decoder_states_nostates", "the model calls this layer with initial_state (the outputs of 'enc'): save "
                                       "them as h0 and c0 beside x"),
     ("keras_mixed_bfloat16", "layer 'lstm' computes in bfloat16 (its dtype policy is mixed_bfloat16), a dtype numpy "

@@ -152,7 +152,7 @@ class KerasLayer:
                                        "numpy has not: lstmgrad does not compute it")
         if policy not in POLICIES:
             raise InvalidArgumentError(f"layer {name!r} has the dtype policy {policy!r}, which lstmgrad does not "
-                                       f"compute (it computes {', '.join(p for p in POLICIES if p)})")
+                                       f"compute (it computes {', '.join(p for p in POLICIES if p[:1].isalpha())})")
         return cls(act, gate, cfg.get("use_bias"), go_backwards, backward,
                    None if zero_output is None else bool(zero_output), wrapper is not None,
                    bool(cfg.get("unroll", False)), cfg.get("return_sequences"), merge, source, tuple(notes),
@@ -204,7 +204,8 @@ class KerasLayer:
 
 
 MIXED_FLOAT16 = "mixed_float16"  # float32 variables, computed in float16: what lstmgrad computes as Keras does
-POLICIES = ("", "float16", "float32", "float64", MIXED_FLOAT16)  # the others (bfloat16, quantised) are refused
+# (tf.keras 2's "_infer": the tensors' own dtype) the others (bfloat16, quantised) are refused
+POLICIES = ("", "_infer", "float16", "float32", "float64", MIXED_FLOAT16)
 
 
 def policy_name(dtype) -> str:
@@ -462,4 +463,6 @@ def _description(layer: KerasLayer, bidirectional: bool, merge: str, masked: boo
         what += " (go_backwards)"
     if (layer.activation, layer.recurrent_activation) != activations.DEFAULT:
         what += f", activation={layer.activation}, recurrent_activation={layer.recurrent_activation}"
+    if layer.policy == MIXED_FLOAT16:
+        what += f", {MIXED_FLOAT16}"
     return what + (", masked" if masked else "")

@@ -77,6 +77,21 @@ def check(keys, plan: Plan) -> tuple[list[str], Message | None]:
                            f"{reads}")
 
 
+def hints(keys, framework: str) -> str:
+    """For a refusal: the entries of an input that no name of the framework's stands for and that look like one,
+    with what each may have been meant as ("" when none does)."""
+    if framework not in TAKES:
+        return ""
+    names = set(keras.STATE_NAMES if framework == "keras" else pytorch.STATE_NAMES)
+    if framework == "keras":
+        names |= {f"{p}{n}" for p in ("", "forward_", "backward_") for n in keras.PARAMETERS}
+    taken = sorted(names)
+    found = [f"{key} is there, not used: {hint}" for key in keys
+             if not _stands_for(key, names) and not PARAMETER.match(key) and key != TAKES[framework][0]
+             and (hint := suggestion(key, framework, taken)) is not None]
+    return "; ".join(found[:MAX_NAMED])
+
+
 def refuse_other(keys, framework: str) -> None:
     """A mask beside an nn.LSTM's tensors, lengths beside a Keras layer's: ignored, they would give a wrong
     gradient."""
