@@ -483,3 +483,83 @@ def test_a_masking_layer_whose_mask_value_is_not_a_number_is_refused_without_the
     assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
     assert "the model masks this layer's input (masking, Masking(mask_value=not a number)): save the mask" in \
         result.stderr
+
+
+LAYER_KINDS = ["Embedding", "EmbeddingMasked", "Masking", "Dense", "Dropout", "Conv1D", "LSTMSeq", "LSTMLast", "Mine",
+               "Reshape", "LayerNormalization"]
+
+
+def _chain_layer(kind: str, name: str, previous: str | None) -> dict:
+    cls = {"EmbeddingMasked": "Embedding", "LSTMSeq": "LSTM", "LSTMLast": "LSTM", "Mine": "MyLayer"}.get(kind, kind)
+    config = {"name": name, "mask_zero": kind == "EmbeddingMasked", "return_sequences": kind == "LSTMSeq"}
+    layer = {"class_name": cls, "name": name, "config": config,
+             "inbound_nodes": [_node(previous)] if previous else []}
+    layer.update({"module": "my.layers", "registered_name": "Custom>MyLayer"} if kind == "Mine" else
+                 {"module": "keras.layers"})
+    return layer
+
+
+@settings(max_examples=int(os.environ.get("LSTMGRAD_FUZZ_EXAMPLES", 200)), deadline=None)
+@given(st.lists(st.sampled_from(LAYER_KINDS), max_size=8), st.booleans())
+def test_a_chain_of_layers_hands_the_lstm_a_mask_as_keras_rules_say(kinds, sequential):
+    """Before the LSTM, any chain: no mask without a maker of one; a Masking layer right before it is computable
+    from x; a mask from a maker whose path to the LSTM only hands it on reaches it (named); one past a layer that
+    drops it does not."""
+    names = [f"l{k}" for k in range(len(kinds))]
+    layers = [{"class_name": "InputLayer", "name": "in", "config": {"name": "in"}, "inbound_nodes": []}]
+    layers += [_chain_layer(kind, names[k], ["in", *names][k]) for k, kind in enumerate(kinds)]
+    layers.append({"class_name": "LSTM", "name": "lstm", "config": {"name": "lstm"}, "module": "keras.layers",
+                   "inbound_nodes": [_node(names[-1] if names else "in")]})
+    config = {"class_name": "Sequential", "config": {"layers": layers}} if sequential else _functional(layers)
+    found = keras_masks.reaching(config, ("lstm",))
+
+    def reference(upto: int) -> str | None:
+        """What reaches the layer after the first ``upto`` of the chain, by Keras' rules followed back."""
+        for at in reversed(range(upto)):
+            if kinds[at] in ("Masking", "EmbeddingMasked"):
+                return names[at]
+            if kinds[at] in ("Embedding", "Conv1D", "LSTMLast", "Reshape"):
+                return None  # (an Embedding without mask_zero makes none; the others drop it)
+            if kinds[at] == "Mine":  # a custom layer: unknown where a mask reaches it
+                return "unknown" if reference(at) is not None else None
+        return None
+
+    reaches = reference(len(kinds))
+    if reaches is None:
+        assert not found.masked, found
+    elif reaches == "unknown":
+        assert [m.kind for m in found.mask] == ["unknown"], found
+    else:
+        assert [m.layer for m in found.mask] == [reaches], found
+    direct = bool(kinds) and kinds[-1] == "Masking"
+    assert (found.computable_from_x() is not None) == direct
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=12),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                          max_size=3), max_leaves=8)
+
+
+@settings(max_examples=int(os.environ.get("LSTMGRAD_FUZZ_EXAMPLES", 25)), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(dtype=json_values, mask_value=json_values, mask_zero=json_values)
+def test_any_policy_or_masking_option_in_an_archive_gives_a_gradient_or_one_line(runner, tmp_path, dtype, mask_value,
+                                                                                 mask_zero):
+    def edit(config):
+        layers = config["config"]["layers"]
+        next(c for c in layers if c["class_name"] == "LSTM")["config"]["dtype"] = dtype
+        next(c for c in layers if c["class_name"] == "Embedding")["config"]["mask_zero"] = mask_zero
+        layers.insert(2, {"class_name": "Masking", "name": "m", "module": "keras.layers",
+                          "config": {"name": "m", "mask_value": mask_value}, "inbound_nodes": []})
+
+    model = _with_config(tmp_path, KERAS / "keras_embedding_mask.keras", edit)
+    out = tmp_path / "g.npz"
+    out.unlink(missing_ok=True)
+    result = runner.invoke(main, ["seq", str(KERAS / "keras_embedding_mask_nomask.in.npz"), "--weights", str(model),
+                                  "-o", str(out)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output and result.exit_code in (0, 1), result.output
+    if result.exit_code == 1:
+        assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1 and not out.exists()
+    else:
+        assert mask_zero is not True  # (a mask the file lacks is never computed without)
