@@ -229,7 +229,9 @@ def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, group
     try:
         layer = _keras_layer(weights, weights_group, extra, options) if name == "keras" else None
         plan = frameworks.plan(name, held, options, layer)
-        unused, warning = frameworks.unused.check(_tensor_keys(path, loaded, group), plan)
+        names = frameworks.unused.used_names(plan)
+        others = [k for k in loaded.keys if k != io.METADATA_KEY and not frameworks.unused.stands_for(k, names)]
+        unused, warning = frameworks.unused.check(_tensors_among(path, loaded, group, others), plan)
         if warning:
             plan.warnings.append(warning)
     except InvalidArgumentError as err:
@@ -237,7 +239,7 @@ def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, group
                 found["stacked"] and found["group"].startswith(weights_group.strip("/") + "/")
                 for found in frameworks.keras_layers(weights)):
             raise InvalidArgumentError(f"{path}: {weights_group} is a {frameworks.keras_config.STACKED}") from None
-        hints = frameworks.unused.hints(_tensor_keys(path, loaded, group), name)  # (a misnamed tensor's, maybe)
+        hints = frameworks.unused.hints(_tensors_among(path, loaded, group, loaded.keys), name)  # (misnamed ones)
         if hints and hints not in str(err):
             err = InvalidArgumentError(Message(message_of(err), f"; {hints}"))
         raise err.prefixed(str(path)) from None
@@ -248,15 +250,19 @@ def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, group
     return plan, unused
 
 
-def _tensor_keys(path: Path, loaded: io.LoadedFile, group) -> list[str]:
-    """The input's entries that are tensors (not an HDF5 file's groups, nor lstmgrad's metadata)."""
-    keys = [k for k in loaded.keys if k != io.METADATA_KEY]
+MAX_KEYS_LOOKED_AT = 1000  # an input's entries looked at for being HDF5 groups, at most (the others: tensors)
+
+
+def _tensors_among(path: Path, loaded: io.LoadedFile, group, keys) -> list[str]:
+    """Those of ``keys`` (an input's entries) that are tensors: not an HDF5 file's groups, nor lstmgrad's metadata."""
+    keys = [k for k in keys if k != io.METADATA_KEY]
     if loaded.format != "hdf5" or not keys:
         return keys
     with io.hdf5.open_hdf5(path) as (fh, h5py), io.hdf5.hdf5_errors(path):
         node = io.hdf5.walk(fh, fh, group, path, h5py, f"group {group!r}") if group else fh
-        return [k for k in keys if not (isinstance(node.get(k, getlink=True), h5py.HardLink)
-                                        and isinstance(node.get(k), h5py.Group))]
+        groups = {k for k in keys[:MAX_KEYS_LOOKED_AT] if isinstance(node.get(k, getlink=True), h5py.HardLink)
+                  and isinstance(node.get(k), h5py.Group)}
+    return [k for k in keys if k not in groups]
 
 
 def _read_torch_layers(path: Path, loaded: io.LoadedFile, group) -> None:

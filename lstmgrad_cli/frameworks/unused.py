@@ -61,7 +61,7 @@ def check(keys, plan: Plan) -> tuple[list[str], Message | None]:
     each may have been meant as (None when every one is used).  Raises for the other framework's mask or lengths."""
     refuse_other(keys, plan.framework)
     names = used_names(plan)
-    unused = [key for key in keys if not _stands_for(key, names)]
+    unused = [key for key in keys if not stands_for(key, names)]
     if not unused:
         return [], None
     taken = _taken(plan, names)
@@ -87,7 +87,7 @@ def hints(keys, framework: str) -> str:
         names |= {f"{p}{n}" for p in ("", "forward_", "backward_") for n in keras.PARAMETERS}
     taken = sorted(names)
     found = [f"{key} is there, not used: {hint}" for key in keys
-             if not _stands_for(key, names) and not PARAMETER.match(key) and key != TAKES[framework][0]
+             if not stands_for(key, names) and not PARAMETER.match(key) and key != TAKES[framework][0]
              and (hint := suggestion(key, framework, taken)) is not None]
     return "; ".join(found[:MAX_NAMED])
 
@@ -123,7 +123,7 @@ def _taken(plan: Plan, names: set[str]) -> list[str]:
     return list(dict.fromkeys(["x", *weights, *pytorch.STATE_NAMES[1:]]))
 
 
-def _stands_for(key: str, names: set[str]) -> bool:
+def stands_for(key: str, names: set[str]) -> bool:
     """Whether a stored key is one of ``names`` (camelCase, a weights file's spelling, or a group holding one)."""
     if key in names or any(camel(n) == key for n in names):
         return True
