@@ -206,7 +206,7 @@ def inspect_file(path, group: str | None = None, *, weights=None, weights_group:
 
     if weights is not None:
         return _with_weights(report, path, group, weights, weights_group, framework)
-    framework = _framework_kind(path, fmt, group, raw, report)
+    framework = _framework_kind(path, fmt, group, raw, report, bool(framework and framework.inference))
     if framework:
         return report
     if "x" not in by_name:
@@ -280,15 +280,17 @@ def inspect_file(path, group: str | None = None, *, weights=None, weights_group:
     return report
 
 
-def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectReport) -> bool:
+def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectReport, inference: bool = False) -> bool:
     """A Keras weights file, a PyTorch state_dict, or a Keras/PyTorch layer's tensors: said in notes (and what
     is wrong with the tensors, as problems); False for anything else."""
     if fmt in ("hdf5", "keras") and group is None:
-        layers, source = frameworks.weights_files.keras_model_layers(path, fmt)
+        layers, source = frameworks.weights_files.keras_model_layers(path, fmt, inference=inference)
         if layers:
             report.kind, report.framework_layers = "keras-weights", layers
             for layer in layers:
                 report.notes.append(_keras_layer_note(path, layer, source))
+                if layer.get("refused"):  # (what seq says for its group)
+                    report.error(None, Message.format("{}: {}", layer["group"], layer["refused"]))
                 for bias in ("bias", "backward_bias"):  # (kernel and recurrent_kernel agree, or it is no LSTM's)
                     if layer.get(bias) and layer[bias] != [4 * layer["units"]]:
                         report.error(None, f"{layer['group']}: {bias.replace('_', ' ')} has shape {layer[bias]}, "
@@ -338,6 +340,7 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectRepor
     if name not in frameworks.FRAMEWORKS:
         return False
     report.kind = name
+    unused = []
     try:
         if step:
             report.op = f"a {'Keras LSTMCell' if name == 'keras' else 'PyTorch nn.LSTMCell'} step's tensors"
@@ -345,12 +348,15 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectRepor
             report.op = f"{plan.description}, computed as {plan.computed_as}"
             report.notes.append("lstmgrad cell computes its gradients in its names")
         else:
-            frameworks.plan(name, held, frameworks.FrameworkOptions())
+            plan = frameworks.plan(name, held, frameworks.FrameworkOptions())
             report.notes.append(f"a {'Keras LSTM' if name == 'keras' else 'PyTorch nn.LSTM'} layer's tensors: "
                                 "lstmgrad seq computes its gradients in its names")
+        unused, warning = frameworks.unused.check(keys, plan)
+        if warning:
+            report.warn(None, warning)
     except LstmGradError as err:
         report.error(None, message_of(err))
-    _framework_roles(report, "used")
+    _framework_roles(report, "used", unused)
     return True
 
 
@@ -391,7 +397,7 @@ def _with_weights(report: InspectReport, path: Path, group, weights, weights_gro
     report.notes += problem.notes
     for warning in problem.warnings:
         report.warn(None, warning)
-    _framework_roles(report, "used")
+    _framework_roles(report, "used", problem.unused)
     return report
 
 
@@ -405,16 +411,18 @@ def _keras_layer_note(path: Path, layer: dict, source: str | None) -> Message:
     if "backward_bias" in layer:  # a Bidirectional whose two layers differ
         bias = ", bias: forward " + (str(layer["bias"]) if layer["bias"] else "none") + ", backward " + (
             str(layer["backward_bias"]) if layer["backward_bias"] else "none")
-    what = "Keras Bidirectional" if layer.get("bidirectional") else f"Keras LSTM layer {layer['name']!r}"
+    what = f"Keras {'Bidirectional' if layer.get('bidirectional') else 'LSTM layer'} {layer['name']!r}"
     each = ", each direction" if layer.get("bidirectional") else ""
     shapes = (f"kernel {layer['kernel']}, recurrent_kernel {layer['recurrent_kernel']}{bias} (input size "
               f"{layer['input_size']}, {layer['units']} units{each})")
     if layer.get("refused"):
-        return Message.format("{} at {}: {}; {}", what, layer["group"], shapes, layer["refused"])
+        return Message.format("{} at {}: {}; refused (the error above says why)", what, layer["group"], shapes)
     options = layer.get("options")
     made = ", ".join(f"{k}={v}" for k, v in options.items() if v is not None) if options else (
         "options not recorded: Keras' defaults assumed")
-    return Message.format("{} at {}: {}; {}: lstmgrad seq DATA {}", what, layer["group"], shapes, made, group)
+    needs = f"; DATA holds {', '.join(layer['needs'])}" if layer.get("needs") else ""
+    return Message.format("{} at {}: {}; {}: lstmgrad seq DATA {}{}", what, layer["group"], shapes, made, group,
+                          needs)
 
 
 def _not_an_lstm(recurrent, projection) -> str:
@@ -444,10 +452,12 @@ def _torch_module_note(path: Path, layers: list[dict], prefix: str, projection: 
                           Param("weights", path), where, Param("layer"))
 
 
-def _framework_roles(report: InspectReport, role: str) -> None:
+def _framework_roles(report: InspectReport, role: str, unused=()) -> None:
+    """Every readable tensor's role: ``role``, or "unused" for the entries no computation uses."""
     for t in report.tensors:
         if t.role != "unreadable":
-            t.role = role
+            t.role = "unused" if t.key in unused else role
+    report.unused += [t.key for t in report.tensors if t.role == "unused"]
 
 
 def _roles(report: InspectReport, used: set, seq: bool = True) -> None:

@@ -21,7 +21,7 @@ from . import frameworks, io, ops
 from .analysis import decide, detect
 from .analysis.decide import Given
 from .errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
-from .messages import Message, Param
+from .messages import Message, Param, message_of
 from .ops import validation
 from .spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OPS, TIME_MAJOR  # noqa: F401 - (re-exported)
 
@@ -48,6 +48,7 @@ class Problem:
     member: str | None = None  # the execution of a TensorFlow debug dump this problem is
     recorded_op: str | None = None  # the gradient op TensorFlow ran on these tensors, when the input says
     framework: frameworks.Plan | None = None  # a Keras or PyTorch module's tensors: how to compute and name them
+    unused: list[str] = field(default_factory=list)  # a framework input's entries no computation uses (as stored)
 
     @property
     def dtype(self) -> str:
@@ -158,9 +159,13 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
     scalars = ("seq_len_max", "use_peephole") if kind != "cell" else ("use_peephole",)
     scalars += ("forget_bias", "cell_clip")  # used only when the activations are recomputed
     scalars += (io.METADATA_KEY,)  # the forward op of an ``lstmgrad forward`` output
+    resolved = ""
+    if weights is not None and kind != "cell" and framework.framework in (None, "keras"):
+        weights_group, resolved = frameworks.weights_files.resolve_group(weights, weights_group)
     with io.open_inputs(path, wanted, scalars, group, lazy=TIME_MAJOR if lazy else (),
                         input_format=input_format) as loaded:
         notes, keys, supplied, extra = _supplement(loaded, weights, weights_group, wanted, scalars)
+        notes += [f"from {weights}: {resolved}"] if resolved else []
         try:
             step = frameworks.cells.framework_of([*keys, *loaded.tensors], kind, np.ndim(loaded.tensors["x"])
                                                  if "x" in loaded.tensors else None)
@@ -174,9 +179,10 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
                     _refuse_unused(loaded.keys)
                 except InvalidArgumentError as err:
                     raise err.prefixed(str(path)) from None
+            unused = []
             if name in frameworks.FRAMEWORKS:
-                plan = _framework_plan(path, loaded, name, framework, group, weights, weights_group, extra,
-                                       step is not None)
+                plan, unused = _framework_plan(path, loaded, name, framework, group, weights, weights_group, extra,
+                                               step is not None)
                 layout, use_peephole, kind = "ifco", False, "seq"
             if plan is not None and not plan.single:
                 problem = _module_problem(path, loaded, plan)
@@ -196,7 +202,7 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
                                                       where)) from None
         problem.notes = notes + problem.notes
         if plan is not None:
-            problem.framework = plan
+            problem.framework, problem.unused = plan, unused
             problem.sources["layout"] = problem.sources["use_peephole"] = name
             problem.notes += plan.notes
             problem.warnings += plan.warnings
@@ -220,10 +226,10 @@ def _refuse_unused(keys) -> None:
 
 
 def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, group, weights, weights_group,
-                    extra, step: bool = False) -> frameworks.Plan:
-    """What computes a Keras or PyTorch user's gradients (frameworks.py; ``step``: one cell step, cells.py); a single
-    layer-direction of the op's own maths replaces the input's tensors by the op's (its forward outputs are then
-    recomputed)."""
+                    extra, step: bool = False) -> tuple[frameworks.Plan, list[str]]:
+    """What computes a Keras or PyTorch user's gradients (frameworks.py; ``step``: one cell step, cells.py), and the
+    input's entries it does not use (warned of); a single layer-direction of the op's own maths replaces the
+    input's tensors by the op's (its forward outputs are then recomputed)."""
     if name == "torch" and not step:
         _read_torch_layers(path, loaded, group)
     held = {n: np.asarray(v[()]) for n, v in loaded.tensors.items()}  # (lazy datasets read whole)
@@ -234,17 +240,40 @@ def _framework_plan(path: Path, loaded: io.LoadedFile, name: str, options, group
         else:
             layer = _keras_layer(weights, weights_group, extra, options) if name == "keras" else None
             plan = frameworks.plan(name, held, options, layer)
+        names = frameworks.unused.used_names(plan)
+        others = [k for k in loaded.keys if k != io.METADATA_KEY and not frameworks.unused.stands_for(k, names)]
+        unused, warning = frameworks.unused.check(_tensors_among(path, loaded, group, others), plan)
+        if warning:
+            plan.warnings.append(warning)
     except InvalidArgumentError as err:
         if name == "keras" and weights_group and extra is not None and extra.format == "hdf5" and any(
                 found["stacked"] and found["group"].startswith(weights_group.strip("/") + "/")
                 for found in frameworks.keras_layers(weights)):
             raise InvalidArgumentError(f"{path}: {weights_group} is a {frameworks.keras_config.STACKED}") from None
+        hints = frameworks.unused.hints(_tensors_among(path, loaded, group, loaded.keys), name)  # (misnamed ones)
+        if hints and hints not in str(err):
+            err = InvalidArgumentError(Message(message_of(err), f"; {hints}"))
         raise err.prefixed(str(path)) from None
     if plan.single:
         op, steps = plan.op_tensors()
         loaded.tensors = op
         loaded.scalars = {"seq_len_max": (steps, name)}
-    return plan
+    return plan, unused
+
+
+MAX_KEYS_LOOKED_AT = 1000  # an input's entries looked at for being HDF5 groups, at most (the others: tensors)
+
+
+def _tensors_among(path: Path, loaded: io.LoadedFile, group, keys) -> list[str]:
+    """Those of ``keys`` (an input's entries) that are tensors: not an HDF5 file's groups, nor lstmgrad's metadata."""
+    keys = [k for k in keys if k != io.METADATA_KEY]
+    if loaded.format != "hdf5" or not keys:
+        return keys
+    with io.hdf5.open_hdf5(path) as (fh, h5py), io.hdf5.hdf5_errors(path):
+        node = io.hdf5.walk(fh, fh, group, path, h5py, f"group {group!r}") if group else fh
+        groups = {k for k in keys[:MAX_KEYS_LOOKED_AT] if isinstance(node.get(k, getlink=True), h5py.HardLink)
+                  and isinstance(node.get(k), h5py.Group)}
+    return [k for k in keys if k not in groups]
 
 
 def _read_torch_layers(path: Path, loaded: io.LoadedFile, group) -> None:

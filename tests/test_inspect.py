@@ -246,8 +246,8 @@ def test_inspect_says_each_bidirectional_layers_bias_and_direction_as_its_config
     result = runner.invoke(main, ["inspect", str(keras / "keras_bidir_backward_nobias.keras")])
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())
-    assert "Keras Bidirectional at layers/bidirectional: kernel [3, 8], recurrent_kernel [2, 8], bias: forward [8], " \
-           "backward none" in text, text
+    assert "Keras Bidirectional 'bidirectional' at layers/bidirectional: kernel [3, 8], recurrent_kernel [2, 8], " \
+           "bias: forward [8], backward none" in text, text
     assert "at layers/bidirectional/backward_layer: kernel [3, 8], recurrent_kernel [2, 8], no bias (input size 3, " \
            "2 units); activation=tanh, recurrent_activation=sigmoid, go_backwards=True" in text, text
 

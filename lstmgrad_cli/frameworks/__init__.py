@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, LstmGradError
 from ..messages import Message, Param, message_of
-from . import cells, keras, keras_config, pytorch, weights_files
+from . import cells, keras, keras_config, pytorch, unused, weights_files
 from .common import FrameworkOptions, Plan, check_applicable
 from .keras import KerasLayer
 from .weights_files import KERAS_WALK_GROUPS, keras_layers
@@ -25,7 +25,7 @@ __all__ = [
     "FRAMEWORKS", "KERAS_WALK_GROUPS", "FrameworkOptions", "KerasCellGradOutputs", "KerasLSTMGradOutputs",
     "KerasLayer", "Plan", "TorchCellGradOutputs", "TorchLSTMGradOutputs", "cells", "check_applicable", "detect",
     "file_names", "keras", "keras_cell_grad", "keras_config", "keras_layers", "keras_lstm_grad", "plan", "pytorch",
-    "torch_cell_grad", "torch_lstm_grad", "torch_state_dict_layers", "weights_files",
+    "torch_cell_grad", "torch_lstm_grad", "torch_state_dict_layers", "unused", "weights_files",
 ]
 
 FRAMEWORKS = ("keras", "torch")

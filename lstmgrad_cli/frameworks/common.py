@@ -72,6 +72,7 @@ class Plan:
     c_state_shape: tuple | None = None  # the shape of the user's c0 (and c0_grad); None: ``state_shape``
     unbatched: bool = False  # the user's x (and x_grad) has no batch axis (B = 1 here)
     step: bool = False  # one cell step: the user's x (and x_grad) has no time axis (T = 1 here)
+    result_dtypes: dict = field(default_factory=dict)  # gradient -> its dtype, where it is not x's (mixed precision)
 
     @property
     def single(self) -> bool:
@@ -116,13 +117,18 @@ class Plan:
         if cdt.itemsize <= dtype.itemsize:
             self.module.forward(self.x, self.h0, self.c0, compute_dtype)
             grads = self.module.backward(self.h_grad, self.last_grad, self.hn_grad, self.cn_grad, backend=backend)
-            return self._named(grads)
+            return self._retyped(self._named(grads))
         module = self.module.astype(cdt)
         wide = [None if a is None else a.astype(cdt) for a in (self.x, self.h0, self.c0, self.h_grad, self.last_grad,
                                                                self.hn_grad, self.cn_grad)]
         module.forward(*wide[:3])
         grads = module.backward(*wide[3:], backend=backend)
-        return {name: value.astype(dtype) for name, value in self._named(grads).items()}
+        return self._retyped({name: value.astype(dtype) for name, value in self._named(grads).items()})
+
+    def _retyped(self, grads: dict) -> dict:
+        """Each gradient in its ``result_dtypes`` dtype, from the dtype it was computed and rounded to."""
+        return {name: value.astype(self.result_dtypes[name]) if name in self.result_dtypes else value
+                for name, value in grads.items()}
 
     # -- one direction as the op's own problem (per-step reports, checks, chunked and lazy runs) ----------------
 
@@ -148,8 +154,8 @@ class Plan:
         schedule.bypass_final(c0_grad, None if self.cn_grad is None else self.cn_grad[0])
         direction = DirectionGrads(schedule.x_grad(np.asarray(grads.x_grad)), grads.w_grad, grads.b_grad, h0_grad,
                                    c0_grad)
-        return self._named({"x_grad": direction.x_grad, "h0_grad": h0_grad[None], "c0_grad": c0_grad[None],
-                            (0, 0): direction})
+        return self._retyped(self._named({"x_grad": direction.x_grad, "h0_grad": h0_grad[None],
+                                          "c0_grad": c0_grad[None], (0, 0): direction}))
 
     # -- naming ----------------------------------------------------------------------------------------------
 

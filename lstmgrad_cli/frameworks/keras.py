@@ -30,6 +30,7 @@ from ..layers.recurrence import DirectionGrads, DirectionWeights
 from ..layers.schedule import Schedule
 from ..messages import Message, Param
 from .common import FrameworkOptions, Plan, as_bool_mask, cells, check_applicable, dtyped, rank, shaped, states
+from .keras_masks import MaskSource, Reaching
 
 PARAMETERS = ("kernel", "recurrent_kernel", "bias")
 # Keras name -> where files keep it (plain, Keras 3 weights file, older tf.keras HDF5)
@@ -98,11 +99,14 @@ class KerasLayer:
     wrapped: bool = False  # one of a Bidirectional's two layers
     unroll: bool = False
     return_sequences: bool | None = None  # None: from h_grad's rank
-    merge_mode: str | None = None  # a whole Bidirectional's
+    merge_mode: str | None = None  # a whole Bidirectional's ("None": merge_mode=None, a list of the two outputs)
     source: str = ""  # "": Keras' defaults, assumed; else where they were read ("m.keras config.json")
     notes: tuple[str, ...] = field(default=())
     stateful: bool = False  # its initial states are the previous batch's final ones
     time_major: bool = False  # tf.keras' time_major=True: x is [T, B, I]
+    policy: str = ""  # its dtype policy ("mixed_float16", ...; "": none recorded, the tensors' own dtype)
+    return_state: bool = False
+    reaching: Reaching | None = None  # the mask and initial states the model hands it (None: no model recorded)
 
     @classmethod
     def from_config(cls, config: dict, *, keras_major: int = 3, source: str = "",
@@ -133,6 +137,7 @@ class KerasLayer:
         if wrapper is not None:
             wcfg = wrapper.get("config", wrapper)
             merge = wcfg.get("merge_mode", "concat")
+            merge = "None" if merge is None else merge  # (a list of the two outputs: their gradients concatenated)
             wrapped = wcfg.get("layer", {})
             wrapped = wrapped.get("config", wrapped) if isinstance(wrapped, dict) else {}
             if wrapped.get("go_backwards"):  # its backward layer then runs forwards, and Keras flips its outputs
@@ -141,10 +146,50 @@ class KerasLayer:
                                            "computes Bidirectionals whose forward layer runs forwards")
             go_backwards = False  # the wrapper runs its backward layer backwards: that is ``reverse``
         zero_output = cfg.get("zero_output_for_mask")
+        policy = policy_name((wrapper.get("config", wrapper) if wrapper is not None else cfg).get("dtype"))
+        if "bfloat16" in policy:
+            raise InvalidArgumentError(f"layer {name!r} computes in bfloat16 (its dtype policy is {policy}), a dtype "
+                                       "numpy has not: lstmgrad does not compute it")
+        if policy not in POLICIES:
+            raise InvalidArgumentError(f"layer {name!r} has the dtype policy {policy!r}, which lstmgrad does not "
+                                       f"compute (it computes {', '.join(p for p in POLICIES if p[:1].isalpha())})")
         return cls(act, gate, cfg.get("use_bias"), go_backwards, backward,
                    None if zero_output is None else bool(zero_output), wrapper is not None,
                    bool(cfg.get("unroll", False)), cfg.get("return_sequences"), merge, source, tuple(notes),
-                   bool(cfg.get("stateful", False)), bool(cfg.get("time_major", False)))
+                   bool(cfg.get("stateful", False)), bool(cfg.get("time_major", False)), policy,
+                   bool(cfg.get("return_state", False)))
+
+    def needs(self, input_size: int, units: int, bidirectional: bool = False) -> list[str]:
+        """What the gradient of this layer is computed from, in words: each tensor to give, its shape and why."""
+        I, C = input_size, units  # noqa: E741
+        x = f"x [T, B, {I}]" if self.time_major else f"x [B, T, {I}]"
+        merge = self.merge_mode or "concat"
+        width = f"{2 * C}" if bidirectional and merge in ("concat", "None") else f"{C}"
+        sequence = f"[T, B, {width}]" if self.time_major else f"[B, T, {width}]"
+        if self.return_sequences is True:
+            h_grad = f"h_grad {sequence}"
+        elif self.return_sequences is False:
+            h_grad = f"h_grad [B, {width}] (the last output's)"
+        else:
+            h_grad = f"h_grad {sequence} or [B, {width}] (the last output's)"
+        if bidirectional and merge == "None":
+            h_grad += " (merge_mode=None: the two outputs' gradients concatenated on the last axis)"
+        out = [x, h_grad]
+        states = f"[2, B, {C}]" if bidirectional else f"[B, {C}]"
+        if self.reaching is not None and self.reaching.masked:
+            masking = self.reaching.computable_from_x()
+            out.append(f"mask [B, T] (the model masks its input: {self.reaching.mask_words}"
+                       + ("; computed from x when not given)" if masking is not None else ")"))
+        if self.reaching is not None and self.reaching.states:
+            out.append(f"h0, c0 {states} (the model calls it with initial_state: "
+                       f"{', '.join(repr(s) for s in self.reaching.states)})")
+        elif self.stateful:
+            out.append(f"h0, c0 {states} (stateful=True: the states the previous batch left)")
+        if self.return_state:
+            out.append(f"hn_grad, cn_grad {states} where its final states are used (return_state=True)")
+        if self.policy == MIXED_FLOAT16:
+            out.append("computed in float16 (dtype policy mixed_float16)")
+        return out
 
     def assumed(self, bidirectional: bool = False) -> str | None:
         """Words for the summary: what was assumed (no configuration) or read."""
@@ -156,6 +201,19 @@ class KerasLayer:
         return Message.format("no model configuration (a bare weights file): Keras' defaults assumed, activation=tanh, "
                               "recurrent_activation=sigmoid{}, no mask unless given (a .keras archive or full-model "
                               ".h5 as {} says what the layer was made with){}", merge, Param("weights"), notes)
+
+
+MIXED_FLOAT16 = "mixed_float16"  # float32 variables, computed in float16: what lstmgrad computes as Keras does
+# (tf.keras 2's "_infer": the tensors' own dtype) the others (bfloat16, quantised) are refused
+POLICIES = ("", "_infer", "float16", "float32", "float64", MIXED_FLOAT16)
+
+
+def policy_name(dtype) -> str:
+    """A layer config's ``dtype``: a policy's name (Keras 3's DTypePolicy, tf.keras' Policy) or a dtype's."""
+    if isinstance(dtype, dict):
+        inner = dtype.get("config")
+        dtype = inner.get("name") if isinstance(inner, dict) else None
+    return dtype if isinstance(dtype, str) and len(dtype) < 64 else ""
 
 
 class KerasPlan(Plan):
@@ -198,7 +256,8 @@ def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = No
         raise InvalidArgumentError(Message.format("{} and {} are for one layer; these are a whole Bidirectional's "
                                                   "weights (both directions), computed together", Param("reverse"),
                                                   Param("go_backwards")))
-    arrays = dtyped(tensors)
+    notes, warnings = [], []
+    arrays, result_dtypes = _policy_arrays(tensors, layer, notes)
     batch_major = not (options.time_major or layer.time_major)
     x = rank("x", arrays["x"], 3, "[B, T, I]" if batch_major else "[T, B, I]")
     x = np.swapaxes(x, 0, 1) if batch_major else x
@@ -208,6 +267,8 @@ def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = No
     if bidirectional and directions[1].C != C:
         raise InvalidArgumentError(f"the Bidirectional's two layers differ in size ({C} and {directions[1].C} units)")
     mask = None if arrays.get("mask") is None else as_bool_mask(arrays["mask"], B, T)
+    if layer.reaching is not None:
+        mask = _recorded(layer.reaching, mask, np.asarray(tensors["x"]), batch_major, arrays, notes, warnings)
     if mask is not None and mask.all():
         mask = None  # (every step used: the plain schedule, the same maths)
     sequence = layer.return_sequences if layer.return_sequences is not None else (
@@ -224,6 +285,10 @@ def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = No
     else:
         schedules = [_schedule(T, B, mask, layer.go_backwards or layer.reverse, layer.reverse, layer)]
     merge = layer.merge_mode or "concat"
+    if merge == "None":
+        merge = "concat"
+        notes.append("merge_mode=None: the wrapper returns its two outputs, and h_grad is their gradients "
+                     "concatenated on the last axis (forward first)")
     if merge not in MERGE_MODES:
         raise InvalidArgumentError(f"a Bidirectional with merge_mode={merge!r} is not implemented (lstmgrad computes "
                                    f"{', '.join(MERGE_MODES)})")
@@ -235,7 +300,8 @@ def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = No
     if h_grad is None and last_grad is None and hn_grad is None and cn_grad is None:
         raise InvalidArgumentError("missing tensor h_grad: the gradient arriving at the layer's output (or hn_grad, "
                                    "cn_grad: those at its final states, where the output is unused)")
-    warnings = []
+    if mask is not None and not layer.source and h_grad is not None:
+        notes += _zero_output_assumed(layer, mask, h_grad)
     if layer.stateful and (arrays.get("h0") is None or arrays.get("c0") is None):
         warnings.append("the layer was made with stateful=True: its initial states are the previous batch's final "
                         "ones, and without h0 and c0 they are taken as zeros (right for a first batch only); give them "
@@ -245,10 +311,102 @@ def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = No
         states("h0", arrays.get("h0"), count, B, C, x.dtype, "forward, backward"),
         states("c0", arrays.get("c0"), count, B, C, x.dtype, "forward, backward"),
         h_grad, last_grad, hn_grad, cn_grad, batch_major, (count, B, C) if count > 1 else (B, C), arrays,
-        notes=[n for n in (layer.assumed(bidirectional),) if n], warnings=warnings,
+        notes=[n for n in (layer.assumed(bidirectional),) if n] + notes, warnings=warnings,
         description=_description(layer, bidirectional, merge, mask is not None or arrays.get("mask") is not None))
     result.bidirectional = bidirectional
+    result.result_dtypes = result_dtypes
     return result
+
+
+def _policy_arrays(tensors: dict, layer: KerasLayer, notes: list) -> tuple[dict, dict]:
+    """The tensors as the layer computes with them, and the dtype each gradient is returned in where it is not
+    theirs.  Under mixed_float16 Keras casts x, the states and its float32 variables to float16, computes in
+    float16 and returns the gradients of float32 tensors in float32: so does lstmgrad (its pass in float32 between
+    the two roundings).  Without a recorded policy the tensors must have one dtype."""
+    if layer.policy != MIXED_FLOAT16:
+        try:
+            return dtyped(tensors), {}
+        except InvalidArgumentError as err:
+            kinds = {np.asarray(v).dtype for n, v in tensors.items() if n != "mask" and v is not None}
+            if kinds == {np.dtype(np.float16), np.dtype(np.float32)}:
+                raise InvalidArgumentError(Message.format(
+                    "{}: float32 tensors with float16 output gradients are what a layer under the mixed_float16 dtype "
+                    "policy gives; give the model file that records it (a .keras archive or full-model .h5 as {}), "
+                    "or tensors of one dtype", err, Param("weights"))) from None
+            raise
+    arrays = {}
+    for name, value in tensors.items():
+        arrays.update(dtyped({name: value}))
+    kept = {n: a.dtype for n, a in arrays.items() if n != "mask"}
+    arrays = {n: a.astype(np.float16) if n != "mask" else a for n, a in arrays.items()}
+    dtypes = {f"{n}_grad": d for n, d in kept.items() if not n.endswith("_grad")}
+    for state in ("h0", "c0"):
+        dtypes.setdefault(f"{state}_grad", kept["x"])
+    notes.append(Message.format(
+        "dtype policy {} ({}): computed at the layer's precision, as Keras casts it: x, the states and the weights "
+        "rounded to float16, the gradients rounded to float16 and those of float32 tensors returned in float32; "
+        "Keras' own float16 arithmetic rounds at every operation, so its gradients differ from these by about "
+        "its rounding, 1e-3 of the largest value (these are the closer to the exact gradient)",
+        MIXED_FLOAT16, layer.source or "given"))
+    return arrays, {n: d for n, d in dtypes.items() if d != np.float16}
+
+
+def _recorded(reaching: Reaching, mask, x_given: np.ndarray, batch_major: bool, arrays: dict, notes: list,
+              warnings: list):
+    """The mask to compute with, by what the model records reaches the layer (``reaching``): the one given, or
+    the one its Masking layer computes from x; refused when neither.  Its initial states must be given too."""
+    states = [n for n in ("h0", "c0") if arrays.get(n) is None]
+    if reaching.states and states:
+        raise InvalidArgumentError(f"the model calls this layer with initial_state (the outputs of "
+                                   f"{', '.join(repr(s) for s in reaching.states)}): save them as h0 and c0 beside x")
+    masking = reaching.computable_from_x()
+    if mask is None and reaching.masked:
+        found = _masking_mask(x_given, masking) if masking is not None and batch_major else None
+        if found is None:
+            raise InvalidArgumentError(f"the model masks this layer's input ({reaching.mask_words}): save the mask as "
+                                       "`mask` [B, T] beside x (True where a step is used)" + (
+                                           "; x has steps of zeros, which Masking makes of the steps it masks"
+                                           if masking is not None and batch_major else ""))
+        notes.append(f"mask computed from x, as the model's Masking layer {masking.layer!r} computes it "
+                     f"(the steps whose features are not all {masking.mask_value:g})")
+        return found
+    if mask is not None and not reaching.masked:
+        notes.append("the model records no mask reaching this layer: computed with the mask given")
+    elif mask is not None and masking is not None and batch_major:
+        found = _masking_mask(x_given, masking)
+        if found is not None and not np.array_equal(found, mask):
+            warnings.append(f"the mask given is not the one the model's Masking layer {masking.layer!r} computes "
+                            f"from x (at {int(np.sum(found != mask))} steps); computed with the mask given")
+    return mask
+
+
+def _masking_mask(x: np.ndarray, masking: MaskSource) -> np.ndarray | None:
+    """[B, T]: the steps of x [B, T, I] whose features are not all mask_value, as a Masking layer finds them; None
+    when x cannot say.  The LSTM's x is Masking's output, which holds zeros at the steps it masks: with mask_value
+    0 those are the steps of zeros; with another value a step of zeros may be a masked one or a real one."""
+    value = masking.mask_value
+    if x.dtype.kind != "f" or x.ndim != 3:
+        return None
+    if np.isnan(value):
+        return np.ones(x.shape[:2], bool)  # (NaN equals nothing: Keras masks no step)
+    kept = np.any(x != value, axis=-1)
+    if value != 0 and not np.any(x, axis=-1).all():
+        return None
+    return kept
+
+
+def _zero_output_assumed(layer: KerasLayer, mask: np.ndarray, h_grad: np.ndarray) -> list[str]:
+    """Where a bare weights file leaves zero_output_for_mask to Keras' default and the gradient depends on it (h_grad
+    not zero at masked steps), which was assumed."""
+    at_masked = np.any(h_grad[~mask.T], axis=-1) if h_grad.ndim == 3 else np.zeros(0, bool)
+    if not np.any(at_masked):
+        return []
+    where = ("True (a Bidirectional returning sequences sets it), so the output gradient at masked steps is dropped"
+             if layer.zero_output_for_mask else
+             "False (Keras' default), so the output gradient at masked steps goes to the step whose output Keras "
+             "carries there")
+    return [f"zero_output_for_mask={where}; h_grad is not zero at {int(np.sum(at_masked))} masked step(s): a .keras "
+            "archive or full-model .h5 says what the layer was made with"]
 
 
 def _direction(arrays: dict, prefix: str, I: int, layer: KerasLayer, dtype) -> DirectionWeights:  # noqa: E741
@@ -305,4 +463,6 @@ def _description(layer: KerasLayer, bidirectional: bool, merge: str, masked: boo
         what += " (go_backwards)"
     if (layer.activation, layer.recurrent_activation) != activations.DEFAULT:
         what += f", activation={layer.activation}, recurrent_activation={layer.recurrent_activation}"
+    if layer.policy == MIXED_FLOAT16:
+        what += f", {MIXED_FLOAT16}"
     return what + (", masked" if masked else "")

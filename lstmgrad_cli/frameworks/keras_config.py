@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import InvalidArgumentError
 from ..messages import Message, Param
+from . import keras_masks
 from .common import FrameworkOptions
 from .keras import KerasLayer
 
@@ -136,6 +137,7 @@ def layer_options(model_config: dict, group: str, *, keras_version: str = "", so
                 raise InvalidArgumentError(found.refused)
             options = KerasLayer.from_config(found.layer, keras_major=major, source=source, wrapper=found.wrapper,
                                              backward=bool(found.backward), inference=inference)
+            options = replace(options, reaching=keras_masks.reaching(model_config, found.names))
             if found.wrapper is not None and found.backward is None:  # the whole wrapper: both layers must agree
                 other = KerasLayer.from_config(found.wrapper.get("config", {}).get("backward_layer") or found.layer,
                                                keras_major=major, inference=inference)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import InvalidArgumentError
 from .keras_config import layer_options, other_recurrent
 
 KERAS_WALK_GROUPS = 10_000  # groups a weights file is searched through for LSTM layers, at most
@@ -53,12 +54,17 @@ def _keras_lstm(name: str, group, h5py) -> dict | None:
     (I, G), (C, G2) = shapes[0], shapes[1]  # noqa: E741
     if G != G2 or G != 4 * C:
         return None  # a GRU or another cell: not an LSTM's weights
+    return {"group": name, "name": _own_name(group, h5py) or name.rsplit("/", 1)[-1], "kernel": [I, G],
+            "recurrent_kernel": [C, G], "bias": list(shapes[2]) if shapes[2] is not None else None, "input_size": I,
+            "units": C, "stacked": stacked, "parent_name": _own_name(group.parent, h5py) if "/" in name else ""}
+
+
+def _own_name(group, h5py) -> str:
+    """A Keras 3 layer's own name (its group's ``vars/`` name attribute), "" where there is none."""
     own = _hard_path(group, ("vars",), h5py)
     label = own.attrs.get("name") if own is not None else None
-    label = label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label or name.rsplit("/", 1)[-1])
-    return {"group": name, "name": label, "kernel": [I, G], "recurrent_kernel": [C, G],
-            "bias": list(shapes[2]) if shapes[2] is not None else None, "input_size": I, "units": C,
-            "stacked": stacked}
+    label = label.decode("utf-8", "replace") if isinstance(label, bytes) else label
+    return label[:200] if isinstance(label, str) else ""
 
 
 def keras_cells(path) -> list[str]:
@@ -101,10 +107,11 @@ def _dataset_shape(group, name: str, h5py):
     return tuple(obj.shape) if isinstance(obj, h5py.Dataset) and obj.shape is not None else None
 
 
-def keras_model_layers(path, fmt: str) -> tuple[list[dict], str | None]:
+def keras_model_layers(path, fmt: str, inference: bool = False) -> tuple[list[dict], str | None]:
     """The LSTM layers a Keras weights file, full-model HDF5 file or ``.keras`` archive holds, each with what it
     was made with where the file records it (``"options"``: words, or ``"refused"``: why lstmgrad cannot compute
-    it), and a whole Bidirectional as one more entry (``"bidirectional": True``); and where the options came from
+    it; ``"needs"``: what its gradient is computed from, ``KerasLayer.needs``; ``inference``: dropout taken as
+    inactive), and a whole Bidirectional as one more entry (``"bidirectional": True``); and where the options came from
     (None: a bare weights file)."""
     from ..errors import LstmGradError  # noqa: PLC0415
     from ..io import keras_archive  # noqa: PLC0415 - h5py is imported when an HDF5 file is actually read
@@ -124,7 +131,8 @@ def keras_model_layers(path, fmt: str) -> tuple[list[dict], str | None]:
         if config is None or layer.get("stacked"):
             continue
         try:
-            options = layer_options(config, layer["group"], keras_version=version, source=source)
+            options = layer_options(config, layer["group"], keras_version=version, source=source,
+                                    inference=inference)
         except LstmGradError as err:
             layer["refused"] = message_of(err)
             continue
@@ -133,6 +141,7 @@ def keras_model_layers(path, fmt: str) -> tuple[list[dict], str | None]:
                             "go_backwards": options.go_backwards or options.reverse,
                             "return_sequences": options.return_sequences,
                             **({"merge_mode": options.merge_mode} if layer.get("bidirectional") else {})}
+        layer["needs"] = options.needs(layer["input_size"], layer["units"], bool(layer.get("bidirectional")))
     return layers, source
 
 
@@ -148,6 +157,43 @@ def keras_other_recurrent(path, fmt: str) -> list[str]:
     return other_recurrent(found[0]) if found is not None else []
 
 
+def resolve_group(path, group: str | None) -> tuple[str | None, str]:
+    """The group of a Keras weights file, full-model .h5 or .keras archive to read an LSTM layer from: ``group``
+    as given; where none is given and the file holds one LSTM layer (or one Bidirectional), that layer's; where a
+    layer's own name is given (as inspect prints it: ``enc2``), its group.  With a note saying which, when it is
+    not the group as given ("" otherwise).  A group path (with a "/") is taken as given: the file is not walked."""
+    from .. import io  # noqa: PLC0415 - h5py is imported when an HDF5 file is actually read
+
+    if group is not None and "/" in group.strip("/"):
+        return group, ""
+    fmt = io.sniff_format(path)
+    if fmt not in ("hdf5", "keras"):
+        return group, ""
+    layers, _source = keras_model_layers(path, fmt)
+    if group is None:
+        units = [layer for layer in layers if not layer.get("stacked") and not _in_wrapper(layer, layers)]
+        if len(units) != 1 or not units[0]["group"]:
+            return None, ""
+        what = "Bidirectional" if units[0].get("bidirectional") else "LSTM layer"
+        return units[0]["group"], f"the model's one {what}, {units[0]['name']!r}: group {units[0]['group']}"
+    wanted = group.strip("/")
+    if not layers or any(layer["group"] == wanted or layer["group"].startswith(f"{wanted}/") for layer in layers):
+        return group, ""
+    named = [layer for layer in layers if layer["name"] == wanted and not layer.get("stacked")]
+    named = [layer for layer in named if layer.get("bidirectional")] or named  # (a wrapper before its layers)
+    if len(named) == 1:
+        return named[0]["group"], f"layer {wanted!r}: group {named[0]['group']}"
+    listed = ", ".join(f"{layer['name']!r} at {layer['group']}" for layer in layers[:12] if not layer.get("stacked"))
+    raise InvalidArgumentError(f"{path} has no LSTM layer named {wanted!r}{' (several are)' if named else ''}, nor "
+                               f"a group of that name holding one: its LSTM layers are {listed}"
+                               + (", ..." if len(layers) > 12 else ""))
+
+
+def _in_wrapper(layer: dict, layers: list[dict]) -> bool:
+    parent = layer["group"].rpartition("/")[0]
+    return any(other.get("bidirectional") and other["group"] == parent for other in layers)
+
+
 def _with_wrappers(layers: list[dict]) -> list[dict]:
     """Each Bidirectional's two layers, and before them the wrapper itself (its group, both layers' shapes)."""
     out = []
@@ -157,7 +203,8 @@ def _with_wrappers(layers: list[dict]) -> list[dict]:
             twin = next((other for other in layers if other["group"].rpartition("/")[0] == parent
                          and other["group"].rpartition("/")[2].startswith("backward_")), None)
             if twin is not None:
-                wrapper = {**layer, "group": parent, "name": parent.rsplit("/", 1)[-1], "bidirectional": True}
+                wrapper = {**layer, "group": parent, "name": layer.get("parent_name") or parent.rsplit("/", 1)[-1],
+                           "bidirectional": True}
                 if twin["bias"] != layer["bias"]:  # (an explicit backward_layer may have none)
                     wrapper["backward_bias"] = twin["bias"]
                 out.append(wrapper)
