@@ -178,13 +178,13 @@ def compile_for_arch(arch: str, code: str | None = None) -> Compiled:
         options = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in OPTIONS)]
         (err,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
         size = check(nvrtc.nvrtcGetProgramLogSize(program))
-        log = b" " * size
+        log = bytearray(size)  # (NVRTC writes into it: never a bytes object, b" " * 1 is Python's shared b" ")
         check(nvrtc.nvrtcGetProgramLog(program, log))
         ok = err == nvrtc.nvrtcResult.NVRTC_SUCCESS
         binary = 0
         if ok:
             binary = check(nvrtc.nvrtcGetCUBINSize(program) if arch.startswith("sm_") else
                            nvrtc.nvrtcGetPTXSize(program))
-        return Compiled(arch, ok, log.rstrip(b"\x00 ").decode(errors="replace"), binary)
+        return Compiled(arch, ok, bytes(log).rstrip(b"\x00 ").decode(errors="replace"), binary)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
