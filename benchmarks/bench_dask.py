@@ -17,10 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from lstmgrad_cli import batch, bench, block_lstm_v2
+from lstmgrad_cli import block_lstm_v2
 from lstmgrad_cli.execution.dask_executor import DaskExecutor
 from lstmgrad_cli.io import write_outputs
-from lstmgrad_cli.jobs import GradOptions
+from lstmgrad_cli.operations import batch, bench
+from lstmgrad_cli.operations.grad import GradOptions
 
 
 def write_inputs(folder: Path, shape, count: int) -> list[Path]:

@@ -8,7 +8,10 @@ before numpy and the rest load (cli.LazyGroup.main: no traceback from a half-don
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+import importlib.abc
+import importlib.util
+import sys
+import warnings
 
 __version__ = "0.1.0"
 
@@ -33,29 +36,33 @@ __all__ = [
     "lstm_block_cell_grad_full", "torch_cell_grad", "torch_lstm_grad", "UnrecordedTensorsError",
 ]
 
-if TYPE_CHECKING:
-    from .errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
-    from .frameworks import (
-        KerasCellGradOutputs,
-        KerasLSTMGradOutputs,
-        TorchCellGradOutputs,
-        TorchLSTMGradOutputs,
-        keras_cell_grad,
-        keras_lstm_grad,
-        torch_cell_grad,
-        torch_lstm_grad,
-    )
-    from .loading import OpInputs, load
-    from .ops import (
-        block_lstm,
-        block_lstm_grad,
-        block_lstm_grad_v2,
-        block_lstm_v2,
-        lstm_block_cell,
-        lstm_block_cell_grad,
-        lstm_block_cell_grad_full,
-    )
-    from .results import BlockLSTMGradOutputs, BlockLSTMOutputs, LSTMBlockCellGradFullOutputs, LSTMBlockCellGradOutputs
+# Modules that moved (the paths docs/python.md once gave): importing one still works, with a DeprecationWarning.
+_MOVED = {"jobs": "operations.grad", "batch": "operations.batch", "diagnose": "operations.check",
+          "inspection": "operations.inspect", "dump_report": "operations.inspect_dump", "bench": "operations.bench",
+          "forward_job": "operations.forward"}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import lstmgrad_cli.jobs`` (a module that moved): a module that hands out the new one's names."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        package, _, name = fullname.rpartition(".")
+        if package == __name__ and name in _MOVED:
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        return None  # an empty module, filled below
+
+    def exec_module(self, module):
+        moved = f"{__name__}.{_MOVED[module.__name__.rpartition('.')[2]]}"
+        warnings.warn(f"{module.__name__} is now {moved}: import it from there", DeprecationWarning, stacklevel=2)
+        real = importlib.import_module(moved)
+        module.__dict__.update({k: v for k, v in vars(real).items() if not k.startswith("__")})
+        module.__getattr__ = lambda attr: getattr(real, attr)
+
+
+sys.meta_path.append(_MovedModules())
 
 
 def __getattr__(name: str):

@@ -1,5 +1,5 @@
 """Loading a gradient problem from a file: the tensors an op needs, validated, with where each
-parameter came from.  ``seq``/``cell`` (jobs.py), ``check`` (diagnose.py) and batch runs all read
+parameter came from.  ``seq``/``cell`` (operations/grad.py), ``check`` (operations/check.py) and batch runs all read
 their inputs through ``load_problem``, so they agree on names, defaults and messages.
 
 The activations decide what no one said: the gate layout, ``use_peephole`` and ``seq_len_max`` not given

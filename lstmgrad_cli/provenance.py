@@ -40,7 +40,7 @@ def file_identity(path: str | os.PathLike) -> str:
 
 def request_of(options, input_path: str | os.PathLike) -> dict:
     """What an output depends on besides the code: the input (path and identity) and every option that changes the
-    numbers (``jobs.GradOptions``).  Backend, chunking, --per-step and --strict change how, not what."""
+    numbers (``operations.grad.GradOptions``).  Backend, chunking, --per-step and --strict change how, not what."""
     weights = None if options.weights is None else Path(options.weights)
     request = {
         "kind": options.kind, "layout": options.layout, "use_peephole": options.use_peephole,

@@ -109,8 +109,8 @@ def test_worker_processes_give_the_serial_results(tmp_path, serial_outputs, meth
 
 
 def test_spawned_worker_processes_divide_blas_threads(monkeypatch):
-    from lstmgrad_cli.batch import make_executor
     from lstmgrad_cli.execution import local_workers
+    from lstmgrad_cli.operations.batch import make_executor
 
     monkeypatch.setattr(local_workers, "start_method", lambda: "spawn")  # forked: test_a_forked_worker_starts_as_...
     with make_executor(workers=2) as (executor, threads):
@@ -128,7 +128,7 @@ def _blas_threads_in_worker() -> list[int]:
 A_FORKED_WORKER = """
 import signal, sys
 from threadpoolctl import threadpool_info
-from lstmgrad_cli import batch
+from lstmgrad_cli.operations import batch
 from lstmgrad_cli.execution import local_workers
 from lstmgrad_cli.backends import cpu_blas
 
@@ -172,7 +172,8 @@ os.cpu_count = lambda: 2  # two workers: one core, so one BLAS thread, each
 sys.path.insert(0, sys.argv[1])
 import numpy as np
 from conftest import consistent_inputs
-from lstmgrad_cli import batch, block_lstm_grad_v2
+from lstmgrad_cli.operations import batch
+from lstmgrad_cli import block_lstm_grad_v2
 from lstmgrad_cli.execution import local_workers
 from lstmgrad_cli.backends import cpu_blas
 
@@ -400,8 +401,8 @@ def test_worker_processes_that_cannot_start_fail_each_file_and_the_document_is_p
     # started left a broken pipe that the command took for its own closed stdout, and printed no JSON.
     import contextlib
 
-    from lstmgrad_cli import batch
     from lstmgrad_cli.cli import main
+    from lstmgrad_cli.operations import batch
 
     @contextlib.contextmanager
     def executor(workers=1, dask_address=None, initializer=None):
@@ -425,8 +426,8 @@ def test_a_task_that_cannot_be_handed_out_is_that_files_failure(tmp_path, monkey
     import contextlib
     from concurrent.futures.process import BrokenProcessPool
 
-    from lstmgrad_cli import batch
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     inputs = make_inputs(tmp_path / "in")[:3]
     tasks = batch.plan_tasks(inputs, None, tmp_path)
@@ -455,7 +456,7 @@ def test_a_task_that_cannot_be_handed_out_is_that_files_failure(tmp_path, monkey
 def test_every_worker_starts_before_the_first_task():
     import multiprocessing
 
-    from lstmgrad_cli.batch import make_executor
+    from lstmgrad_cli.operations.batch import make_executor
 
     before = set(multiprocessing.active_children())
     with make_executor(workers=2) as (pool, threads):
@@ -465,8 +466,8 @@ def test_every_worker_starts_before_the_first_task():
 
 
 def test_no_more_worker_processes_than_files(tmp_path, monkeypatch):
-    from lstmgrad_cli import batch
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:2], None, tmp_path)
     asked = []
@@ -547,7 +548,7 @@ def test_two_inputs_writing_one_output_are_refused_before_anything_runs(runner, 
 
 
 def test_the_plan_resolves_paths_as_path_resolve_does(tmp_path, monkeypatch):
-    from lstmgrad_cli import batch
+    from lstmgrad_cli.operations import batch
 
     (tmp_path / "real" / "sub").mkdir(parents=True)
     (tmp_path / "real" / "run.npz").write_bytes(b"x")
@@ -597,9 +598,9 @@ def test_out_dir_is_made_when_missing_and_unmakeable_is_one_line(runner, tmp_pat
 
 def test_a_batch_syncs_each_output_directory_once_and_every_file_before_it_appears(tmp_path, monkeypatch):
     """Each output's data is fsynced before its rename; the directory entries once per directory, at the end."""
-    from lstmgrad_cli import batch
     from lstmgrad_cli.io import atomic, output
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     events = []
     real_fsync, real_publish = os.fsync, atomic._publish
@@ -627,8 +628,9 @@ def test_a_batch_syncs_each_output_directory_once_and_every_file_before_it_appea
 
 def test_each_input_of_a_batch_is_sniffed_once(tmp_path, monkeypatch):
     """The plan finds each input's format for its output's name; the run reads the file as that format."""
-    from lstmgrad_cli import batch, io
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli import io
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     sniffed = []
     real_sniff = io.sniff_format
@@ -657,9 +659,9 @@ def test_a_serial_batch_publishes_each_output_while_the_next_file_computes(tmp_p
     """Each output's fsync and rename run on the publishing thread, and its result is reported only after."""
     import threading
 
-    from lstmgrad_cli import batch
     from lstmgrad_cli.io import atomic
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     published, reported = [], []
     real_publish = atomic._publish
@@ -688,9 +690,9 @@ def test_a_serial_batch_publishes_each_output_while_the_next_file_computes(tmp_p
 def test_an_output_that_cannot_be_published_fails_that_file_only_and_nothing_is_left(tmp_path, monkeypatch):
     import errno
 
-    from lstmgrad_cli import batch
     from lstmgrad_cli.io import atomic
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     inputs = make_inputs(tmp_path / "in")[:3]
     out = tmp_path / "out"
@@ -716,9 +718,9 @@ def test_an_output_that_cannot_be_published_fails_that_file_only_and_nothing_is_
 
 
 def test_an_output_another_run_publishes_first_is_kept_in_a_serial_batch(tmp_path, monkeypatch):
-    from lstmgrad_cli import batch
     from lstmgrad_cli.io import atomic
-    from lstmgrad_cli.jobs import GradOptions, run_grad_file
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions, run_grad_file
 
     out = tmp_path / "out"
     out.mkdir()
@@ -744,8 +746,8 @@ def test_an_output_another_run_publishes_first_is_kept_in_a_serial_batch(tmp_pat
 def test_where_no_thread_can_start_outputs_are_published_in_line(tmp_path, monkeypatch):
     import concurrent.futures as cf
 
-    from lstmgrad_cli import batch
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     def no_threads(self):
         raise RuntimeError("can't start new thread")
@@ -765,9 +767,9 @@ def test_local_workers_leave_fsync_and_rename_to_the_parent_which_reports_each_o
                                                                                                monkeypatch,
                                                                                                serial_outputs):
     """The workers (fresh processes, unpatched) write; this process publishes every output, then reports it."""
-    from lstmgrad_cli import batch
     from lstmgrad_cli.io import atomic
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     published = []
     real_publish = atomic._publish
@@ -790,8 +792,8 @@ def test_local_workers_leave_fsync_and_rename_to_the_parent_which_reports_each_o
 # -- local workers are handed small files several at a time (batch.bundle_small) ------------------------------------
 
 def test_small_files_are_bundled_in_order_and_large_or_special_ones_go_alone(tmp_path, monkeypatch):
-    from lstmgrad_cli import batch
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     monkeypatch.setattr(batch, "BUNDLE_INPUT_BYTES", 100)
     monkeypatch.setattr(batch, "BUNDLE_MOST_FILES", 3)
@@ -822,9 +824,10 @@ def test_small_files_are_bundled_in_order_and_large_or_special_ones_go_alone(tmp
 
 def test_a_bundle_runs_its_files_in_turn_and_stops_at_a_failure_or_an_interrupt(tmp_path, monkeypatch,
                                                                                    worker_signal):
-    from lstmgrad_cli import batch, interrupts
+    from lstmgrad_cli import interrupts
     from lstmgrad_cli.execution import local_workers
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     inputs = make_inputs(tmp_path / "in")[:3]
     inputs[1].write_bytes(b"not an input")
@@ -865,8 +868,8 @@ def test_a_bundles_results_are_taken_once_and_a_dead_worker_fails_each_of_its_fi
     import concurrent.futures as cf
     from concurrent.futures.process import BrokenProcessPool
 
-    from lstmgrad_cli import batch
-    from lstmgrad_cli.jobs import GradOptions, GradResult
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions, GradResult
 
     options = GradOptions("seq")
     tasks = [batch.Task(tmp_path / f"{k}.h5", tmp_path / f"{k}.grads.h5") for k in range(4)]
@@ -902,9 +905,10 @@ def test_a_bundles_results_are_taken_once_and_a_dead_worker_fails_each_of_its_fi
 def test_a_result_whose_publishing_was_interrupted_is_reported_interrupted(tmp_path, monkeypatch):
     import concurrent.futures as cf
 
-    from lstmgrad_cli import batch, io
+    from lstmgrad_cli import io
     from lstmgrad_cli.io import output
-    from lstmgrad_cli.jobs import GradOptions, GradResult
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions, GradResult
 
     options = GradOptions("seq")
     task = batch.Task(tmp_path / "a.h5", tmp_path / "a.grads.npz")
@@ -953,9 +957,10 @@ def test_a_result_interrupted_once_its_output_was_in_place_is_the_published_resu
     (no output appears that the results do not list); the batch stops all the same."""
     import concurrent.futures as cf
 
-    from lstmgrad_cli import batch, io
+    from lstmgrad_cli import io
     from lstmgrad_cli.io import atomic, output
-    from lstmgrad_cli.jobs import GradOptions, GradResult
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions, GradResult
 
     options = GradOptions("seq")
     task = batch.Task(tmp_path / "a.h5", tmp_path / "a.grads.npz")
@@ -1047,8 +1052,8 @@ def test_publishing_interrupted_before_the_rename_leaves_nothing_and_is_a_plain_
 def test_a_failure_stops_the_files_workers_were_handed_beyond_the_one_in_hand(tmp_path, monkeypatch):
     """Without --keep-going: the pool's queue holds bundles no one can take back, and each worker runs at most
     the file in hand once the batch has stopped (the pool's stop_queued: local_workers.pool)."""
-    from lstmgrad_cli import batch
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     monkeypatch.setattr(batch, "BUNDLES_PER_WORKER", 1)
     inputs = _small_long_inputs(tmp_path / "in", 16)  # ~0.13 s a file, four or five a bundle
@@ -1071,8 +1076,8 @@ def test_a_failure_stops_the_files_workers_were_handed_beyond_the_one_in_hand(tm
 def test_local_workers_handed_bundles_give_every_file_its_result(tmp_path, monkeypatch, keep_going):
     """Real worker processes, several files a task: each file is reported once, its output in place; without
     --keep-going a failure stops its bundle and the batch, and no output appears that the results do not list."""
-    from lstmgrad_cli import batch
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     monkeypatch.setattr(batch, "BUNDLES_PER_WORKER", 1)  # 12 small files, 2 workers: two tasks of 6
     inputs = make_inputs(tmp_path / "in")
@@ -1146,8 +1151,8 @@ def test_a_handed_output_that_cannot_be_published_is_an_error_and_leaves_nothing
 def test_a_long_file_is_reported_before_the_next_starts(tmp_path, monkeypatch):
     """Small files are reported one file late (their output published meanwhile); one that took longer than
     SETTLE_AT_ONCE_SECONDS is reported before the next file starts, so progress never lags a long file."""
-    from lstmgrad_cli import batch
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     events = []
     real_run_task = batch.run_task
@@ -1167,8 +1172,8 @@ def test_a_long_file_is_reported_before_the_next_starts(tmp_path, monkeypatch):
 
 
 def test_an_interrupt_while_reporting_still_reports_the_file_already_computed(tmp_path):
-    from lstmgrad_cli import batch
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     out = tmp_path / "out"
     out.mkdir()
@@ -1190,8 +1195,8 @@ def test_an_interrupt_while_reporting_still_reports_the_file_already_computed(tm
 def test_local_workers_interrupted_twice_leave_no_temporary_file(tmp_path):
     """A worker's output is a temporary file until the parent publishes it: when a second interrupt stops the
     parent from taking the remaining results, their temporary files are removed, and those files say so."""
-    from lstmgrad_cli import batch
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     out = tmp_path / "out"
     out.mkdir()
@@ -1214,7 +1219,8 @@ def test_local_workers_interrupted_twice_leave_no_temporary_file(tmp_path):
 
 
 # A batch whose local workers are handed several small files a task (batch.bundle_small) even when it is short.
-CLI_BUNDLING = [sys.executable, "-c", "import sys; from lstmgrad_cli import batch; batch.BUNDLES_PER_WORKER = 1; "
+CLI_BUNDLING = [sys.executable, "-c", "import sys; from lstmgrad_cli.operations import batch; "
+                                      "batch.BUNDLES_PER_WORKER = 1; "
                                       "from lstmgrad_cli.cli import main; sys.exit(main())"]
 
 
@@ -1279,8 +1285,8 @@ def test_a_worker_interrupted_mid_bundle_keeps_the_files_before_and_runs_none_af
     status = {Path(r["input"]).name: r["status"] for r in json.loads(stdout)["results"]}
     interrupted = {name for name, r in status.items() if r == "failed"}
     assert interrupted and all(f"{name}: interrupted" in stderr for name in interrupted)
-    from lstmgrad_cli import batch
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     monkeypatch.setattr(batch, "BUNDLES_PER_WORKER", 1)
     tasks = batch.plan_tasks(inputs, None, out)
@@ -1295,10 +1301,11 @@ def test_a_worker_interrupted_mid_bundle_keeps_the_files_before_and_runs_none_af
                                                            if status.get(tasks[k].input.name) == "ok")
 
 def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_path, monkeypatch, worker_signal):
-    from lstmgrad_cli import batch, interrupts
+    from lstmgrad_cli import interrupts
     from lstmgrad_cli.execution import local_workers
     from lstmgrad_cli.io.atomic import atomic_file
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:3], None, tmp_path / "out")
     (tmp_path / "out").mkdir()
@@ -1330,9 +1337,9 @@ def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_p
 SIGNALLED_AS_IT_STARTS = """
 import os, signal, sys
 from pathlib import Path
-from lstmgrad_cli import batch
+from lstmgrad_cli.operations import batch
 from lstmgrad_cli.execution import local_workers
-from lstmgrad_cli.jobs import GradOptions
+from lstmgrad_cli.operations.grad import GradOptions
 
 def signalled_while_starting():  # a stop signal lands before the worker's handlers are in place
     os.kill(os.getpid(), signal.SIGTERM)
@@ -1369,8 +1376,8 @@ def test_a_local_task_that_failed_has_the_temporary_file_its_worker_left_removed
     # temporary file; the parent removes it when it hears of the failure, and another process's is kept.
     import concurrent.futures as cf
 
-    from lstmgrad_cli import batch
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     task = batch.Task(tmp_path / "run.h5", tmp_path / "run.grads.h5")
     ours = tmp_path / ".run.grads.h5.4242-0123abcd.tmp"
@@ -1392,7 +1399,7 @@ def test_a_local_task_that_failed_has_the_temporary_file_its_worker_left_removed
 def test_an_unexpected_exception_in_one_file_is_that_files_failure_in_a_serial_batch(runner, tmp_path, monkeypatch):
     """A bug met on one file (here a RuntimeError from the job) fails that file, named by its type; the batch goes
     on and reports every file, in one JSON document."""
-    from lstmgrad_cli import batch
+    from lstmgrad_cli.operations import batch
 
     paths = make_inputs(tmp_path / "in")
     real = batch.run_grad_file

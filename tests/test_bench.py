@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lstmgrad_cli import bench
 from lstmgrad_cli.backends import cpu_blas, refresh
 from lstmgrad_cli.cli import main
 from lstmgrad_cli.errors import InvalidArgumentError, UnknownBackendError
+from lstmgrad_cli.operations import bench
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,10 +121,11 @@ def test_child_mode_reports_missing_frameworks_and_its_blas(tmp_path, library):
         pytest.skip("needs the mkl wheel")
     path = tmp_path / "in.npz"
     np.savez(path, **bench.make_inputs((2, 1, 2, 2)))
-    script = ROOT / "lstmgrad_cli" / "bench.py"
+    script = ROOT / "lstmgrad_cli" / "operations" / "bench.py"
     env = {**os.environ, cpu_blas.BLAS_ENV: library}  # what the parent passes on
-    proc = subprocess.run([sys.executable, str(script), "--child", str(path), "--repeats", "1",
-                           "--frameworks", "no_such_framework"], capture_output=True, text=True, timeout=60, env=env)
+    proc = subprocess.run([sys.executable, "-c", bench.CHILD_LAUNCH, str(script), "--child", str(path),
+                           "--repeats", "1", "--frameworks", "no_such_framework"], capture_output=True, text=True,
+                          timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert "error" in out["no_such_framework"]

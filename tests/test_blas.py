@@ -97,8 +97,8 @@ def test_a_serial_batch_of_small_files_sets_blas_threads_once(monkeypatch, tmp_p
     next file: in a batch the count is set at the first small file and put back at the end only."""
     from conftest import consistent_inputs, write_npz
 
-    from lstmgrad_cli import batch
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.grad import GradOptions
 
     library = _CountingLibrary(2)
     monkeypatch.setattr(cpu_blas, "_libraries", lambda: [library.blas()])
@@ -154,10 +154,10 @@ def test_a_small_pass_and_its_summaries_run_blas_on_one_thread(choose, monkeypat
     against the next file); a larger pass keeps the library's count; the count is back afterwards."""
     from conftest import consistent_inputs, write_npz
 
-    from lstmgrad_cli import jobs
     from lstmgrad_cli.analysis import summary
     from lstmgrad_cli.backends import get_backend
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import grad as jobs
+    from lstmgrad_cli.operations.grad import GradOptions
     from lstmgrad_cli.spec import SeqTensors
 
     blas = choose("openblas")
@@ -228,7 +228,7 @@ print(json.dumps([name, cpu_blas.find().name]))
 UNDER_A_LIMIT = """
 import resource, sys
 import h5py, numpy
-import lstmgrad_cli.backends._numpy, lstmgrad_cli.cli, lstmgrad_cli.cli.grad_cmd, lstmgrad_cli.jobs
+import lstmgrad_cli.backends._numpy, lstmgrad_cli.cli, lstmgrad_cli.cli.grad_cmd, lstmgrad_cli.operations.grad
 import importlib.metadata, csv
 from lstmgrad_cli.backends import cpu_blas
 if sys.argv[2] == "unchecked":
@@ -333,7 +333,7 @@ import lstmgrad_cli as lg
 from lstmgrad_cli.backends import cpu_blas, _numba, _numba_kernels, get_backend
 from lstmgrad_cli.spec import SeqTensors
 from lstmgrad_cli.backends._numpy import NumpyBackend
-from lstmgrad_cli.bench import make_inputs
+from lstmgrad_cli.operations.bench import make_inputs
 
 assert cpu_blas.find() is cpu_blas.mkl() and _numba_kernels._BLAS is cpu_blas.mkl(), cpu_blas.find()
 numba = _numba.NumbaBackend(kernel_min_flops=0)

@@ -542,3 +542,15 @@ def test_forward_options_for_an_input_with_its_own_activations_say_they_change_n
     notes = json.loads(given.stdout)["results"][0]["notes"]
     assert any("--forget-bias and --cell-clip set how forward outputs are recomputed" in n for n in notes)
     assert not any("--forget-bias" in n for n in plain["notes"])
+
+
+@pytest.mark.parametrize("old, new", [("jobs", "operations.grad"), ("batch", "operations.batch"),
+                                      ("diagnose", "operations.check"), ("inspection", "operations.inspect")])
+def test_the_library_paths_the_docs_once_gave_still_import_with_a_warning(old, new):
+    code = (f"import warnings; warnings.simplefilter('error'); import importlib\n"
+            f"try:\n    importlib.import_module('lstmgrad_cli.{old}')\nexcept DeprecationWarning as err:\n"
+            f"    print(err)\nwarnings.simplefilter('ignore'); moved = importlib.import_module('lstmgrad_cli.{old}')\n"
+            f"real = importlib.import_module('lstmgrad_cli.{new}')\n"
+            f"print(all(getattr(moved, n) is getattr(real, n) for n in dir(real) if not n.startswith('__')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.splitlines() == [f"lstmgrad_cli.{old} is now lstmgrad_cli.{new}: import it from there", "True"]

@@ -380,11 +380,11 @@ def grouped_npy_dir(tmp_path):
 
 def test_an_npy_directory_holding_only_its_group_is_one_input_to_the_library(tmp_path, grouped_npy_dir):
     import lstmgrad_cli
-    from lstmgrad_cli import batch
-    from lstmgrad_cli.diagnose import CheckOptions, run_check
-    from lstmgrad_cli.inspection import inspect_file
     from lstmgrad_cli.io import npydir
-    from lstmgrad_cli.jobs import GradOptions
+    from lstmgrad_cli.operations import batch
+    from lstmgrad_cli.operations.check import CheckOptions, run_check
+    from lstmgrad_cli.operations.grad import GradOptions
+    from lstmgrad_cli.operations.inspect import inspect_file
 
     inputs = lstmgrad_cli.load(grouped_npy_dir, group="sub")
     assert inputs.op == "BlockLSTMGradV2" and inputs.sources["layout"] == "activations"

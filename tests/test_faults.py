@@ -21,7 +21,7 @@ from conftest import FIXTURES, consistent_inputs, load_case, run_on_a_terminal, 
 
 from lstmgrad_cli import io
 from lstmgrad_cli.cli import main
-from lstmgrad_cli.jobs import GradOptions, run_grad_file
+from lstmgrad_cli.operations.grad import GradOptions, run_grad_file
 from lstmgrad_cli.provenance import is_complete_output, output_difference, request_of
 
 CLI = [sys.executable, "-m", "lstmgrad_cli"]
@@ -246,7 +246,7 @@ KILL_AFTER_WRITING = '''
 written and before its result goes back, as a kill -9 at that moment does."""
 import os, signal
 from pathlib import Path
-import lstmgrad_cli.batch as batch
+import lstmgrad_cli.operations.batch as batch
 
 MARK = Path({mark!r})
 

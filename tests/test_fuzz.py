@@ -34,7 +34,7 @@ from hypothesis.errors import InvalidArgument
 
 from lstmgrad_cli import io
 from lstmgrad_cli.errors import InputFileError, LstmGradError
-from lstmgrad_cli.jobs import GradOptions, GradResult, run_grad_file
+from lstmgrad_cli.operations.grad import GradOptions, GradResult, run_grad_file
 from lstmgrad_cli.ops import validation
 
 LONG = int(os.environ.get("LSTMGRAD_FUZZ_EXAMPLES", "0") or 0)

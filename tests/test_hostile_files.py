@@ -425,7 +425,7 @@ CASES = [
          "x.npy: is not a regular file (a named pipe)", suffix=""),
 ]
 IDS = [c.id for c in CASES]
-# Cases whose complaint comes after reading (validation in jobs.py), not from io.read_inputs.
+# Cases whose complaint comes after reading (validation in operations/grad.py), not from io.read_inputs.
 NOT_IO = {"npz-unicode-long-keys", "h5-unicode-long-keys"}
 
 

@@ -227,7 +227,7 @@ def test_inspect_reads_and_shows_the_entries_a_command_reads_and_counts_the_rest
     it reads the op's tensors and the first OTHERS_SHOWN others, and counts the rest."""
     import bombs
 
-    from lstmgrad_cli.inspection import OTHERS_SHOWN
+    from lstmgrad_cli.operations.inspect import OTHERS_SHOWN
 
     path = bombs.npz_many_members(tmp_path / "many.npz", count=2_000)
     result = runner.invoke(main, ["inspect", str(path), "--json"])

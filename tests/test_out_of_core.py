@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from lstmgrad_cli.analysis.summary import summarise
 from lstmgrad_cli.cli import main
-from lstmgrad_cli.jobs import GradOptions, run_grad_file
+from lstmgrad_cli.operations.grad import GradOptions, run_grad_file
 
 
 def long_problem(T=40, B=3, I=5, C=4, seed=0):  # noqa: E741
@@ -355,8 +355,8 @@ def test_a_large_streamed_output_is_flushed_as_the_pass_writes_it(tmp_path, monk
     """So that the fsync publishing it finds little left to write; a small one is left to that fsync alone."""
     import threading
 
-    from lstmgrad_cli import jobs
     from lstmgrad_cli.io import atomic, output
+    from lstmgrad_cli.operations import grad as jobs
 
     events = []
     real_fsync, real_publish = os.fsync, atomic._publish

@@ -9,8 +9,8 @@ from ._common import handle_errors, one_line, print_json, print_table, say, stde
 
 
 def _shape(ctx, param, values):
-    from ..bench import parse_shape
     from ..errors import InvalidArgumentError
+    from ..operations.bench import parse_shape
 
     try:
         return tuple(parse_shape(v) for v in values)
@@ -55,7 +55,7 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
     lstmgrad bench --backend numba --shape 100,64,256,256 --repeats 9 --json
     lstmgrad bench --compare-python /path/to/torch-venv/bin/python
     """
-    from .. import bench
+    from ..operations import bench
 
     err = stderr_console()
     progress = None if as_json else (lambda msg: err.print(f"[dim]{msg}[/]", highlight=False))

@@ -1,5 +1,5 @@
 """``lstmgrad check``: compare gradients with a reference (or a dump's own) and explain the differences.  A thin
-click layer over diagnose.py."""
+click layer over operations/check.py."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import click
 
 from .. import __version__
-from ..diagnose import CheckOptions, CheckReport, check_dump, run_check
 from ..frameworks import FrameworkOptions
 from ..io import npydir, tfdbg
+from ..operations.check import CheckOptions, CheckReport, check_dump, run_check
 from . import _options as opt
 from . import render
 from ._common import handle_errors, is_terminal, one_line, print_json, progress_bar, say, stdout_console

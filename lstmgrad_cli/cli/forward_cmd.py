@@ -1,5 +1,5 @@
 """``lstmgrad forward seq|cell``: TensorFlow's forward ops on a file's inputs, written with the output gradients the
-gradient commands then take.  A thin click layer over forward_job.py."""
+gradient commands then take.  A thin click layer over operations/forward.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import click
 
 from .. import __version__
 from ..errors import InvalidArgumentError
-from ..forward_job import ForwardOptions, parse_grads, run_forward_file
+from ..operations.forward import ForwardOptions, parse_grads, run_forward_file
 from . import _options as opt
 from . import render
 from ._common import (

@@ -15,13 +15,13 @@ import click
 from .. import __version__, interrupts, io
 from ..analysis.perstep import check_plot_path, save_plot
 from ..backends import get_backend, resolve_name
-from ..batch import DumpSelection, Task, plan_tasks, run_batch
 from ..errors import InvalidOptionError, LstmGradError
 from ..execution.dask_executor import check_options as check_dask_options
 from ..frameworks import FrameworkOptions
 from ..io import npydir, tfdbg
-from ..jobs import GradOptions, GradResult
 from ..messages import prefixed
+from ..operations.batch import DumpSelection, Task, plan_tasks, run_batch
+from ..operations.grad import GradOptions, GradResult
 from . import _options as opt
 from . import render
 from ._common import (

@@ -1,5 +1,5 @@
 """``lstmgrad inspect``: what a file or a dump holds, which op it fits and everything wrong with it.  A thin click
-layer over inspection.py and dump_report.py."""
+layer over operations/inspect.py and inspect_dump.py."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import click
 
 from .. import __version__
-from ..dump_report import inspect_dump
 from ..frameworks import FrameworkOptions
-from ..inspection import inspect_file
 from ..io import npydir
+from ..operations.inspect import inspect_file
+from ..operations.inspect_dump import inspect_dump
 from . import _options as opt
 from . import render
 from ._common import handle_errors, print_json, stdout_console

@@ -1,8 +1,8 @@
 """How the commands show their results: every table and summary line, in one place.
 
 Each renderer takes the console to print on (the command makes it: ``_common.stdout_console``) and a result of
-the library (jobs.GradResult, forward_job.ForwardResult, diagnose.CheckReport, inspection.InspectReport,
-dump_report.DumpReport).  Library text reaches the user through ``say`` and ``words``, which spell its
+the library (operations: grad.GradResult, forward.ForwardResult, check.CheckReport, inspect.InspectReport,
+inspect_dump.DumpReport).  Library text reaches the user through ``say`` and ``words``, which spell its
 parameters as flags.  rich's table module is imported on first use (``new_table``): a quiet run prints none.
 """
 
@@ -236,7 +236,7 @@ def _changes(changes: dict) -> str:
 
 
 def _explanation(console, report) -> None:
-    from ..diagnose import CAUSES  # noqa: PLC0415 - (not imported by seq and cell, which render no check)
+    from ..operations.check import CAUSES  # noqa: PLC0415 - (not imported by seq and cell, which render no check)
 
     if report.comparisons_passed:
         say(console, f"All {len(report.comparisons)} compared tensors agree within tolerance.")

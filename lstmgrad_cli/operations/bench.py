@@ -35,6 +35,7 @@ FRAMEWORKS = ("tensorflow", "torch")
 CHILD_TIMEOUT = 3600.0
 SETTLE_SECONDS = 0.3
 BACK_TO_BACK = "back-to-back:"  # _round_robin's key prefix for the call made right after the paused one
+CHILD_LAUNCH = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 CHILD_RATIO_NOTE = "ratio to the GEMM limit timed in the same rounds of its own interpreter"
 
 
@@ -64,7 +65,7 @@ class BenchReport:
     notes: list[str] = field(default_factory=list)  # engines asked for and not timed, and why
 
     def to_json(self) -> dict:
-        from . import __version__
+        from .. import __version__
 
         return {"lstmgrad": __version__, "schema": SCHEMA, "machine": self.machine, "settings": self.settings,
                 "results": [asdict(r) for r in self.results], "notes": self.notes}
@@ -77,7 +78,7 @@ def flops(shape) -> int:
 
 def parse_shape(text: str) -> tuple[int, int, int, int]:
     """``"T,B,I,C"`` -> a tuple of four positive ints."""
-    from .errors import InvalidArgumentError
+    from ..errors import InvalidArgumentError
 
     parts = [p.strip() for p in str(text).replace("x", ",").split(",")]
     try:
@@ -124,7 +125,7 @@ def machine_info() -> dict:
         blas = f"{info.get('name')} {info.get('version')}".strip()
     except Exception:  # noqa: BLE001 - informational only
         pass
-    from .backends import cpu_blas
+    from ..backends import cpu_blas
 
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
             "blas": blas, "host_blas": cpu_blas.describe(), "platform": platform.platform(),
@@ -161,8 +162,8 @@ def _gemm_operands(shape, cdt):
 
 
 def _backend_call(backend, inputs, use_peephole):
-    from .ops.validation import resolve_compute_dtype
-    from .spec import SeqTensors
+    from ..ops.validation import resolve_compute_dtype
+    from ..spec import SeqTensors
 
     T = inputs["x"].shape[0]
     tensors = SeqTensors(**inputs)
@@ -237,8 +238,8 @@ def gpu_calls(shape, dtype: str, inputs: dict, use_peephole: bool, backend) -> t
     host arrays (copies in and out) is the ``backend`` row ``run`` times anyway."""
     import cupy  # noqa: PLC0415 - only with the cupy backend
 
-    from .ops.validation import resolve_compute_dtype  # noqa: PLC0415
-    from .spec import SeqTensors  # noqa: PLC0415
+    from ..ops.validation import resolve_compute_dtype  # noqa: PLC0415
+    from ..spec import SeqTensors  # noqa: PLC0415
 
     sync = cupy.cuda.get_current_stream().synchronize
     T, B, I, C = shape  # noqa: E741
@@ -311,13 +312,15 @@ def _child_times(python: str, inputs: dict, frameworks, repeats: int, use_peepho
     The child times its GEMM limit on the library this process's backends use where it has it
     (``LSTMGRAD_BLAS`` is passed on; ``_child_blas``) and says which one it used.
     """
-    from .backends import cpu_blas
+    from ..backends import cpu_blas
 
     env = {**os.environ, cpu_blas.BLAS_ENV: "mkl" if cpu_blas.on_mkl() else "openblas"}
     with tempfile.TemporaryDirectory(prefix="lstmgrad-bench-") as tmp:
         path = os.path.join(tmp, "inputs.npz")
         np.savez(path, **inputs)
-        cmd = [python, os.path.abspath(__file__), "--child", path, "--repeats", str(repeats),
+        # run as a script, without its folder first on sys.path (python FILE puts it there), where this package's
+        # modules would shadow the standard library's (inspect.py)
+        cmd = [python, "-c", CHILD_LAUNCH, os.path.abspath(__file__), "--child", path, "--repeats", str(repeats),
                "--frameworks", ",".join(frameworks)] + (["--peephole"] if use_peephole else [])
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=False, env=env)
@@ -336,15 +339,15 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
     Returns a ``BenchReport``; each shape has a ``gemm-limit`` row and one row per engine.
     ``progress`` (optional) is called with short status strings.
     """
-    from . import backends as registry
-    from .backends import cpu_blas
+    from .. import backends as registry
+    from ..backends import cpu_blas
 
     if dtype not in DTYPES:
-        from .errors import InvalidArgumentError
+        from ..errors import InvalidArgumentError
 
         raise InvalidArgumentError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if repeats < 1:
-        from .errors import InvalidArgumentError
+        from ..errors import InvalidArgumentError
 
         raise InvalidArgumentError(f"repeats must be at least 1, got {repeats}")
     if backends is None:
@@ -448,7 +451,7 @@ def _child_blas():
     file runs as a script, where lstmgrad itself may not be installed."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "backends", "cpu_blas.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "backends", "cpu_blas.py")
     try:
         spec = importlib.util.spec_from_file_location("_lstmgrad_bench_blas", path)
         module = importlib.util.module_from_spec(spec)

@@ -25,18 +25,18 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from . import io
-from .analysis import gradcheck
-from .analysis.summary import json_safe
-from .backends import get_backend, resolve_name
+from .. import io
+from ..analysis import gradcheck
+from ..analysis.summary import json_safe
+from ..backends import get_backend, resolve_name
+from ..errors import InputFileError, InvalidArgumentError, LstmGradError
+from ..frameworks import FrameworkOptions
+from ..messages import Message, Param, one_line
+from ..ops import BlockLSTMGradOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full, validation
+from ..ops.forward import gate_slices
+from ..problem import Problem, load_problem, peephole_origin
+from ..spec import ACTIVATIONS, CELL_GRADS_FULL, LAYOUT_OPS, OPS, PEEPHOLES, SEQ_GRADS
 from .batch import WorkerFailure, run_each
-from .errors import InputFileError, InvalidArgumentError, LstmGradError
-from .frameworks import FrameworkOptions
-from .messages import Message, Param, one_line
-from .ops import BlockLSTMGradOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full, validation
-from .ops.forward import gate_slices
-from .problem import Problem, load_problem, peephole_origin
-from .spec import ACTIVATIONS, CELL_GRADS_FULL, LAYOUT_OPS, OPS, PEEPHOLES, SEQ_GRADS
 
 # (rtol, atol): passes when max|ours - ref| <= atol + rtol * max|ref|.  float32 and float16 as the
 # fixtures' README recommends against TF CPU; float64 is for references computed in double.

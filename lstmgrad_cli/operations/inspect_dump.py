@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .analysis import decide, gradcheck
-from .analysis.decide import Given
-from .analysis.summary import json_safe
-from .errors import LstmGradError, UnrecordedTensorsError
-from .io import tfdbg
-from .messages import Message, Param, one_line, prefixed
-from .spec import ACTIVATIONS, FORWARD_OPS, SIGNATURES
+from ..analysis import decide, gradcheck
+from ..analysis.decide import Given
+from ..analysis.summary import json_safe
+from ..errors import LstmGradError, UnrecordedTensorsError
+from ..io import tfdbg
+from ..messages import Message, Param, one_line, prefixed
+from ..spec import ACTIVATIONS, FORWARD_OPS, SIGNATURES
 
 
 @dataclass
@@ -121,7 +121,7 @@ def _infer(index: tfdbg.DumpIndex, execution: tfdbg.OpExecution, info: Execution
     """What the gradient commands would decide for this execution from its recorded values (decide.py: the
     seq_len_max, the layout against the forward op recorded, use_peephole), and for forward ops forget_bias
     and cell_clip; their warnings go to ``report``.  Returns what went wrong reading the values, if anything."""
-    from .ops import validation  # noqa: PLC0415 - validation imports io; io must not import it back
+    from ..ops import validation  # noqa: PLC0415 - validation imports io; io must not import it back
 
     signature = SIGNATURES[execution.forward_op if execution.is_gradient and execution.forward_op in SIGNATURES
                            else execution.op_type]

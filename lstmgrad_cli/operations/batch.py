@@ -15,16 +15,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import interrupts, io
-from .allocator import keep_heap_top
-from .backends import cpu_blas
-from .errors import LstmGradError, OutputExistsError, OutputFileError
-from .execution import local_workers
-from .execution.dask_executor import NotStarted, SchedulerLost, dask_executor
-from .io import npydir, tfdbg
-from .jobs import GradOptions, GradResult, existing_output, run_grad_file
-from .messages import Message, Param, one_line
-from .provenance import output_difference, request_of
+from .. import interrupts, io
+from ..allocator import keep_heap_top
+from ..backends import cpu_blas
+from ..errors import LstmGradError, OutputExistsError, OutputFileError
+from ..execution import local_workers
+from ..execution.dask_executor import NotStarted, SchedulerLost, dask_executor
+from ..io import npydir, tfdbg
+from ..messages import Message, Param, one_line
+from ..provenance import output_difference, request_of
+from .grad import GradOptions, GradResult, existing_output, run_grad_file
 
 
 @dataclass(frozen=True)

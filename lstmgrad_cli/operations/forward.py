@@ -19,14 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, io
-from .analysis import decide
-from .analysis.summary import TensorSummary, summarise
-from .errors import InvalidArgumentError
-from .messages import Message, Param
-from .ops import block_lstm, block_lstm_v2, lstm_block_cell, validation
-from .problem import fill_absent_peepholes, resolve_param
-from .spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OUTPUT_GRADIENTS
+from .. import __version__, io
+from ..analysis import decide
+from ..analysis.summary import TensorSummary, summarise
+from ..errors import InvalidArgumentError
+from ..messages import Message, Param
+from ..ops import block_lstm, block_lstm_v2, lstm_block_cell, validation
+from ..problem import fill_absent_peepholes, resolve_param
+from ..spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OUTPUT_GRADIENTS
 
 _GRADS_RE = re.compile(r"^(zeros|ones|file|random)(?::(\d+))?$")
 

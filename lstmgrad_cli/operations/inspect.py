@@ -23,15 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-from . import frameworks, io
-from .analysis import decide, gradcheck
-from .analysis.decide import Given
-from .analysis.summary import json_safe
-from .errors import LstmGradError
-from .io import npydir
-from .messages import Message, Param, message_of
-from .ops import validation
-from .spec import FORWARD_INPUTS, FORWARD_OPS, GRADIENT_NAMES, OPS
+from .. import frameworks, io
+from ..analysis import decide, gradcheck
+from ..analysis.decide import Given
+from ..analysis.summary import json_safe
+from ..errors import LstmGradError
+from ..io import npydir
+from ..messages import Message, Param, message_of
+from ..ops import validation
+from ..spec import FORWARD_INPUTS, FORWARD_OPS, GRADIENT_NAMES, OPS
 
 SCALARS = ("seq_len_max", "use_peephole")
 KNOWN = (*validation.SEQ_TENSORS, *SCALARS, *GRADIENT_NAMES)
@@ -375,7 +375,7 @@ def _torch_cells(keys, raw: dict) -> dict[str, tuple[list, list]]:
 def _with_weights(report: InspectReport, path: Path, group, weights, weights_group, framework) -> InspectReport:
     """An input and its weights file read together as ``seq`` reads them (the same loading and checks): what it
     would compute, or every reason it would refuse."""
-    from .problem import load_problem  # noqa: PLC0415 - (problem.py builds on this module's readers' neighbours)
+    from ..problem import load_problem  # noqa: PLC0415 - (problem.py builds on this module's readers' neighbours)
 
     try:
         problem = load_problem(path, group=group, weights=weights, weights_group=weights_group,
