@@ -20,12 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from lstmgrad_cli import block_lstm_v2, problem
+from lstmgrad_cli import block_lstm_v2
 from lstmgrad_cli.analysis import detect
 from lstmgrad_cli.backends import get_backend
 from lstmgrad_cli.operations import bench
 from lstmgrad_cli.operations.grad import GradOptions, run_grad_file
 from lstmgrad_cli.ops import block_lstm_grad_checked
+from lstmgrad_cli.problem import reading as problem
 
 PAUSE = 0.3
 

@@ -21,7 +21,7 @@ _EXPORTS = {
     "KerasLSTMGradOutputs": "frameworks", "TorchLSTMGradOutputs": "frameworks", "keras_lstm_grad": "frameworks",
     "torch_lstm_grad": "frameworks", "KerasCellGradOutputs": "frameworks", "TorchCellGradOutputs": "frameworks",
     "keras_cell_grad": "frameworks", "torch_cell_grad": "frameworks",
-    "OpInputs": "loading", "load": "loading",
+    "OpInputs": "problem.inputs", "load": "problem.inputs",
     "block_lstm": "ops", "block_lstm_grad": "ops", "block_lstm_grad_v2": "ops", "block_lstm_v2": "ops",
     "lstm_block_cell": "ops", "lstm_block_cell_grad": "ops", "lstm_block_cell_grad_full": "ops",
     "BlockLSTMGradOutputs": "results", "BlockLSTMOutputs": "results", "LSTMBlockCellGradFullOutputs": "results",
@@ -39,7 +39,8 @@ __all__ = [
 # Modules that moved (the paths docs/python.md once gave): importing one still works, with a DeprecationWarning.
 _MOVED = {"jobs": "operations.grad", "batch": "operations.batch", "diagnose": "operations.check",
           "inspection": "operations.inspect", "dump_report": "operations.inspect_dump", "bench": "operations.bench",
-          "forward_job": "operations.forward"}
+          "forward_job": "operations.forward", "loading": "problem.inputs",
+          "provenance": "io.provenance", "interrupts": "execution.interrupts", "allocator": "execution.allocator"}
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -55,10 +55,9 @@ def assert_same_outputs(a: dict, b: dict):
 
 @pytest.fixture
 def worker_signal(monkeypatch):
-    """What a stop signal does in a local worker process (interrupts.py's handler), called in this process: a
+    """What a stop signal does in a local worker process (execution/interrupts.py's handler), called in this process: a
     fresh worker state, and the signals recorded in a state of their own (given back after)."""
-    from lstmgrad_cli import interrupts
-    from lstmgrad_cli.execution import local_workers
+    from lstmgrad_cli.execution import interrupts, local_workers
 
     monkeypatch.setattr(local_workers, "_state", local_workers._WorkerState())
     with interrupts.caught(signals=()):
@@ -304,7 +303,7 @@ def test_interrupted_batch_leaves_no_partial_output_and_resumes(tmp_path, sig):
     assert proc.returncode == {signal.SIGTERM: 143, signal.SIGINT: 130, signal.SIGKILL: -9}[sig], stderr.decode()
     finished = sorted(out.glob("*.grads.h5"))
     assert 0 < len(finished) < len(inputs), "the run must be interrupted mid-batch"
-    from lstmgrad_cli.provenance import is_complete_output
+    from lstmgrad_cli.io.provenance import is_complete_output
 
     assert all(is_complete_output(p) for p in finished)
     leftovers = [p for p in out.iterdir() if p.name.endswith(".tmp")]
@@ -370,7 +369,7 @@ def test_a_killed_worker_is_a_failed_file_not_a_crash(tmp_path, method):
     doc = json.loads(stdout)
     failed = [r for r in doc["results"] if r["status"] == "failed"]
     assert failed and all("worker process failed" in r["error"] for r in failed)
-    from lstmgrad_cli.provenance import is_complete_output
+    from lstmgrad_cli.io.provenance import is_complete_output
 
     assert all(is_complete_output(p) for p in out.glob("*.grads.h5"))
     resumed = subprocess.run(cmd + ["--skip-existing", "-q"], capture_output=True, text=True, timeout=300)
@@ -824,8 +823,7 @@ def test_small_files_are_bundled_in_order_and_large_or_special_ones_go_alone(tmp
 
 def test_a_bundle_runs_its_files_in_turn_and_stops_at_a_failure_or_an_interrupt(tmp_path, monkeypatch,
                                                                                    worker_signal):
-    from lstmgrad_cli import interrupts
-    from lstmgrad_cli.execution import local_workers
+    from lstmgrad_cli.execution import interrupts, local_workers
     from lstmgrad_cli.operations import batch
     from lstmgrad_cli.operations.grad import GradOptions
 
@@ -1256,7 +1254,7 @@ def test_a_signal_to_the_whole_process_group_stops_workers_cleanly(tmp_path, met
     assert "Traceback" not in stderr and "worker process failed" not in stderr, stderr
     assert "cannot write" not in stderr, stderr  # a publishing the command's own interrupt stopped says so
     assert [p.name for p in out.iterdir() if p.name.endswith(".tmp")] == [], stderr
-    from lstmgrad_cli.provenance import is_complete_output
+    from lstmgrad_cli.io.provenance import is_complete_output
 
     finished = list(out.glob("*.grads.h5"))
     assert 0 < len(finished) < len(inputs) and all(is_complete_output(p) for p in finished)
@@ -1301,8 +1299,7 @@ def test_a_worker_interrupted_mid_bundle_keeps_the_files_before_and_runs_none_af
                                                            if status.get(tasks[k].input.name) == "ok")
 
 def test_a_worker_signalled_between_files_interrupts_the_next_as_it_starts(tmp_path, monkeypatch, worker_signal):
-    from lstmgrad_cli import interrupts
-    from lstmgrad_cli.execution import local_workers
+    from lstmgrad_cli.execution import interrupts, local_workers
     from lstmgrad_cli.io.atomic import atomic_file
     from lstmgrad_cli.operations import batch
     from lstmgrad_cli.operations.grad import GradOptions

@@ -495,7 +495,7 @@ def test_summary_lines_are_not_wrapped_when_piped(runner, tmp_path):
 ALLOCATION_LOOP = """
 import resource, sys
 import numpy as np
-from lstmgrad_cli.allocator import keep_heap_top
+from lstmgrad_cli.execution.allocator import keep_heap_top
 if sys.argv[1] == "keep":
     assert keep_heap_top()
 else:  # glibc's own thresholds (128 KiB), which a block freed while importing may have slid up, by chance of layout
@@ -516,7 +516,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 @pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_keeping_the_heap_top_stops_a_page_fault_per_allocation_and_the_command_line_does_it(runner, monkeypatch):
     """glibc gives the top of the heap back and faults it in again per allocation; lstmgrad's own processes keep
-    it (allocator.py). Page faults counted in real subprocesses: a count, not a time."""
+    it (execution/execution/allocator.py). Page faults counted in real subprocesses: a count, not a time."""
     from lstmgrad_cli import cli
 
     def faults(mode, sizes):

@@ -16,7 +16,7 @@ from conftest import CASES, FIXTURES, MANIFEST, assert_close_scaled, consistent_
 from lstmgrad_cli import io
 from lstmgrad_cli.analysis import detect
 from lstmgrad_cli.cli import main
-from lstmgrad_cli.problem import load_problem
+from lstmgrad_cli.problem.reading import load_problem
 
 
 def read_any(path):

@@ -21,8 +21,8 @@ from conftest import FIXTURES, consistent_inputs, load_case, run_on_a_terminal, 
 
 from lstmgrad_cli import io
 from lstmgrad_cli.cli import main
+from lstmgrad_cli.io.provenance import is_complete_output, output_difference, request_of
 from lstmgrad_cli.operations.grad import GradOptions, run_grad_file
-from lstmgrad_cli.provenance import is_complete_output, output_difference, request_of
 
 CLI = [sys.executable, "-m", "lstmgrad_cli"]
 PEEP = FIXTURES / "seq_v2_peep.in.npz"

@@ -400,7 +400,7 @@ def test_describe_keys_is_safe_for_one_line_messages():
 
 
 def test_provenance_is_one_json_attribute_and_older_outputs_still_count(tmp_path, runner):
-    from lstmgrad_cli.provenance import is_complete_output
+    from lstmgrad_cli.io.provenance import is_complete_output
 
     src = FIXTURES / "seq_v2_peep.in.npz"
     out = tmp_path / "new.h5"

@@ -1,6 +1,6 @@
 """Ctrl-C and SIGTERM at any moment of a batch, as real processes: the batch stops, reports every output it wrote
 (the closing table, the --json document), prints no traceback and leaves no temporary file; its workers end with
-it, even when it is killed.  And where in the code a stop signal may land (interrupts.py), in this process.
+it, even when it is killed.  And where in the code a stop signal may land (execution/interrupts.py), in this process.
 
 Each round sends one signal at a random moment from the command's first line (once it catches signals: its
 imports and plan included) to well into the batch.  ``make test`` runs a few rounds;
@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 from conftest import consistent_inputs, write_h5
 
-from lstmgrad_cli import interrupts
-from lstmgrad_cli.provenance import is_complete_output
+from lstmgrad_cli.execution import interrupts
+from lstmgrad_cli.io.provenance import is_complete_output
 
 CLI = [sys.executable, "-m", "lstmgrad_cli"]
 ROUNDS = int(os.environ.get("LSTMGRAD_SIGNAL_ROUNDS", "2"))
@@ -208,7 +208,7 @@ def test_workers_end_when_the_command_is_killed(small_inputs, long_inputs, tmp_p
         assert all(is_complete_output(p) for p in run["outputs"])
 
 
-# -- where a stop signal lands (interrupts.py), in this process --------------------------------------------------
+# -- where a stop signal lands (execution/interrupts.py), in this process ---------------------------------------
 
 @pytest.fixture
 def signalled():
@@ -257,7 +257,7 @@ def test_a_report_after_a_stop_is_interrupted_by_a_new_signal_only(signalled):
 
 DROPPED = """
 import os, signal, sys, time
-from lstmgrad_cli import interrupts
+from lstmgrad_cli.execution import interrupts
 
 class Lands:
     def __del__(self):  # where Python drops a KeyboardInterrupt ("Exception ignored in ...")

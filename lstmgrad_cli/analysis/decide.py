@@ -2,7 +2,7 @@
 
 Pure functions of what a problem holds: what was given (a flag, the input's tensor or attribute, the forward
 op a debug dump recorded, the layout ``lstmgrad forward`` recorded in its output's metadata) and the stored
-activations.  ``seq``, ``cell``, ``check`` and ``load()`` (problem.py), ``inspect`` of a file (operations/inspect.py)
+activations.  ``seq``, ``cell``, ``check`` and ``load()`` (problem/), ``inspect`` of a file (operations/inspect.py)
 and of a debug dump (operations/inspect_dump.py) all decide through them, so they agree, and say so in the same words.
 
 The rules:

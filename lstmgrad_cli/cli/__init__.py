@@ -15,8 +15,9 @@ import warnings
 
 import click
 
-from .. import __version__, interrupts
-from ..allocator import keep_heap_top
+from .. import __version__
+from ..execution import interrupts
+from ..execution.allocator import keep_heap_top
 from ._common import (
     StdoutError,
     documents,
@@ -80,7 +81,7 @@ def main() -> None:
     """
     warnings.showwarning = _warning_on_one_line
     tolerate_unencodable_output()
-    keep_heap_top()  # this process is lstmgrad's own: files one after another reuse the same heap (allocator.py)
+    keep_heap_top()  # lstmgrad's own process: files one after another reuse the same heap (execution/allocator.py)
 
 
 def _warning_on_one_line(message, category, filename, lineno, file=None, line=None) -> None:
@@ -93,8 +94,8 @@ def run_command(invoke, argv: list[str]) -> int:
     one line on stderr for an error, and with ``--json`` one JSON document on stdout whatever happened (the
     command's own, or one holding the error).
 
-    Ctrl-C and SIGTERM (interrupts.py: they interrupt the command where that is safe) end it with 130 or 143, as
-    shells report them.  A stdout that cannot be written (a full disk; ``--help > /dev/full``) is one line and
+    Ctrl-C and SIGTERM (execution/interrupts.py: they interrupt the command where that is safe) end it with 130 or
+    143, as shells report them.  A stdout that cannot be written (a full disk; ``--help > /dev/full``) is one line and
     exit 1, never a traceback; one whose reader exited is told by the command (exit 1 here)."""
     documents.printed = False
     error: str | None = None

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import click
 
-from .. import __version__, interrupts, io
+from .. import __version__, io
 from ..analysis.perstep import check_plot_path, save_plot
 from ..backends import get_backend, resolve_name
 from ..errors import InvalidOptionError, LstmGradError
+from ..execution import interrupts
 from ..execution.dask_executor import check_options as check_dask_options
 from ..frameworks import FrameworkOptions
 from ..io import npydir, tfdbg
@@ -290,8 +291,8 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
             _show_result(result, task, options, console, as_json, quiet, plot, stdout_failed)
             advance()
 
-    # A stop signal interrupts the run where that is safe (interrupts.py); the batch then stops, and what ran is
-    # reported: every output written, in the closing table and the --json document.
+    # A stop signal interrupts the run where that is safe (execution/interrupts.py); the batch then stops, and what ran
+    # is reported: every output written, in the closing table and the --json document.
     with interrupts.deferred():
         with progress_bar(show_progress, len(tasks)) as advance:
             try:

@@ -1,2 +1,2 @@
-"""Where a batch's files run besides the command's own process: local worker processes (how they start, and how a
-signal stops them) or the workers of a Dask cluster."""
+"""The process a command runs in and the others it starts: stop signals (``interrupts``), the heap kept between
+files (``allocator``), local worker processes (``local_workers``) and a Dask cluster (``dask_executor``)."""

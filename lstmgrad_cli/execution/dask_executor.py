@@ -25,9 +25,9 @@ import time
 from collections.abc import Iterator
 from functools import partial
 
-from .. import interrupts
 from ..errors import InvalidOptionError, LstmGradError
 from ..messages import Message, Param
+from . import interrupts
 
 TIMEOUT_VARIABLE = "LSTMGRAD_DASK_TIMEOUT"
 DEFAULT_TIMEOUT = "10s"

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from .. import interrupts
 from ..backends import cpu_blas
+from . import interrupts
 
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 STOP_SIGNALS = interrupts.STOP_SIGNALS  # the signals the command line catches

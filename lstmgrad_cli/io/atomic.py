@@ -30,8 +30,8 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from .. import interrupts
 from ..errors import OutputExistsError, OutputFileError
+from ..execution import interrupts
 from ..messages import Message, Param
 from ._common import reason
 

@@ -15,15 +15,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import interrupts, io
-from ..allocator import keep_heap_top
+from .. import io
 from ..backends import cpu_blas
 from ..errors import LstmGradError, OutputExistsError, OutputFileError
-from ..execution import local_workers
+from ..execution import interrupts, local_workers
+from ..execution.allocator import keep_heap_top
 from ..execution.dask_executor import NotStarted, SchedulerLost, dask_executor
 from ..io import npydir, tfdbg
+from ..io.provenance import output_difference, request_of
 from ..messages import Message, Param, one_line
-from ..provenance import output_difference, request_of
 from .grad import GradOptions, GradResult, existing_output, run_grad_file
 
 
@@ -342,7 +342,7 @@ _worker_syncs = []  # a local worker process's deferred directory syncs (its par
 
 def _worker_started() -> None:
     """In each local worker process: SIGINT and SIGTERM stop it as local_workers._stop_signal says (unless
-    ignored); keep the heap's top for the next file (allocator.py); leave fsyncing output directories to the
+    ignored); keep the heap's top for the next file (execution/allocator.py); leave fsyncing output directories to the
     parent, once per directory."""
     local_workers.catch_stop_signals()
     keep_heap_top()
@@ -470,7 +470,7 @@ def _run_pending(tasks, pending, options, results, finish, workers, dask_address
             # outputs.
             pids = frozenset(getattr(executor, "_processes", None) or ()) if local else frozenset()
             try:
-                with interrupts.deferred():  # a stop signal interrupts the waits only (interrupts.py)
+                with interrupts.deferred():  # a stop signal interrupts the waits only (execution/interrupts.py)
                     for bundle in bundles:  # one at a time: interrupted meanwhile, those handed out are waited for
                         futures[_submit(executor, [tasks[i] for i in bundle], options, threads, local,
                                         keep_going)] = bundle

@@ -34,7 +34,7 @@ from ..frameworks import FrameworkOptions
 from ..messages import Message, Param, one_line
 from ..ops import BlockLSTMGradOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full, validation
 from ..ops.forward import gate_slices
-from ..problem import Problem, load_problem, peephole_origin
+from ..problem.reading import Problem, load_problem, peephole_origin
 from ..spec import ACTIVATIONS, CELL_GRADS_FULL, LAYOUT_OPS, OPS, PEEPHOLES, SEQ_GRADS
 from .batch import WorkerFailure, run_each
 

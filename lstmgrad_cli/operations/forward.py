@@ -25,7 +25,7 @@ from ..analysis.summary import TensorSummary, summarise
 from ..errors import InvalidArgumentError
 from ..messages import Message, Param
 from ..ops import block_lstm, block_lstm_v2, lstm_block_cell, validation
-from ..problem import fill_absent_peepholes, resolve_param
+from ..problem.reading import fill_absent_peepholes, resolve_param
 from ..spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OUTPUT_GRADIENTS
 
 _GRADS_RE = re.compile(r"^(zeros|ones|file|random)(?::(\d+))?$")

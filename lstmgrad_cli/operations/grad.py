@@ -13,15 +13,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import __version__, io, provenance
+from .. import __version__, io
 from ..analysis.perstep import StepRecorder, impulse_norms, per_step_report
 from ..analysis.summary import SummarisedOutput, TensorSummary, summarise
 from ..backends import auto_note, cpu_blas, get_backend, resolve_name
 from ..errors import InvalidArgumentError, OutputExistsError
 from ..frameworks import FrameworkOptions
+from ..io import provenance
 from ..messages import Message, Param
 from ..ops import block_lstm_grad_checked, lstm_block_cell_grad_full, validation
-from ..problem import OPS, open_problem
+from ..problem.reading import OPS, open_problem
 
 # A streamed x_grad this large is flushed to disk as the pass writes it (io.open_hdf5_output), not all at the end.
 LARGE_OUTPUT_BYTES = 64 * 2**20

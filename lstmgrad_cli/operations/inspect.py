@@ -31,6 +31,7 @@ from ..errors import LstmGradError
 from ..io import npydir
 from ..messages import Message, Param, message_of
 from ..ops import validation
+from ..problem.reading import load_problem
 from ..spec import FORWARD_INPUTS, FORWARD_OPS, GRADIENT_NAMES, OPS
 
 SCALARS = ("seq_len_max", "use_peephole")
@@ -375,8 +376,6 @@ def _torch_cells(keys, raw: dict) -> dict[str, tuple[list, list]]:
 def _with_weights(report: InspectReport, path: Path, group, weights, weights_group, framework) -> InspectReport:
     """An input and its weights file read together as ``seq`` reads them (the same loading and checks): what it
     would compute, or every reason it would refuse."""
-    from ..problem import load_problem  # noqa: PLC0415 - (problem.py builds on this module's readers' neighbours)
-
     try:
         problem = load_problem(path, group=group, weights=weights, weights_group=weights_group,
                                framework=framework or frameworks.FrameworkOptions())

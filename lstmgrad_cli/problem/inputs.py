@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 
-from .ops import block_lstm_grad, block_lstm_grad_v2, lstm_block_cell_grad_full
-from .problem import load_problem
+from ..ops import block_lstm_grad, block_lstm_grad_v2, lstm_block_cell_grad_full
+from .reading import load_problem
 
 # The function computing each gradient op; for the cell, what `lstmgrad cell` writes (LSTMBlockCellGrad + x, h, w, b).
 FUNCTIONS = {"BlockLSTMGradV2": block_lstm_grad_v2, "BlockLSTMGrad": block_lstm_grad,

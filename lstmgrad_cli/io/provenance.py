@@ -14,8 +14,8 @@ import json
 import os
 from pathlib import Path
 
-from . import io
-from .errors import LstmGradError
+from .. import io
+from ..errors import LstmGradError
 
 
 def file_identity(path: str | os.PathLike) -> str:

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import frameworks, io, ops
-from .analysis import decide, detect
-from .analysis.decide import Given
-from .errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
-from .messages import Message, Param, message_of
-from .ops import validation
-from .spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OPS, TIME_MAJOR  # noqa: F401 - (re-exported)
+from .. import frameworks, io, ops
+from ..analysis import decide, detect
+from ..analysis.decide import Given
+from ..errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
+from ..messages import Message, Param, message_of
+from ..ops import validation
+from ..spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OPS, TIME_MAJOR  # noqa: F401 - (re-exported)
 
 
 @dataclass
