@@ -183,7 +183,7 @@ class _WorkerState:
     ending: bool = False  # a SIGTERM came, or the parent is gone: the process ends within a second
     orphaned: bool = False  # the parent is gone: nothing will publish this worker's outputs
     parent: int | None = None  # the parent's pid, while this worker watches it
-    output_dirs: set = field(default_factory=set)  # where this worker's tasks write (its temporary files)
+    on_orphan: dict = field(default_factory=dict)  # what to clean up were the parent to die (note_output)
     batch_stopped: object = None  # the pool's Event: the batch has stopped (its stop_queued(): pool)
 
 
@@ -206,9 +206,11 @@ def catch_stop_signals() -> None:
     _watch_parent()
 
 
-def note_output(path) -> None:
-    """A task of this worker writes ``path``: were its parent to die, the temporary file is removed there."""
-    _state.output_dirs.add(os.path.dirname(os.fspath(path)) or ".")
+def note_output(path, remove_temporaries: Callable[[str, int], None]) -> None:
+    """A task of this worker writes ``path``: were its parent to die, ``remove_temporaries(directory, pid)`` removes
+    this worker's temporary files beside it."""
+    directory = os.path.dirname(os.fspath(path)) or "."
+    _state.on_orphan[directory] = remove_temporaries
 
 
 @contextlib.contextmanager
@@ -307,8 +309,6 @@ def _poll_parent() -> None:
 def _end_orphan() -> None:
     """End a worker whose parent is gone, with the temporary files of its outputs removed (those it handed over,
     which no one will publish now, and one it was writing)."""
-    from ..io import remove_temporaries_of  # noqa: PLC0415 - (imported already by any worker that wrote)
-
-    for directory in list(_state.output_dirs):
-        remove_temporaries_of(directory, os.getpid())
+    for directory, remove_temporaries in list(_state.on_orphan.items()):
+        remove_temporaries(directory, os.getpid())
     os._exit(1)

@@ -160,7 +160,7 @@ def run_task_unpublished(task: Task, options: GradOptions) -> GradResult | Unpub
     """``run_task`` in a local worker process: an output written is returned ``Unpublished``, for the parent to
     fsync and rename (``_outcomes``).  Interrupted (local_workers._stop_signal), it raises KeyboardInterrupt and
     leaves nothing."""
-    local_workers.note_output(task.output)
+    local_workers.note_output(task.output, io.remove_temporaries_of)
     with io.handed_to_parent() as handoffs:
         try:
             with local_workers.interruptible_task():

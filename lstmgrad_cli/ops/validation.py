@@ -14,7 +14,6 @@ import numpy as np
 
 from ..backends import gpu_array, on_gpu
 from ..errors import InvalidArgumentError
-from ..io import LazyDataset
 from ..spec import CELL_TENSORS, FORWARD_INPUTS, PEEPHOLES, RANKS, SEQ_TENSORS
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -79,8 +78,9 @@ def _raise_first(issues: list[Issue]) -> None:
 
 
 def _is_lazy_array(value: object) -> bool:
-    """An input left on disk by ``io.open_inputs`` (read by slicing), checked by shape and dtype only."""
-    return isinstance(value, LazyDataset)
+    """An input left on disk by ``io.open_inputs`` (``io.LazyDataset``: read by slicing, a chunk of rows at a time
+    with ``read_into``), checked by shape and dtype only."""
+    return hasattr(value, "read_into") and hasattr(value, "shape") and hasattr(value, "dtype")
 
 
 def _dtype_name(dtype: np.dtype) -> str:
