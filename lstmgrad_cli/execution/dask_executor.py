@@ -37,7 +37,16 @@ FETCH_THREADS = 4  # results fetched side by side
 
 
 class SchedulerLost(LstmGradError):
-    """A task handed to a Dask scheduler that was lost before the task's result came back."""
+    """A task handed to a Dask scheduler that was lost before the task's result came back (``lost``)."""
+
+
+MAY_STILL_WRITE = "its worker may still write its output"
+
+
+def lost(why: str) -> SchedulerLost:
+    """A task lost with its scheduler, however that was seen: its Dask worker publishes its own output, and may
+    still be running it, whatever the scheduler did, so every such message says so."""
+    return SchedulerLost(f"{why}; {MAY_STILL_WRITE}")
 
 
 class NotStarted(LstmGradError):
@@ -338,7 +347,7 @@ class DaskExecutor(cf.Executor):
                 task.release()
             if not future.done():
                 with contextlib.suppress(cf.InvalidStateError):
-                    future.set_exception(SchedulerLost(f"no result: the Dask scheduler at {self._address} {why}"))
+                    future.set_exception(lost(f"no result: the Dask scheduler at {self._address} {why}"))
         self._hand_out()
 
     def _fetch(self, future: cf.Future, task) -> None:
@@ -347,17 +356,16 @@ class DaskExecutor(cf.Executor):
             return
         if task.status == "cancelled":
             self._lost = True
-            future.set_exception(SchedulerLost(f"lost with the Dask scheduler at {self._address}; its worker may "
-                                               "still write its output"))
+            future.set_exception(lost(f"lost with the Dask scheduler at {self._address}"))
         else:
             try:
                 future.set_result(task.result())
             except cf.CancelledError:  # lost while fetching the result
                 self._lost = True
-                future.set_exception(SchedulerLost(f"lost with the Dask scheduler at {self._address}"))
+                future.set_exception(lost(f"lost with the Dask scheduler at {self._address}"))
             except OSError as err:  # the connection to its worker dropped while fetching the result
                 reason = " ".join(str(err).split()) or type(err).__name__
-                future.set_exception(SchedulerLost(f"its result could not be fetched from its worker ({reason})"))
+                future.set_exception(lost(f"its result could not be fetched from its worker ({reason})"))
             except BaseException as err:  # noqa: BLE001 - the task's error (KilledWorker, ...) is its outcome
                 future.set_exception(err)
         if self._lost:
