@@ -1,7 +1,8 @@
-"""Exceptions raised by lstmgrad's library code.
+"""Exceptions raised by lstmgrad's library code, and the exit codes a command gives.
 
 Every error the library raises on purpose is a ``LstmGradError``, itself a ``ValueError``, so a
-caller can catch one class.  The command line maps them to exit codes in one place (``cli/_common.py``).
+caller can catch one class.  The command line maps them to exit codes (``ExitCode``) in one place
+(``cli/_common.py``).
 An error's message may be a ``messages.Message``: it names the parameters that would help as the Python API
 spells them, and the command line shows the same message with its flags.  Errors that carry facts keep them
 as attributes (``UnrecordedTensorsError.causes``).
@@ -10,8 +11,24 @@ as attributes (``UnrecordedTensorsError.causes``).
 from __future__ import annotations
 
 import copy
+from enum import IntEnum
 
 from .messages import Message, Param, message_of
+
+
+class ExitCode(IntEnum):
+    """What a command's exit status says (docs/DESIGN.md): ``SUCCESS``; ``ERROR``, bad input or a file that failed
+    (nothing half-written); ``USAGE``, a malformed command line; a stop signal ends a command with
+    ``SIGNALLED + its number`` (130 for Ctrl-C, 143 for SIGTERM), as shells report them (``signalled``)."""
+
+    SUCCESS = 0
+    ERROR = 1
+    USAGE = 2
+    SIGNALLED = 128
+
+    @staticmethod
+    def signalled(signum: int) -> int:
+        return ExitCode.SIGNALLED + int(signum)
 
 
 class LstmGradError(ValueError):

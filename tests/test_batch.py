@@ -1558,3 +1558,22 @@ def test_quiet_still_prints_the_counts_of_a_batch_with_failures(runner, tmp_path
                                   "--keep-going"])
     assert failed.exit_code == 1 and failed.stdout == ""
     assert failed.stderr.splitlines()[-1] == "batch: 6 files, 5 done, 1 failed, 0 skipped, 0 not run"
+
+
+def test_a_batch_report_owns_its_counts_summary_and_exit_code():
+    from lstmgrad_cli.errors import ExitCode
+    from lstmgrad_cli.operations.batch import BatchReport
+    from lstmgrad_cli.operations.grad import GradResult
+
+    def result(status):
+        return GradResult("in.npz", None, "BlockLSTMGradV2", status=status)
+
+    clean = BatchReport([result("ok"), result("skipped"), None])
+    assert clean.counts == {"ok": 1, "failed": 0, "skipped": 1, "lost": 0, "not_run": 1}
+    assert clean.summary() == {"done": 1, "failed": 0, "skipped": 1, "lost": 0, "not_run": 1}
+    assert clean.done == 2 and clean.exit_code == ExitCode.SUCCESS == 0 and clean.interrupted is None
+    assert BatchReport([result("ok"), result("failed")]).exit_code == ExitCode.ERROR == 1
+    assert BatchReport([result("lost")]).exit_code == ExitCode.ERROR
+    stopped = BatchReport([result("failed"), None], signals=[signal.SIGTERM])
+    assert stopped.exit_code == 143 and stopped.interrupted == "SIGTERM"
+    assert BatchReport([None], signals=[signal.SIGINT]).exit_code == ExitCode.signalled(signal.SIGINT) == 130

@@ -16,6 +16,7 @@ import warnings
 import click
 
 from .. import __version__
+from ..errors import ExitCode
 from ..execution import interrupts
 from ..execution.allocator import keep_heap_top
 from ._common import (
@@ -103,30 +104,29 @@ def run_command(invoke, argv: list[str]) -> int:
         code = invoke()
         code = code if isinstance(code, int) else 0
     except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        code = stop.code if isinstance(stop.code, int) else (ExitCode.SUCCESS if stop.code is None else ExitCode.ERROR)
     except click.ClickException as err:
         code, error = err.exit_code, err.format_message()
         _json_error(argv, one_line(error), code)
         with contextlib.suppress(OSError):
             err.show()
     except (click.Abort, KeyboardInterrupt):
-        caught = interrupts.received()
-        code = 128 + (caught[0] if caught else signal.SIGINT)
-        what = signal.Signals(code - 128).name if caught else "SIGINT"
+        signum = (interrupts.received() or [signal.SIGINT])[0]
+        code, what = ExitCode.signalled(signum), signal.Signals(signum).name
         _json_error(argv, f"interrupted ({what})", code)
         _say_on_stderr("Aborted!")
     except BrokenPipeError:
         silence_closed_stdout()
-        code = 1
+        code = ExitCode.ERROR
     except OSError as err:  # what click printed itself (--help, --version) could not be written
-        code = 1
+        code = ExitCode.ERROR
         _stdout_failed(StdoutError(err.errno, err.strerror))
     try:
         sys.stdout.flush()  # (what is left of it, here rather than as the interpreter exits)
     except BrokenPipeError:
         silence_closed_stdout()
     except OSError as err:
-        code = code or 1
+        code = code or ExitCode.ERROR
         _stdout_failed(StdoutError(err.errno, err.strerror))
     return code
 

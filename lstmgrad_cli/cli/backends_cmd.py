@@ -8,6 +8,7 @@ from rich.table import Table
 
 from .. import backends as registry
 from ..backends import cpu_blas
+from ..errors import ExitCode
 from ._common import handle_errors, print_json, print_table, stdout_console
 
 
@@ -75,4 +76,4 @@ def _check(as_json: bool, arch: str | None) -> None:
         print_table(stdout_console(), table, "lstmgrad backends --check",
                     f"{len(failed)} failed" if failed else "every kernel that could be built here was built")
     if failed:
-        raise SystemExit(1)
+        raise SystemExit(ExitCode.ERROR)

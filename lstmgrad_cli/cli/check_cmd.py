@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from .. import __version__
+from ..errors import ExitCode
 from ..frameworks import FrameworkOptions
 from ..io import npydir, tfdbg
 from ..operations.check import CheckOptions, CheckReport, check_dump, run_check
@@ -86,7 +87,7 @@ def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max
     else:
         render.check_report(stdout_console(), report)
     if not report.passed:
-        raise SystemExit(1)
+        raise SystemExit(ExitCode.ERROR)
 
 
 def _check_dump(dump: Path, reference, options: CheckOptions, op, execution, workers: int, as_json: bool) -> None:
@@ -119,4 +120,4 @@ def _check_dump(dump: Path, reference, options: CheckOptions, op, execution, wor
     else:
         render.dump_check_summary(console, index, members, reports)
     if failed:
-        raise SystemExit(1)
+        raise SystemExit(ExitCode.ERROR)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,13 +14,13 @@ import click
 from .. import __version__, io
 from ..analysis.perstep import check_plot_path, save_plot
 from ..backends import get_backend, resolve_name
-from ..errors import InvalidOptionError, LstmGradError
+from ..errors import ExitCode, InvalidOptionError, LstmGradError
 from ..execution import interrupts
 from ..execution.dask_executor import check_options as check_dask_options
 from ..frameworks import FrameworkOptions
 from ..io import npydir, tfdbg
 from ..messages import prefixed
-from ..operations.batch import DumpSelection, Task, plan_tasks, run_batch
+from ..operations.batch import BatchReport, DumpSelection, Task, plan_tasks, run_batch
 from ..operations.grad import GradOptions, GradResult
 from . import _options as opt
 from . import render
@@ -352,47 +351,42 @@ def _dump_warnings(tasks) -> list[str]:
 def _report(command: str, tasks, results: list, signals: list[int], console, as_json: bool, quiet: bool,
             dask_address, stdout_failed: list, warnings: list[str]) -> None:
     """The end of a batch: the closing table (or the --json document), what stopped it on stderr; its exit."""
-    ran = [r for r in results if r is not None]
-    counts = {status: sum(r.status == status for r in ran) for status in ("ok", "failed", "skipped", "lost")}
-    not_run = len(results) - len(ran)
-    done = counts["ok"] + counts["skipped"]
-    interrupted = signal.Signals(signals[0]).name if signals else None
-    stopped_early = bool(stdout_failed) and not_run and not interrupted
-    if stopped_early:  # the stdout that failed stopped the batch: files are left to do
+    report = BatchReport(results, signals)
+    counts, done, total = report.counts, report.done, len(tasks)
+    if stdout_failed and counts["not_run"] and not report.interrupted:  # the stdout that failed stopped the batch
         cause = _stdout_cause(stdout_failed[0])
-        click.echo(f"Error: {cause}, so the batch stopped: {done} of {len(tasks)} files done, {not_run} not run, "
+        click.echo(f"Error: {cause}, so the batch stopped: {done} of {total} files done, {counts['not_run']} not run, "
                    "every output written is complete; rerun with --skip-existing to finish", err=True)
-        raise SystemExit(1)
+        raise SystemExit(ExitCode.ERROR)
     with _stdout_failure_noted(stdout_failed):
         if as_json:
-            summary = {"done": counts["ok"], "failed": counts["failed"], "skipped": counts["skipped"],
-                       "lost": counts["lost"], "not_run": not_run}
-            print_json({"lstmgrad": __version__, "command": command, "results": [r.to_json() for r in ran],
-                        "summary": summary, "interrupted": interrupted, "warnings": warnings})
-        elif len(tasks) > 1 and not quiet:
-            render.batch_summary(console, len(tasks), counts, not_run)
-    if quiet and len(tasks) > 1 and (counts["failed"] or counts["lost"] or interrupted):
+            print_json({"lstmgrad": __version__, "command": command,
+                        "results": [r.to_json() for r in results if r is not None], "summary": report.summary(),
+                        "interrupted": report.interrupted, "warnings": warnings})
+        elif total > 1 and not quiet:
+            render.batch_summary(console, total, counts, counts["not_run"])
+    if quiet and total > 1 and report.exit_code != ExitCode.SUCCESS:
         # -q prints nothing on success; counts that say something went wrong still reach stderr
         lost = f", {counts['lost']} lost" if counts["lost"] else ""
-        click.echo(f"batch: {len(tasks)} files, {counts['ok']} done, {counts['failed']} failed, "
-                   f"{counts['skipped']} skipped{lost}, {not_run} not run", err=True)
-    if interrupted:
-        click.echo(f"Interrupted ({interrupted}): {done} of {len(tasks)} files done, {counts['failed']} failed, "
-                   f"{not_run} not run; every output written is complete and reported; rerun with --skip-existing "
-                   "to finish", err=True)
-        raise SystemExit(128 + signals[0])  # 130 for Ctrl-C, 143 for SIGTERM, as shells report them
-    if stdout_failed and isinstance(stdout_failed[0], BrokenPipeError) and not counts["lost"]:
-        # every file had its turn: nothing stopped, a finished output stays one
+        click.echo(f"batch: {total} files, {counts['ok']} done, {counts['failed']} failed, "
+                   f"{counts['skipped']} skipped{lost}, {counts['not_run']} not run", err=True)
+    if report.interrupted:
+        click.echo(f"Interrupted ({report.interrupted}): {done} of {total} files done, {counts['failed']} failed, "
+                   f"{counts['not_run']} not run; every output written is complete and reported; rerun with "
+                   "--skip-existing to finish", err=True)
+        raise SystemExit(report.exit_code)
+    closed = bool(stdout_failed) and isinstance(stdout_failed[0], BrokenPipeError)
+    if closed and not counts["lost"]:  # every file had its turn: nothing stopped, a finished output stays one
         click.echo(f"Warning: stdout was closed (its reader exited) before everything was printed; the run was not "
-                   f"stopped: {done} of {len(tasks)} files done, {counts['failed']} failed, every output written is "
+                   f"stopped: {done} of {total} files done, {counts['failed']} failed, every output written is "
                    "complete", err=True)
     elif stdout_failed and not counts["lost"]:
-        click.echo(f"Error: {_stdout_cause(stdout_failed[0])}; the run was not stopped: {done} of {len(tasks)} files "
+        click.echo(f"Error: {_stdout_cause(stdout_failed[0])}; the run was not stopped: {done} of {total} files "
                    f"done, {counts['failed']} failed, every output written is complete", err=True)
     if counts["lost"]:
-        click.echo(f"Error: {one_line(_lost_message(dask_address, counts, not_run))}", err=True)
-    if counts["failed"] or counts["lost"] or (stdout_failed and not isinstance(stdout_failed[0], BrokenPipeError)):
-        raise SystemExit(1)
+        click.echo(f"Error: {one_line(_lost_message(dask_address, counts, counts['not_run']))}", err=True)
+    if report.exit_code != ExitCode.SUCCESS or (stdout_failed and not closed):
+        raise SystemExit(max(report.exit_code, ExitCode.ERROR))
 
 
 def _stdout_cause(err: OSError) -> str:

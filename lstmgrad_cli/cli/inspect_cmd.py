@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .. import __version__
+from ..errors import ExitCode
 from ..frameworks import FrameworkOptions
 from ..io import npydir
 from ..operations.inspect import inspect_file
@@ -48,4 +49,4 @@ def inspect_command(input_path, group, weights, weights_group, framework, time_m
     else:
         show(stdout_console(), report)
     if report.errors:
-        raise SystemExit(1)
+        raise SystemExit(ExitCode.ERROR)

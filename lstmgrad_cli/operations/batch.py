@@ -12,12 +12,13 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 from .. import io
 from ..backends import cpu_blas
-from ..errors import LstmGradError, OutputExistsError, OutputFileError
+from ..errors import ExitCode, LstmGradError, OutputExistsError, OutputFileError
 from ..execution import interrupts, local_workers
 from ..execution.allocator import keep_heap_top
 from ..execution.dask_executor import NotStarted, SchedulerLost, dask_executor
@@ -376,6 +377,47 @@ def make_executor(workers: int = 1, dask_address: str | None = None,
             yield pool, threads
         return
     yield None, None  # serial: tasks run in this process, one after another
+
+
+@dataclass
+class BatchReport:
+    """What a batch came to: its results in task order (None where a file was not run), the stop signals it got,
+    and from them its counts, its summary and its exit code (as black's ``Report`` owns a run's)."""
+
+    results: Sequence[GradResult | None]
+    signals: Sequence[int] = field(default_factory=list)  # the stop signals that ended it (interrupts.received)
+
+    @cached_property
+    def counts(self) -> dict[str, int]:
+        """ok, failed, skipped and lost files, and those not run (stopped first)."""
+        ran = [r for r in self.results if r is not None]
+        counts = {status: sum(r.status == status for r in ran) for status in ("ok", "failed", "skipped", "lost")}
+        return {**counts, "not_run": len(self.results) - len(ran)}
+
+    @property
+    def done(self) -> int:
+        """Files whose output is there and complete: computed now, or kept from before."""
+        return self.counts["ok"] + self.counts["skipped"]
+
+    @property
+    def interrupted(self) -> str | None:
+        """The name of the stop signal that ended the batch (SIGINT, SIGTERM), or None."""
+        import signal  # noqa: PLC0415
+
+        return signal.Signals(self.signals[0]).name if self.signals else None
+
+    def summary(self) -> dict[str, int]:
+        """The counts as the --json document gives them."""
+        c = self.counts
+        return {"done": c["ok"], "failed": c["failed"], "skipped": c["skipped"], "lost": c["lost"],
+                "not_run": c["not_run"]}
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal that stopped it; ``ERROR`` when a file failed or was lost; else ``SUCCESS``."""
+        if self.signals:
+            return ExitCode.signalled(self.signals[0])
+        return ExitCode.ERROR if self.counts["failed"] or self.counts["lost"] else ExitCode.SUCCESS
 
 
 def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, dask_address: str | None = None,
