@@ -1474,13 +1474,20 @@ def _write_safetensors_input(path: Path, tensors: dict) -> Path:
     return path
 
 
-def test_every_file_format_lstmgrad_reads_is_picked_up_in_a_folder():
-    # A new input format must say whether a folder gives its files (a Keras model archive is a --weights file).
+def test_every_file_format_lstmgrad_reads_is_picked_up_in_a_folder(tmp_path):
+    # A new input format must say by which names a folder gives its files (a Keras model archive never: it is a
+    # --weights file).
     from lstmgrad_cli import io
-    from lstmgrad_cli.cli import grad_cmd
+    from lstmgrad_cli.io.discovery import expand_inputs
 
-    files = {name for name, fmt in io.FORMATS.items() if not fmt.directory}
-    assert files == set(grad_cmd.INPUT_SUFFIXES) | set(grad_cmd.NOT_FROM_FOLDERS)
+    files = {name: fmt for name, fmt in io.FORMATS.items() if not fmt.directory}
+    assert all(fmt.suffixes for fmt in files.values()) and not files["keras"].in_folders
+    for fmt in files.values():
+        for suffix in fmt.suffixes:
+            (tmp_path / f"a{suffix}").touch()
+            (tmp_path / f"a.grads{suffix}").touch()  # an earlier output: never an input
+    found = {p.name for p in expand_inputs([tmp_path]).paths}
+    assert found == {f"a{suffix}" for fmt in files.values() if fmt.in_folders for suffix in fmt.suffixes}
 
 
 def test_a_folder_gives_its_safetensors_files_and_a_folder_of_them_alone_is_a_batch(runner, tmp_path):

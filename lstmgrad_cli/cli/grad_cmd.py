@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import glob
-import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
@@ -18,7 +15,8 @@ from ..errors import ExitCode, InvalidOptionError, LstmGradError
 from ..execution import interrupts
 from ..execution.dask_executor import check_options as check_dask_options
 from ..frameworks import FrameworkOptions
-from ..io import npydir, tfdbg
+from ..io import tfdbg
+from ..io.discovery import Inputs, expand_inputs
 from ..messages import prefixed
 from ..operations.batch import BatchReport, DumpSelection, Task, plan_tasks, run_batch
 from ..operations.grad import GradOptions, GradResult
@@ -145,88 +143,6 @@ def cell_command(backend, use_peephole, group, compute_dtype, force, weights, we
     _run("cell", options, plot=None, **flags)
 
 
-# The files a folder INPUT gives, by their format in io.FORMATS (tests/test_batch.py checks that every file format is
-# here or below).  A Keras model archive is never a run's tensors: it is read with --weights.
-INPUT_SUFFIXES = {"hdf5": (".h5", ".hdf5"), "npz": (".npz",), "safetensors": (".safetensors",)}
-NOT_FROM_FOLDERS = {"keras": ".keras"}
-
-
-@dataclass
-class Inputs:
-    """What the INPUT arguments give: the paths, each one's folder relative to the folder INPUT it was found in
-    (``subdirs``, mirrored under --out-dir), and the folders that gave nothing but subfolders (for the hint)."""
-
-    paths: list[Path] = field(default_factory=list)
-    subdirs: dict[Path, Path] = field(default_factory=dict)
-    only_subfolders: list[Path] = field(default_factory=list)
-
-
-def expand_inputs(patterns, group: str | None = None, recursive: bool = False, exclude=()) -> Inputs:
-    """Paths as given; quoted glob patterns expanded.  A directory that is itself one input (a directory of .npy
-    files, a TensorFlow debug dump, or one whose --group subdirectory is: npydir.sniff_group) stays one; any other
-    directory gives its input files (``INPUT_SUFFIXES``) and its subdirectories that are inputs, and with
-    ``recursive`` those of its other subdirectories, depth first in name order.  Earlier outputs (``.grads.``) and
-    the files of ``exclude`` (the --weights file, the --out-dir folder) are never inputs."""
-    found = Inputs()
-    excluded = {_resolved(p) for p in exclude if p is not None}
-    for pattern in patterns:
-        path = Path(pattern)
-        if path.is_dir() and io.input_directory_format(path) is None and not npydir.sniff_group(path, group):
-            before = len(found.paths)
-            subfolders = _folder_inputs(path, Path(), recursive, excluded, found)
-            if len(found.paths) == before and subfolders:
-                found.only_subfolders.append(path)
-        elif not path.exists() and glob.has_magic(pattern):
-            matches = sorted(glob.glob(pattern, recursive=True))
-            if not matches:
-                raise click.BadParameter(f"no files match {pattern!r}", param_hint="INPUT")
-            found.paths.extend(Path(m) for m in matches if ".grads." not in Path(m).name)  # not earlier outputs
-        else:
-            found.paths.append(path)
-    return found
-
-
-def _folder_inputs(top: Path, relative: Path, recursive: bool, excluded: set, found: Inputs) -> int:
-    """Add the inputs of the folder ``top / relative`` to ``found`` (see expand_inputs); how many subfolders it
-    holds that are not inputs themselves (looked in with ``recursive``; symbolic links to folders are not)."""
-    suffixes = tuple(suffix for group in INPUT_SUFFIXES.values() for suffix in group)
-    folder = top / relative
-    try:
-        with os.scandir(folder) as listing:
-            entries = sorted(listing, key=lambda e: e.name)
-    except OSError:  # the run says what is wrong with it
-        found.paths.append(folder)
-        return 0
-    subfolders = []
-    for entry in entries:
-        path = folder / entry.name
-        if ".grads." in entry.name or (excluded and _resolved(path) in excluded):
-            continue
-        try:
-            is_file, is_dir = entry.is_file(), entry.is_dir()
-        except OSError:
-            continue
-        if is_file and entry.name.lower().endswith(suffixes):
-            found.paths.append(path)
-            found.subdirs[path] = relative
-        elif is_dir and io.input_directory_format(path) is not None:
-            found.paths.append(path)
-            found.subdirs[path] = relative
-        elif is_dir and not entry.is_symlink():
-            subfolders.append(entry.name)
-    if recursive:
-        for name in subfolders:
-            _folder_inputs(top, relative / name, recursive, excluded, found)
-    return len(subfolders)
-
-
-def _resolved(path) -> Path | None:
-    try:
-        return Path(path).resolve()
-    except (OSError, RuntimeError):
-        return None
-
-
 def _no_inputs_message(inputs: Inputs, recursive: bool) -> str:
     if inputs.only_subfolders and not recursive:
         folders = ", ".join(printable(p) for p in inputs.only_subfolders[:3])
@@ -238,7 +154,10 @@ def _run(command, options: GradOptions, *, inputs, output, out_dir, as_json, qui
          recursive, workers, dask_address, plot, dump_op, dump_execution) -> None:
     if plot is not None and len(inputs) != 1:
         raise click.UsageError("--plot takes a single INPUT")
-    found = expand_inputs(inputs, options.group, recursive, exclude=(options.weights, out_dir))
+    try:
+        found = expand_inputs(inputs, options.group, recursive, exclude=(options.weights, out_dir))
+    except InvalidOptionError as err:
+        raise click.BadParameter(one_line(err), param_hint="INPUT") from None
     paths = found.paths
     if output is not None and (len(paths) != 1 or out_dir is not None):
         raise click.UsageError("-o/--output takes a single INPUT and no --out-dir; use --out-dir for several")

@@ -264,6 +264,8 @@ class Format:
     open: object
     output_format: str = "npz"  # the format of the default output beside such an input
     listed: bool = True  # named in "not an HDF5, NPZ or ... file" (a Keras archive is a kind of zip, not listed)
+    suffixes: tuple[str, ...] = ()  # a file format's names: a folder given as an input gives the files that bear
+    in_folders: bool = True  # ... them, unless they are never a run's tensors (a Keras archive is a --weights file)
 
 
 HEAD_BYTES = 8192 + 8  # enough for HDF5's signature at any of its user-block offsets

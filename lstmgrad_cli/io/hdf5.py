@@ -396,4 +396,4 @@ def type_text(obj) -> str:
     return "objects"
 
 
-FORMAT = Format("hdf5", "an HDF5 file", False, sniff, open_hdf5_inputs, "hdf5")
+FORMAT = Format("hdf5", "an HDF5 file", False, sniff, open_hdf5_inputs, "hdf5", suffixes=(".h5", ".hdf5"))

@@ -176,4 +176,5 @@ def _relabel(err: InputFileError, weights: Path, label: str) -> InputFileError:
     return InputFileError(str(err).replace(str(weights), label))
 
 
-FORMAT = Format("keras", "a Keras model archive (.keras)", False, sniff, open_keras, "npz", listed=False)
+FORMAT = Format("keras", "a Keras model archive (.keras)", False, sniff, open_keras, "npz", listed=False,
+                suffixes=(".keras",), in_folders=False)

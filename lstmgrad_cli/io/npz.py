@@ -164,4 +164,4 @@ def _guarded(action, key: str, path: Path):
         return action()
 
 
-FORMAT = Format("npz", "an NPZ file", False, sniff, open_npz, "npz")
+FORMAT = Format("npz", "an NPZ file", False, sniff, open_npz, "npz", suffixes=(".npz",))

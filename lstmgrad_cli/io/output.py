@@ -21,6 +21,7 @@ from ._common import METADATA_KEY
 from .atomic import atomic_file, exists_error, os_reason, synced_behind
 from .hdf5_writer import hdf5_writer
 
+OUTPUT_MARK = ".grads."  # in every default output's name (<stem>.grads.<ext>): never taken for an input
 OUTPUT_FORMATS = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5", ".safetensors": "safetensors"}
 EXTENSIONS = {"npz": ".npz", "hdf5": ".h5", "safetensors": ".safetensors"}  # the default extension of each
 SYNC_EVERY_SECONDS = 0.25  # how often a large streamed output is flushed to disk as it is written
@@ -39,7 +40,7 @@ def default_output_path(input_path: Path, fmt: str) -> Path:
     suffix = input_path.suffix.lower()
     ext = suffix if OUTPUT_FORMATS.get(suffix) == fmt else EXTENSIONS[fmt]
     stem = input_path.name[: -len(input_path.suffix)] if OUTPUT_FORMATS.get(suffix) else input_path.name
-    return input_path.with_name(f"{stem}.grads{ext}")
+    return input_path.with_name(f"{stem}{OUTPUT_MARK[:-1]}{ext}")
 
 
 def check_output(path: Path, force: bool, inputs: Iterable[Path] = (), others: Mapping[str, Path] | None = None) -> str:

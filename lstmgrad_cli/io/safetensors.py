@@ -208,4 +208,5 @@ def write_safetensors(fh, tensors: dict, metadata: dict) -> None:
     fh.write(save(arrays, metadata={METADATA_KEY: json.dumps(dict(metadata), sort_keys=True)}))
 
 
-FORMAT = Format("safetensors", "a safetensors file", False, sniff, open_safetensors, "safetensors")
+FORMAT = Format("safetensors", "a safetensors file", False, sniff, open_safetensors, "safetensors",
+                suffixes=(".safetensors",))
