@@ -21,7 +21,7 @@ _EXPORTS = {
     "KerasLSTMGradOutputs": "frameworks", "TorchLSTMGradOutputs": "frameworks", "keras_lstm_grad": "frameworks",
     "torch_lstm_grad": "frameworks", "KerasCellGradOutputs": "frameworks", "TorchCellGradOutputs": "frameworks",
     "keras_cell_grad": "frameworks", "torch_cell_grad": "frameworks",
-    "OpInputs": "problem.inputs", "load": "problem.inputs",
+    "OpInputs": "problem.inputs", "load": "problem.inputs", "Request": "problem.request",
     "block_lstm": "ops", "block_lstm_grad": "ops", "block_lstm_grad_v2": "ops", "block_lstm_v2": "ops",
     "lstm_block_cell": "ops", "lstm_block_cell_grad": "ops", "lstm_block_cell_grad_full": "ops",
     "BlockLSTMGradOutputs": "results", "BlockLSTMOutputs": "results", "LSTMBlockCellGradFullOutputs": "results",
@@ -30,7 +30,8 @@ _EXPORTS = {
 
 __all__ = [
     "BlockLSTMGradOutputs", "BlockLSTMOutputs", "InvalidArgumentError", "KerasCellGradOutputs", "KerasLSTMGradOutputs",
-    "LSTMBlockCellGradFullOutputs", "LSTMBlockCellGradOutputs", "LstmGradError", "OpInputs", "TorchCellGradOutputs",
+    "LSTMBlockCellGradFullOutputs", "LSTMBlockCellGradOutputs", "LstmGradError", "OpInputs", "Request",
+    "TorchCellGradOutputs",
     "TorchLSTMGradOutputs", "__version__", "block_lstm", "block_lstm_grad", "block_lstm_grad_v2", "block_lstm_v2",
     "keras_cell_grad", "keras_lstm_grad", "load", "lstm_block_cell", "lstm_block_cell_grad",
     "lstm_block_cell_grad_full", "torch_cell_grad", "torch_lstm_grad", "UnrecordedTensorsError",

@@ -21,7 +21,7 @@ from conftest import FIXTURES, consistent_inputs, load_case, run_on_a_terminal, 
 
 from lstmgrad_cli import io
 from lstmgrad_cli.cli import main
-from lstmgrad_cli.io.provenance import is_complete_output, output_difference, request_of
+from lstmgrad_cli.io.provenance import is_complete_output, output_difference
 from lstmgrad_cli.operations.grad import GradOptions, run_grad_file
 
 CLI = [sys.executable, "-m", "lstmgrad_cli"]
@@ -95,11 +95,11 @@ def test_an_older_output_without_its_request_is_resumed_but_not_taken_for_a_reru
 
 def test_request_names_what_changes_the_numbers_only(tmp_path):
     src = write_npz(tmp_path / "run.npz", load_case("seq_v2_peep")[0])
-    base = request_of(GradOptions("seq"), src)
-    assert request_of(GradOptions("seq", backend="numba", chunk_steps=3, per_step=True, strict=True), src) == base
-    assert request_of(GradOptions("seq", layout="icfo"), src) != base
-    assert request_of(GradOptions("seq", compute_dtype="float64"), src) != base
-    assert request_of(GradOptions("seq", weights=str(PEEP)), src) != base
+    base = GradOptions("seq").key(src)
+    assert GradOptions("seq", backend="numba", chunk_steps=3, per_step=True, strict=True).key(src) == base
+    assert GradOptions("seq", layout="icfo").key(src) != base
+    assert GradOptions("seq", compute_dtype="float64").key(src) != base
+    assert GradOptions("seq", weights=str(PEEP)).key(src) != base
     assert output_difference(PEEP, src) == "is not an lstmgrad output"  # an input, not an output
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import write_npz
+from conftest import FIXTURES, write_npz
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -390,3 +390,23 @@ def test_a_weights_group_above_the_module_names_where_it_is(runner, tmp_path):
     assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.stderr
     assert "(group encoder), which holds LSTM layers at encoder.rnn: name one with --weights-group" in \
         result.stderr and "cs_prev" not in result.stderr, result.stderr
+
+
+def test_load_takes_the_request_a_command_line_gives(tmp_path):
+    # lg.load built its own request from six arguments and could not take a PyTorch input's batch_first.
+    path = FIXTURES / "torch" / "torch_batch_first.in.npz"
+    with np.load(FIXTURES / "torch" / "torch_batch_first.expected.npz") as f:
+        expected = {k: f[k] for k in f.files}
+    plain = lg.load(path, batch_first=True)
+    asked = lg.load(path, request=lg.Request(framework=lg.frameworks.FrameworkOptions(batch_first=True)))
+    for inputs in (plain, asked):
+        got = inputs.gradients()
+        assert inputs.framework == "torch" and set(got) == set(expected)
+        for name, want in expected.items():
+            np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
+    with pytest.raises(lg.InvalidArgumentError):  # batch-first tensors read as time-major do not fit
+        lg.load(path).gradients()
+    with pytest.raises(TypeError, match="unknown request field batchfirst; a request takes .*batch_first"):
+        lg.load(path, batchfirst=True)
+    with pytest.raises(TypeError, match="not both"):
+        lg.load(path, request=lg.Request(), layout="ifco")

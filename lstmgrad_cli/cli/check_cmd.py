@@ -68,11 +68,13 @@ def check_command(input_path, reference, kind, layout, use_peephole, seq_len_max
 
     Exit status 0 when everything passes, 1 otherwise.
     """
-    options = CheckOptions(kind, layout, backend, use_peephole, seq_len_max, group, reference_group, compute_dtype,
-                           rtol, atol, gradcheck, samples, seed, forget_bias, cell_clip,
-                           None if weights is None else str(weights), weights_group,
-                           FrameworkOptions(framework, time_major, batch_first, torch_layer, reverse, go_backwards,
-                                            inference))
+    options = CheckOptions(kind, layout, backend, use_peephole, seq_len_max, group, compute_dtype,
+                           weights=None if weights is None else str(weights), weights_group=weights_group,
+                           forget_bias=forget_bias, cell_clip=cell_clip,
+                           framework=FrameworkOptions(framework, time_major, batch_first, torch_layer, reverse,
+                                                      go_backwards, inference),
+                           reference_group=reference_group, rtol=rtol, atol=atol, gradcheck=gradcheck,
+                           samples=samples, seed=seed)
     if npydir.input_format(input_path, group) == "tfdbg2":
         _check_dump(input_path, reference, options, dump_op, dump_execution, workers, as_json)
         return

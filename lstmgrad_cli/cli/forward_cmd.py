@@ -83,8 +83,9 @@ def forward_command() -> None:
 def forward_seq_command(input_path, output, forget_bias, cell_clip, use_peephole, grads, group, compute_dtype,
                         as_json, quiet, force, layout, seq_len_max):
     """BlockLSTMV2 (or BlockLSTM with --layout icfo) on INPUT; x is [T, B, I]."""
-    options = ForwardOptions("seq", layout, forget_bias, cell_clip, use_peephole, seq_len_max, grads, group,
-                             compute_dtype, force)
+    options = ForwardOptions("seq", layout, use_peephole=use_peephole, seq_len_max=seq_len_max, group=group,
+                             compute_dtype=compute_dtype, forget_bias=forget_bias, cell_clip=cell_clip, grads=grads,
+                             force=force)
     _forward(input_path, output, options, as_json, quiet)
 
 
@@ -94,8 +95,8 @@ def forward_seq_command(input_path, output, forget_bias, cell_clip, use_peephole
 def forward_cell_command(input_path, output, forget_bias, cell_clip, use_peephole, grads, group, compute_dtype,
                          as_json, quiet, force):
     """LSTMBlockCell (one step, ICFO) on INPUT; x is [B, I]."""
-    options = ForwardOptions("cell", "icfo", forget_bias, cell_clip, use_peephole, None, grads, group,
-                             compute_dtype, force)
+    options = ForwardOptions("cell", "icfo", use_peephole=use_peephole, group=group, compute_dtype=compute_dtype,
+                             forget_bias=forget_bias, cell_clip=cell_clip, grads=grads, force=force)
     _forward(input_path, output, options, as_json, quiet)
 
 

@@ -110,8 +110,8 @@ def seq_command(backend, use_peephole, group, compute_dtype, force, layout, seq_
     (a Keras .weights.h5 with --weights-group layers/lstm, a state_dict in safetensors with the module
     prefix as --weights-group).
     """
-    options = GradOptions("seq", layout, backend, use_peephole, seq_len_max, group, compute_dtype, chunk_steps, force,
-                          per_step=per_step or plot is not None, strict=flags.pop("strict"),
+    options = GradOptions("seq", layout, backend, use_peephole, seq_len_max, group, compute_dtype, chunk_steps,
+                          force=force, per_step=per_step or plot is not None, strict=flags.pop("strict"),
                           weights=None if weights is None else str(weights), weights_group=weights_group,
                           forget_bias=forget_bias, cell_clip=cell_clip,
                           framework=FrameworkOptions(framework, time_major, batch_first, torch_layer, reverse,
@@ -137,7 +137,7 @@ def cell_command(backend, use_peephole, group, compute_dtype, force, weights, we
     kernel, recurrent_kernel, bias, a weights file with the cell's group); gives x_grad, the weights'
     names with _grad, h0_grad, c0_grad.
     """
-    options = GradOptions("cell", "icfo", backend, use_peephole, None, group, compute_dtype, None, force,
+    options = GradOptions("cell", "icfo", backend, use_peephole, None, group, compute_dtype, None, force=force,
                           strict=flags.pop("strict"), weights=None if weights is None else str(weights),
                           weights_group=weights_group, forget_bias=forget_bias, cell_clip=cell_clip)
     _run("cell", options, plot=None, **flags)

@@ -9,7 +9,6 @@ matches all three keeps it instead of failing.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -36,22 +35,6 @@ def file_identity(path: str | os.PathLike) -> str:
         return "dir:" + digest.hexdigest()[:32]
     except OSError:
         return ""
-
-
-def request_of(options, input_path: str | os.PathLike) -> dict:
-    """What an output depends on besides the code: the input (path and identity) and every option that changes the
-    numbers (``operations.grad.GradOptions``).  Backend, chunking, --per-step and --strict change how, not what."""
-    weights = None if options.weights is None else Path(options.weights)
-    request = {
-        "kind": options.kind, "layout": options.layout, "use_peephole": options.use_peephole,
-        "seq_len_max": options.seq_len_max, "group": options.group, "compute_dtype": options.compute_dtype,
-        "forget_bias": options.forget_bias, "cell_clip": options.cell_clip,
-        "weights": None if weights is None else str(weights.resolve()), "weights_group": options.weights_group,
-        "weights_identity": None if weights is None else file_identity(weights),
-        "framework": dataclasses.asdict(options.framework),
-        "input_identity": file_identity(input_path),
-    }
-    return json.loads(json.dumps(request, sort_keys=True, default=str))  # as it reads back from a file
 
 
 def is_complete_output(output: str | os.PathLike, source: str | os.PathLike | None = None) -> bool:

@@ -23,7 +23,7 @@ from ..execution import interrupts, local_workers
 from ..execution.allocator import keep_heap_top
 from ..execution.dask_executor import NotStarted, SchedulerLost, dask_executor
 from ..io import npydir, tfdbg
-from ..io.provenance import output_difference, request_of
+from ..io.provenance import output_difference
 from ..messages import Message, Param, one_line
 from .grad import GradOptions, GradResult, existing_output, run_grad_file
 
@@ -273,7 +273,7 @@ def _failure(err: BaseException, task: Task, options: GradOptions, worker_pids: 
 
 def _lost(task: Task, options: GradOptions, error: str) -> GradResult:
     """A task whose result never came back: kept when its output is there and complete, else "lost"."""
-    request = request_of(replace(options, group=task.group) if task.group else options, task.input)
+    request = (replace(options, group=task.group) if task.group else options).key(task.input)
     if task.output.exists() and output_difference(task.output, task.input, request) is None:
         return GradResult(str(task.input), str(task.output), options.op, member=task.group, status="skipped",
                           notes=["finished, but its result was lost on the way back; the output is complete"])
@@ -462,7 +462,7 @@ def _not_done(tasks: Sequence[Task], options: GradOptions, skip_existing: bool, 
     pending = []
     for index, task in enumerate(tasks):
         if skip_existing and task.output.exists():
-            request = request_of(replace(options, group=task.group) if task.group else options, task.input)
+            request = (replace(options, group=task.group) if task.group else options).key(task.input)
             difference = output_difference(task.output, task.input, request)
             if difference is None:
                 finish(index, GradResult(str(task.input), str(task.output), options.op, member=task.group,
@@ -614,7 +614,7 @@ def _as_published(error: BaseException | None, task: Task, options: GradOptions,
     if isinstance(error, OutputExistsError):  # another run published it while this one computed
         options = replace(options, group=task.group) if task.group else options
         try:
-            return existing_output(result, Path(result.output), request_of(options, task.input))
+            return existing_output(result, Path(result.output), options.key(task.input))
         except LstmGradError as err:
             return failed(task, options, one_line(err))
     if isinstance(error, LstmGradError):

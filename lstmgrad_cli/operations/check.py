@@ -30,11 +30,12 @@ from ..analysis import gradcheck
 from ..analysis.summary import json_safe
 from ..backends import get_backend, resolve_name
 from ..errors import InputFileError, InvalidArgumentError, LstmGradError
-from ..frameworks import FrameworkOptions
 from ..messages import Message, Param, one_line
-from ..ops import BlockLSTMGradOutputs, block_lstm_grad_checked, lstm_block_cell_grad_full, validation
+from ..ops import BlockLSTMGradOutputs, validation
 from ..ops.forward import gate_slices
+from ..problem.gradients import gradients
 from ..problem.reading import Problem, load_problem, peephole_origin
+from ..problem.request import Request
 from ..spec import ACTIVATIONS, CELL_GRADS_FULL, LAYOUT_OPS, OPS, PEEPHOLES, SEQ_GRADS
 from .batch import WorkerFailure, run_each
 
@@ -76,32 +77,23 @@ class Setting:
 
 
 def compute(problem: Problem, setting: Setting, backend, op_names: bool = False) -> dict[str, np.ndarray]:
-    """The gradients of ``problem`` under ``setting``, under the op's output names; a Keras or PyTorch layer's
-    under its framework's names and layouts, unless ``op_names``."""
-    arrays = problem.arrays
-    out_dtype = arrays["x"].dtype
+    """The gradients of ``problem`` under ``setting`` (problem/gradients.py, and TF's GPU peephole double count),
+    under the op's output names; a Keras or PyTorch layer's under its framework's names and layouts, unless
+    ``op_names``."""
+    out_dtype = problem.arrays["x"].dtype
     compute_dtype = setting.compute_dtype
-    if problem.framework is not None and not problem.framework.single:  # a whole module: no one op to vary
-        if op_names:
-            raise InvalidArgumentError(Message.format("{}: {} checks one op's gradient, and {}; compare with a "
-                                                      "reference instead", problem.path, Param("gradcheck"),
-                                                      problem.framework.not_one_op))
-        grads = problem.framework.gradients(backend, compute_dtype)
-        return {n: np.asarray(g).astype(out_dtype, copy=False) for n, g in grads.items()}
-    if setting.half_inputs:
-        arrays = {n: a.astype(np.float16) for n, a in arrays.items()}
+    whole = problem.framework is not None and not problem.framework.single  # a whole module: no one op to vary
+    if setting.half_inputs and not whole:
+        problem = replace(problem, arrays={n: a.astype(np.float16) for n, a in problem.arrays.items()})
         compute_dtype = "float16"
-    if setting.double_count:
-        grads = _double_counted(problem, arrays, setting)
-    elif problem.kind == "seq":
-        cdt = validation.resolve_compute_dtype(arrays["x"].dtype, compute_dtype)
-        grads = block_lstm_grad_checked(backend, setting.layout, setting.seq_len_max, arrays,
-                                        setting.use_peephole, cdt)._asdict()
+    if setting.double_count and not whole:
+        grads = _double_counted(problem, problem.arrays, setting)
+        if problem.framework is not None and not op_names:
+            grads = problem.framework.from_op(BlockLSTMGradOutputs(**grads))
     else:
-        grads = lstm_block_cell_grad_full(**arrays, use_peephole=setting.use_peephole, backend=backend,
-                                          compute_dtype=compute_dtype)._asdict()
-    if problem.framework is not None and not op_names:  # a Keras or PyTorch layer: its own names and layouts
-        grads = problem.framework.from_op(BlockLSTMGradOutputs(**grads))
+        grads = gradients(problem, backend, compute_dtype, layout=setting.layout, use_peephole=setting.use_peephole,
+                          seq_len_max=setting.seq_len_max, one_op="gradcheck" if op_names else None,
+                          op_names=op_names)
     return {n: np.asarray(g).astype(out_dtype, copy=False) for n, g in grads.items()}
 
 
@@ -470,25 +462,15 @@ def explain(problem: Problem, base: Setting, reference: dict, rtol: float, atol:
 # -- the whole check ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class CheckOptions:
-    kind: str | None = None  # None: from the rank of x
-    layout: str | None = None  # None: what the activations fit
-    backend: str | None = None
-    use_peephole: bool | None = None
-    seq_len_max: int | None = None
-    group: str | None = None
+class CheckOptions(Request):
+    """A check: the request of the input checked, and how it is compared (with a reference, or gradcheck)."""
+
     reference_group: str | None = None
-    compute_dtype: str | None = None
     rtol: float | None = None
     atol: float | None = None
     gradcheck: bool = False
     samples: int = 24
     seed: int = 0
-    forget_bias: float | None = None
-    cell_clip: float | None = None
-    weights: str | None = None  # another input holding the tensors INPUT lacks (--weights)
-    weights_group: str | None = None
-    framework: FrameworkOptions = FrameworkOptions()  # Keras/PyTorch inputs: which, and their layouts
 
 
 @dataclass
@@ -559,9 +541,7 @@ def run_check(input_path, reference_path, options: CheckOptions) -> CheckReport:
         raise InvalidArgumentError("nothing to check: give a reference file or ask for the gradient check")
     backend_name = resolve_name(options.backend)
     backend = get_backend(backend_name)
-    problem = load_problem(input_path, kind=options.kind, layout=options.layout, use_peephole=options.use_peephole,
-                           seq_len_max=options.seq_len_max, group=options.group, weights=options.weights,
-                           weights_group=options.weights_group, framework=options.framework)
+    problem = load_problem(input_path, options)
     rtol, atol = TOLERANCES[problem.dtype]
     rtol = options.rtol if options.rtol is not None else rtol
     atol = options.atol if options.atol is not None else atol

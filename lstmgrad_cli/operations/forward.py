@@ -26,6 +26,7 @@ from ..errors import InvalidArgumentError
 from ..messages import Message, Param
 from ..ops import block_lstm, block_lstm_v2, lstm_block_cell, validation
 from ..problem.reading import fill_absent_peepholes, resolve_param
+from ..problem.request import Request
 from ..spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OUTPUT_GRADIENTS
 
 _GRADS_RE = re.compile(r"^(zeros|ones|file|random)(?::(\d+))?$")
@@ -43,18 +44,12 @@ def parse_grads(spec: str | None) -> tuple[str | None, int]:
 
 
 @dataclass(frozen=True)
-class ForwardOptions:
-    """A forward run besides the file names; None means "from the file, else the op's default"."""
+class ForwardOptions(Request):
+    """A forward run: the request (None: from the file, else the op's default), the output gradients to add."""
 
     kind: str = "seq"  # "seq" or "cell"
     layout: str = "ifco"  # seq only; LSTMBlockCell is always ICFO
-    forget_bias: float | None = None
-    cell_clip: float | None = None
-    use_peephole: bool | None = None
-    seq_len_max: int | None = None
     grads: str | None = None  # see parse_grads
-    group: str | None = None
-    compute_dtype: str | None = None
     force: bool = False
 
     @property

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,43 +18,26 @@ from ..analysis.perstep import StepRecorder, impulse_norms, per_step_report
 from ..analysis.summary import SummarisedOutput, TensorSummary, summarise
 from ..backends import auto_note, cpu_blas, get_backend, resolve_name
 from ..errors import InvalidArgumentError, OutputExistsError
-from ..frameworks import FrameworkOptions
 from ..io import provenance
 from ..messages import Message, Param
-from ..ops import block_lstm_grad_checked, lstm_block_cell_grad_full, validation
-from ..problem.reading import OPS, open_problem
+from ..ops import block_lstm_grad_checked, validation
+from ..problem.gradients import gradients
+from ..problem.reading import open_problem
+from ..problem.request import Request
+from ..results import BlockLSTMGradOutputs
 
 # A streamed x_grad this large is flushed to disk as the pass writes it (io.open_hdf5_output), not all at the end.
 LARGE_OUTPUT_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
-class GradOptions:
-    """Everything a gradient run needs besides the file names; None means "from the file or default"."""
+class GradOptions(Request):
+    """A gradient run: the request (every field None: from the file or default), and what the run does with it."""
 
     kind: str = "seq"  # "seq" or "cell"
-    layout: str | None = None  # seq only (None: what the activations fit); the cell op is always ICFO
-    backend: str | None = None
-    use_peephole: bool | None = None
-    seq_len_max: int | None = None
-    group: str | None = None
-    compute_dtype: str | None = None
-    chunk_steps: int | None = None
-    force: bool = False
+    force: bool = False  # an existing output is replaced
     per_step: bool = False  # seq only: norms of the gradients at every step (perstep.py)
-    strict: bool = False  # NaN/Inf in inputs or gradients is an error, and nothing is written
-    weights: str | None = None  # another input holding the tensors an input lacks (--weights)
-    weights_group: str | None = None
-    forget_bias: float | None = None  # for recomputing absent activations (None: the file's, else the op's)
-    cell_clip: float | None = None
-    framework: FrameworkOptions = FrameworkOptions()  # Keras/PyTorch inputs: which, and their layouts
-
-    @property
-    def op(self) -> str:
-        """The op asked for; before a file is read, a sequence op of no given layout is either."""
-        if self.kind == "seq" and self.layout is None:
-            return "BlockLSTMGradV2 or BlockLSTMGrad"
-        return OPS[(self.kind, self.layout if self.kind == "seq" else "icfo")]
+    strict: bool = False  # NaN/Inf in inputs or gradients, or what contradicts the activations, is an error
 
 
 @dataclass
@@ -110,18 +93,15 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
     backend_name = resolve_name(options.backend)
     backend = get_backend(backend_name)
     out = Path(output_path) if output_path is not None else io.default_output(input_path, fmt)
-    request = provenance.request_of(options, input_path)
+    request = options.key(input_path)
     try:
         io.check_output(out, options.force, [input_path], _other_inputs(options))
     except OutputExistsError:
         return existing_output(result, out, request, start)
     lazy = options.kind == "seq" and fmt == "hdf5"
 
-    with open_problem(input_path, kind=options.kind, layout=options.layout if options.kind == "seq" else None,
-                      use_peephole=options.use_peephole, seq_len_max=options.seq_len_max, group=options.group,
-                      lazy=lazy, weights=options.weights, weights_group=options.weights_group,
-                      forget_bias=options.forget_bias, cell_clip=options.cell_clip,
-                      framework=options.framework, input_format=fmt) as problem:
+    asked = options if options.kind == "seq" else replace(options, layout=None)  # (the cell op is always ICFO)
+    with open_problem(input_path, asked, lazy=lazy, input_format=fmt) as problem:
         result.op, result.layout, result.warnings = problem.op, problem.layout, problem.warnings
         if problem.framework is not None:
             result.framework = problem.framework.framework
@@ -212,24 +192,12 @@ def _compute(problem, backend, cdt, options: GradOptions, result: GradResult, x_
 def _gradients(problem, backend, cdt, options: GradOptions, result: GradResult, x_grad_out) -> dict:
     arrays = problem.arrays
     recorder = StepRecorder(problem.seq_len_max) if options.per_step and options.kind == "seq" else None
-    # A module's own pass recomputes its forward in the compute dtype; the op's takes the activations recomputed in
-    # the input's (as TF's forward stores them): a framework layer computed in another dtype goes the module's way.
-    wider = np.dtype(cdt) != arrays["x"].dtype and recorder is None
-    whole = problem.framework is not None and (not problem.framework.single or wider)
-    if whole and recorder is not None:
-        raise InvalidArgumentError(Message.format("{}: {} follows one op over its steps, and {}", problem.path,
-                                                  Param("per_step"), problem.framework.not_one_op))
-    if whole:  # several layers or directions, or activations the op has not: the module's own pass
-        tensors = problem.framework.gradients(backend, cdt)
-    else:
-        if problem.kind == "seq":
-            outputs = block_lstm_grad_checked(backend, problem.layout, problem.seq_len_max, arrays,
-                                              problem.use_peephole, cdt, options.chunk_steps, observe=recorder,
-                                              x_grad_out=x_grad_out)
-        else:
-            outputs = lstm_block_cell_grad_full(**arrays, use_peephole=problem.use_peephole, backend=backend,
-                                                compute_dtype=cdt)
-        tensors = problem.framework.from_op(outputs) if problem.framework else outputs._asdict()
+    if recorder is None:
+        tensors = gradients(problem, backend, cdt, chunk_steps=options.chunk_steps, x_grad_out=x_grad_out)
+    else:  # the op's own gradient, followed over its steps
+        outputs = gradients(problem, backend, cdt, chunk_steps=options.chunk_steps, observe=recorder,
+                            x_grad_out=x_grad_out, one_op="per_step", op_names=True)
+        tensors = problem.framework.from_op(BlockLSTMGradOutputs(**outputs)) if problem.framework else outputs
     result.tensors = [summarise(name, value) for name, value in tensors.items()]
     result.nonfinite_inputs = _count_nonfinite(arrays)
     note = nonfinite_note(result)
@@ -242,7 +210,7 @@ def _gradients(problem, backend, cdt, options: GradOptions, result: GradResult, 
             block_lstm_grad_checked(backend, problem.layout, problem.seq_len_max, inputs, problem.use_peephole, cdt,
                                     options.chunk_steps, observe=observe, x_grad_out=x_grad_out)
 
-        result.per_step = per_step_report(outputs.x_grad, recorder, problem.seq_len_max,
+        result.per_step = per_step_report(outputs["x_grad"], recorder, problem.seq_len_max,
                                           impulse_norms(backward, arrays, problem.seq_len_max))
     return tensors
 

@@ -24,6 +24,7 @@ from ..errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
 from ..messages import Message, Param, message_of
 from ..ops import validation
 from ..spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OPS, TIME_MAJOR  # noqa: F401 - (re-exported)
+from .request import Request
 
 
 @dataclass
@@ -115,42 +116,37 @@ def detect_kind(path: Path, x) -> str:
     return kind
 
 
-def load_problem(path, *, kind: str | None = None, layout: str | None = None, use_peephole: bool | None = None,
-                 seq_len_max: int | None = None, group: str | None = None, weights=None,
-                 weights_group: str | None = None, forget_bias: float | None = None,
-                 cell_clip: float | None = None, framework: frameworks.FrameworkOptions | None = None) -> Problem:
-    """Read and validate a seq or cell input; ``kind=None`` decides from the rank of x (3: seq, 2: cell).
+def load_problem(path, request: Request | None = None, **fields) -> Problem:
+    """Read and validate a seq or cell input as ``request`` (or a ``Request`` of ``fields``) asks.
 
-    Flags (non-None arguments) override values in the file.  The gate layout and ``use_peephole``,
-    when neither a flag nor the input gives them, are what the stored activations fit (detect.py),
-    else ifco and false; a given value the activations contradict is used as given, with a line in
-    ``Problem.warnings``.  Missing ``seq_len_max`` means T; without peepholes, absent wci/wcf/wco are
-    zeros.  Tensors the input lacks are read from ``weights`` (another input, any format) when given.
-    Without any forward outputs (i, cs, f, o, ci, co, h) they are recomputed by the forward op, with
-    ``forget_bias`` and ``cell_clip`` from the arguments, the file, or the op's defaults.
+    ``kind=None`` decides from the rank of x (3: seq, 2: cell).  Given fields (not None) override values in the
+    file.  The gate layout and ``use_peephole``, when neither the request nor the input gives them, are what the
+    stored activations fit (detect.py), else ifco and false; a given value the activations contradict is used as
+    given, with a line in ``Problem.warnings``.  Missing ``seq_len_max`` means T; without peepholes, absent
+    wci/wcf/wco are zeros.  Tensors the input lacks are read from ``weights`` (another input, any format) when
+    given.  Without any forward outputs (i, cs, f, o, ci, co, h) they are recomputed by the forward op, with
+    ``forget_bias`` and ``cell_clip`` from the request, the file, or the op's defaults.
     Every problem is an ``InvalidArgumentError`` naming the file.
     """
-    with open_problem(path, kind=kind, layout=layout, use_peephole=use_peephole, seq_len_max=seq_len_max,
-                      group=group, weights=weights, weights_group=weights_group, forget_bias=forget_bias,
-                      cell_clip=cell_clip, framework=framework) as problem:
+    with open_problem(path, request if request is not None else Request(**fields)) as problem:
         return problem
 
 
 @contextlib.contextmanager
-def open_problem(path, *, kind: str | None = None, layout: str | None = None, use_peephole: bool | None = None,
-                 seq_len_max: int | None = None, group: str | None = None, lazy: bool = False, weights=None,
-                 weights_group: str | None = None, forget_bias: float | None = None, cell_clip: float | None = None,
-                 framework: frameworks.FrameworkOptions | None = None,
-                 input_format: str | None = None) -> Iterator[Problem]:
+def open_problem(path, request: Request, *, lazy: bool = False, input_format: str | None = None
+                 ) -> Iterator[Problem]:
     """``load_problem`` whose time-major tensors may stay on disk (``lazy``, HDF5 only) while the block runs.
 
     Lazy tensors are read a chunk of time steps at a time by the backward pass, so an input larger
     than memory can be processed; they must not be used after the block ends.  ``input_format``: what
     ``io.sniff_format`` said of ``path``, when the caller has asked it already.  Keras and PyTorch tensors
-    (``framework``, else told from the names) are turned into the op's (frameworks.py).
+    (``request.framework``, else told from the names) are turned into the op's (frameworks.py).
     """
+    kind, layout, use_peephole, seq_len_max = request.kind, request.layout, request.use_peephole, request.seq_len_max
+    group, weights, weights_group = request.group, request.weights, request.weights_group
+    forget_bias, cell_clip = request.forget_bias, request.cell_clip
     path = Path(path)
-    framework = framework or frameworks.FrameworkOptions()
+    framework = request.framework
     wanted = validation.SEQ_TENSORS if kind != "cell" else validation.CELL_TENSORS
     if kind != "cell" and framework.framework != "tf":
         wanted = tuple(dict.fromkeys([*wanted, *frameworks.file_names(framework)]))
