@@ -20,7 +20,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Param:
     """A parameter a message refers to: by name alone ("the seq_len_max argument", ``--seq-len-max``), or with
-    the value to give (``layout='icfo'``, ``--layout icfo``)."""
+    the value to give (``compute_dtype='float64'``, ``--compute-dtype float64``)."""
 
     name: str
     value: object = None

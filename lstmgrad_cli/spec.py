@@ -53,6 +53,17 @@ LAYOUTS = {
     "icfo": {"i": 0, "c": 1, "f": 2, "o": 3},  # BlockLSTM / BlockLSTMGrad / LSTMBlockCell(Grad)
 }
 
+LAYOUT_V2 = "ifco"  # BlockLSTMV2's and BlockLSTMGradV2's (a Keras or PyTorch layer's gates are in this order too)
+LAYOUT_V1 = "icfo"  # BlockLSTM's and BlockLSTMGrad's
+CELL_LAYOUT = LAYOUT_V1  # LSTMBlockCell and LSTMBlockCellGrad have no layout attribute: always ICFO
+OTHER_LAYOUT = {LAYOUT_V2: LAYOUT_V1, LAYOUT_V1: LAYOUT_V2}
+
+
+def layout_for(kind: str | None, layout: str | None) -> str | None:
+    """The gate layout of an op of ``kind`` asked for in ``layout``: the cell op's own whatever is asked."""
+    return CELL_LAYOUT if kind == "cell" else layout
+
+
 # TF op names by (kind, gate layout): the gradient ops and the forward ops they differentiate.
 OPS = {("seq", "ifco"): "BlockLSTMGradV2", ("seq", "icfo"): "BlockLSTMGrad", ("cell", "icfo"): "LSTMBlockCellGrad"}
 FORWARD_OPS = {("seq", "ifco"): "BlockLSTMV2", ("seq", "icfo"): "BlockLSTM", ("cell", "icfo"): "LSTMBlockCell"}
@@ -87,5 +98,15 @@ GRADIENT_OPS = tuple(op for op, signature in SIGNATURES.items() if signature.for
 FORWARD_DEFAULTS = {"BlockLSTMV2": (0.0, 0.0), "BlockLSTM": (1.0, 3.0), "LSTMBlockCell": (1.0, 3.0)}
 
 # The op defaults where a file and the activations say nothing: IFCO (BlockLSTMGradV2), no peepholes, T steps.
-DEFAULT_LAYOUT = "ifco"
+DEFAULT_LAYOUT = LAYOUT_V2
 DEFAULT_USE_PEEPHOLE = False
+
+
+def op_name(kind: str, layout: str | None) -> str:
+    """The gradient op of ``kind`` ("seq", "cell") in ``layout`` (the cell's own whatever is asked)."""
+    return OPS[(kind, layout_for(kind, layout))]
+
+
+def forward_op_name(kind: str, layout: str | None) -> str:
+    """The forward op of ``kind`` in ``layout`` (the cell's own whatever is asked)."""
+    return FORWARD_OPS[(kind, layout_for(kind, layout))]

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from ..errors import InvalidArgumentError
 from ..messages import Message, Param
 from ..ops import validation
-from ..spec import ACTIVATIONS, DEFAULT_LAYOUT, LAYOUT_OPS, OPS
+from ..spec import ACTIVATIONS, CELL_LAYOUT, DEFAULT_LAYOUT, LAYOUT_OPS, LAYOUT_V1, LAYOUT_V2, OPS
 from . import detect
 
 # A source in the words a summary shows it (the JSON keeps the codes).
@@ -125,7 +125,7 @@ def forget_bias_allowed(op: str, forget_bias) -> None:
     if op == "BlockLSTMV2" and forget_bias not in (None, 0.0):
         raise InvalidArgumentError(Message.format(
             "BlockLSTMV2 has no forget_bias (its kernel adds 0): use {} (BlockLSTM) for a forget bias, or add it to "
-            "the f block of b", Param("layout", "icfo")))
+            "the f block of b", Param("layout", LAYOUT_V1)))
 
 
 def seq_len_max(T: int, given: Given | None, arrays=None) -> Decision:
@@ -146,8 +146,8 @@ def layout(kind: str, given: Given | None, fit: detect.ActivationFit | None, seq
     """The gate layout: the cell op's ICFO; else the given one; else the one the activations fit; else ifco.
     ``activations`` False: there are none to fit (they are to be recomputed), and a default needs no word."""
     if kind == "cell":
-        decision = Decision("icfo", "op")  # LSTMBlockCell(Grad) is always ICFO
-        if fit is not None and fit.layouts == ["ifco"]:
+        decision = Decision(CELL_LAYOUT, "op")  # LSTMBlockCell(Grad) has one layout
+        if fit is not None and fit.layouts == [LAYOUT_V2]:
             decision.warnings.append(
                 "the activations fit the IFCO gate layout (a step of BlockLSTMV2?), but LSTMBlockCellGrad is "
                 "ICFO: for a BlockLSTMV2 step use `lstmgrad seq` with x of shape [1, B, I]")
@@ -186,7 +186,7 @@ def both_layouts_fit() -> Message:
 def _layout_contradicted(given: Given, found: str) -> Message:
     asked = given.value
     consequence = ("TensorFlow's GradientTape gradient of BlockLSTMV2 (the V1 kernel on IFCO activations), not the "
-                   "true gradient" if asked == "icfo" else "not the gradient of the op that made them")
+                   "true gradient" if asked == LAYOUT_V1 else "not the gradient of the op that made them")
     return Message.format("the activations fit layout {} ({}), not {} as {}: {} of them is {}", found,
                           LAYOUT_OPS[found], asked, _given_words(given, Param("layout", asked)), OPS["seq", asked],
                           consequence)

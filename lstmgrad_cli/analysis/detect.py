@@ -143,7 +143,7 @@ def seq_len_max_stopped(arrays: dict, T: int) -> int | None:
     return steps
 
 
-def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=("ifco", "icfo")) -> ActivationFit | None:
+def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=tuple(LAYOUTS)) -> ActivationFit | None:
     """Test the layouts (and both peephole settings) on validated arrays; None when there is no step to test.
 
     ``arrays`` may hold lazy (on-disk) time-major tensors: only the sampled steps are read.

@@ -29,7 +29,17 @@ import numpy as np
 from ..backends import get_backend
 from ..ops import block_lstm_grad_checked
 from ..ops.forward import block_lstm_forward, gate_slices, logit, sigmoid
-from ..spec import ACTIVATIONS, FORWARD_INPUTS, PEEPHOLES, TIME_MAJOR
+from ..spec import (
+    ACTIVATIONS,
+    CELL_LAYOUT,
+    FORWARD_DEFAULTS,
+    FORWARD_INPUTS,
+    LAYOUT_OPS,
+    LAYOUTS,
+    PEEPHOLES,
+    TIME_MAJOR,
+    layout_for,
+)
 
 # Largest deviation of a recomputed activation that still counts as "the same", by dtype.  The
 # forward ops match a float64 recomputation to a few ulp (docs/semantics.md); a wrong step or
@@ -125,7 +135,7 @@ def forward_consistency(arrays: dict, kind: str, *, layout: str, use_peephole: b
             if abs(round(forget_bias, 2) - forget_bias) <= 10 * tol:  # 0.99997 is 1.0 in all but rounding
                 forget_bias = round(forget_bias, 2) + 0.0  # + 0.0: no "-0.0"
         else:
-            forget_bias, fb_source = (0.0 if layout == "ifco" else 1.0), "default"
+            forget_bias, fb_source = FORWARD_DEFAULTS[LAYOUT_OPS[layout]][0], "default"
 
     cs_raw = i * ci + f * cs_prevs
     clip_source = "given"
@@ -170,7 +180,7 @@ def _infer_clip(cs, cs_raw, tol) -> tuple[float, str]:
 def forward_fits(arrays: dict, kind: str, *, seq_len_max: int, forget_bias: float | None = None,
                  cell_clip: float | None = None, layouts=None, peepholes=(False, True)) -> list[ForwardFit]:
     """``forward_consistency`` for each layout and peephole setting, best fit first."""
-    layouts = layouts or (("ifco", "icfo") if kind == "seq" else ("icfo",))
+    layouts = layouts or (tuple(LAYOUTS) if kind == "seq" else (CELL_LAYOUT,))
     fits = [forward_consistency(arrays, kind, layout=lay, use_peephole=p, seq_len_max=seq_len_max,
                                 forget_bias=forget_bias, cell_clip=cell_clip)
             for lay in layouts for p in peepholes]
@@ -224,7 +234,7 @@ def finite_difference_check(arrays: dict, kind: str, *, layout: str, use_peephol
                             backend=None, rtol: float = 1e-5, stored_grads: dict | None = None
                             ) -> GradcheckResult:
     """Analytic gradient (the op on float64 recomputed activations) against central differences."""
-    layout = layout if kind == "seq" else "icfo"
+    layout = layout_for(kind, layout)
     a = {n: np.array(v, dtype=np.float64) for n, v in as_sequence(arrays, kind).items()}
     L = seq_len_max
     fwd = dict(layout=layout, use_peephole=use_peephole, seq_len_max=L, forget_bias=forget_bias,

@@ -42,7 +42,7 @@ def _numba() -> KernelBuild:
     state = status("numba")
     if not state.available:
         return KernelBuild("numba", "host", 0, None, state.reason)
-    from ..spec import SeqTensors  # noqa: PLC0415
+    from ..spec import LAYOUT_V1, SeqTensors  # noqa: PLC0415
     from ._numba import NumbaBackend  # noqa: PLC0415 - imports numba
 
     # Every kernel a pass calls, in each dtype: the step and the compiled chunk loop, serial and parallel.
@@ -55,7 +55,7 @@ def _numba() -> KernelBuild:
             tensors = SeqTensors(**_tiny(dtype))
             for backend in variants:
                 for peephole in (False, True):
-                    backend.block_lstm_grad(tensors, seq_len_max=2, use_peephole=peephole, layout="icfo",
+                    backend.block_lstm_grad(tensors, seq_len_max=2, use_peephole=peephole, layout=LAYOUT_V1,
                                             compute_dtype=np.dtype(dtype))
                 built += 1
     except Exception as err:  # noqa: BLE001 - reported, with the kernels built before it

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ..spec import FORWARD_DEFAULTS, FORWARD_OPS, LAYOUTS
+from ..spec import FORWARD_DEFAULTS, LAYOUTS, forward_op_name
 
 COMPUTE_DTYPES = click.Choice(["float16", "float32", "float64"])
 LAYOUT_CHOICE = click.Choice(list(LAYOUTS))
@@ -129,7 +129,7 @@ def forward_default_words(kind: str, from_file: bool) -> tuple[str, str]:
     ``from_file``: a value the input holds comes first."""
     first = "the file's, else " if from_file else ""
     if kind == "cell":
-        forget_bias, cell_clip = FORWARD_DEFAULTS[FORWARD_OPS["cell", "icfo"]]
+        forget_bias, cell_clip = FORWARD_DEFAULTS[forward_op_name("cell", None)]
         return f"{first}LSTMBlockCell's {forget_bias:g}", f"{first}LSTMBlockCell's {cell_clip:g}"
     v2_clip, (v1_fb, v1_clip) = FORWARD_DEFAULTS["BlockLSTMV2"][1], FORWARD_DEFAULTS["BlockLSTM"]
     return (f"{first}the op's: {v1_fb:g} for BlockLSTM (--layout icfo); BlockLSTMV2 has none",

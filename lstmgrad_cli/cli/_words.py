@@ -1,7 +1,8 @@
 """How the command line spells the parameters library messages refer to (messages.py): its flags.
 
 Every library message reaches the user through ``words`` (and so through ``_common.one_line``, ``say`` and
-``print_json``): ``Param("layout", "icfo")`` is ``--layout icfo`` here, ``layout='icfo'`` in Python.
+``print_json``): ``Param("compute_dtype", "float64")`` is ``--compute-dtype float64`` here,
+``compute_dtype='float64'`` in Python.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import click
 from .. import __version__
 from ..errors import InvalidArgumentError
 from ..operations.forward import ForwardOptions, parse_grads, run_forward_file
+from ..spec import CELL_LAYOUT, DEFAULT_LAYOUT
 from . import _options as opt
 from . import render
 from ._common import (
@@ -76,7 +77,7 @@ def forward_command() -> None:
 
 @forward_command.command("seq")
 @_forward_options("seq")
-@click.option("--layout", type=opt.LAYOUT_CHOICE, default="ifco", show_default=True,
+@click.option("--layout", type=opt.LAYOUT_CHOICE, default=DEFAULT_LAYOUT, show_default=True,
               help=f"Gate layout: {opt.FORWARD_LAYOUTS}.")
 @click.option("--seq-len-max", type=click.IntRange(min=0), help="Steps to run (default: from the file, else T).")
 @handle_errors
@@ -95,7 +96,7 @@ def forward_seq_command(input_path, output, forget_bias, cell_clip, use_peephole
 def forward_cell_command(input_path, output, forget_bias, cell_clip, use_peephole, grads, group, compute_dtype,
                          as_json, quiet, force):
     """LSTMBlockCell (one step, ICFO) on INPUT; x is [B, I]."""
-    options = ForwardOptions("cell", "icfo", use_peephole=use_peephole, group=group, compute_dtype=compute_dtype,
+    options = ForwardOptions("cell", CELL_LAYOUT, use_peephole=use_peephole, group=group, compute_dtype=compute_dtype,
                              forget_bias=forget_bias, cell_clip=cell_clip, grads=grads, force=force)
     _forward(input_path, output, options, as_json, quiet)
 

@@ -20,6 +20,7 @@ from ..io.discovery import Inputs, expand_inputs
 from ..messages import prefixed
 from ..operations.batch import BatchReport, DumpSelection, Task, plan_tasks, run_batch
 from ..operations.grad import GradOptions, GradResult
+from ..spec import CELL_LAYOUT
 from . import _options as opt
 from . import render
 from ._common import (
@@ -137,7 +138,7 @@ def cell_command(backend, use_peephole, group, compute_dtype, force, weights, we
     kernel, recurrent_kernel, bias, a weights file with the cell's group); gives x_grad, the weights'
     names with _grad, h0_grad, c0_grad.
     """
-    options = GradOptions("cell", "icfo", backend, use_peephole, None, group, compute_dtype, None, force=force,
+    options = GradOptions("cell", CELL_LAYOUT, backend, use_peephole, None, group, compute_dtype, None, force=force,
                           strict=flags.pop("strict"), weights=None if weights is None else str(weights),
                           weights_group=weights_group, forget_bias=forget_bias, cell_clip=cell_clip)
     _run("cell", options, plot=None, **flags)

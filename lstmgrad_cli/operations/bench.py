@@ -163,14 +163,14 @@ def _gemm_operands(shape, cdt):
 
 def _backend_call(backend, inputs, use_peephole):
     from ..ops.validation import resolve_compute_dtype
-    from ..spec import SeqTensors
+    from ..spec import LAYOUT_V2, SeqTensors
 
     T = inputs["x"].shape[0]
     tensors = SeqTensors(**inputs)
     cdt = resolve_compute_dtype(inputs["x"].dtype, None)
 
-    def call():
-        backend.block_lstm_grad(tensors, seq_len_max=T, use_peephole=use_peephole, layout="ifco", compute_dtype=cdt)
+    def call():  # BlockLSTMGradV2, as PyTorch and TensorFlow are timed
+        backend.block_lstm_grad(tensors, seq_len_max=T, use_peephole=use_peephole, layout=LAYOUT_V2, compute_dtype=cdt)
 
     return call
 
@@ -239,7 +239,7 @@ def gpu_calls(shape, dtype: str, inputs: dict, use_peephole: bool, backend) -> t
     import cupy  # noqa: PLC0415 - only with the cupy backend
 
     from ..ops.validation import resolve_compute_dtype  # noqa: PLC0415
-    from ..spec import SeqTensors  # noqa: PLC0415
+    from ..spec import LAYOUT_V2, SeqTensors  # noqa: PLC0415
 
     sync = cupy.cuda.get_current_stream().synchronize
     T, B, I, C = shape  # noqa: E741
@@ -256,7 +256,7 @@ def gpu_calls(shape, dtype: str, inputs: dict, use_peephole: bool, backend) -> t
     compute = resolve_compute_dtype(inputs["x"].dtype, None)
 
     def on_device():
-        backend.block_lstm_grad(tensors, seq_len_max=T, use_peephole=use_peephole, layout="ifco",
+        backend.block_lstm_grad(tensors, seq_len_max=T, use_peephole=use_peephole, layout=LAYOUT_V2,
                                 compute_dtype=compute)
         sync()
 
@@ -341,6 +341,7 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
     """
     from .. import backends as registry
     from ..backends import cpu_blas
+    from ..spec import LAYOUT_V2
 
     if dtype not in DTYPES:
         from ..errors import InvalidArgumentError
@@ -424,7 +425,7 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
             results.append(Timing(name, versions.get(name), shape, dtype, secs, med, flops(shape) / med / 1e9,
                                   med / limits.get(name, limit), notes.get(name, ""), following,
                                   float(np.median(following)) if following else None))
-    settings = {"dtype": dtype, "repeats": repeats, "use_peephole": use_peephole, "layout": "ifco",
+    settings = {"dtype": dtype, "repeats": repeats, "use_peephole": use_peephole, "layout": LAYOUT_V2,
                 "shapes": [list(s) for s in shapes]}
     return BenchReport(machine_info(), settings, results, list(skipped.values()))
 

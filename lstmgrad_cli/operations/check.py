@@ -36,7 +36,17 @@ from ..ops.forward import gate_slices
 from ..problem.gradients import gradients
 from ..problem.reading import Problem, load_problem, peephole_origin
 from ..problem.request import Request
-from ..spec import ACTIVATIONS, CELL_GRADS_FULL, LAYOUT_OPS, OPS, PEEPHOLES, SEQ_GRADS
+from ..spec import (
+    ACTIVATIONS,
+    CELL_GRADS_FULL,
+    LAYOUT_OPS,
+    LAYOUT_V1,
+    LAYOUT_V2,
+    OPS,
+    OTHER_LAYOUT,
+    PEEPHOLES,
+    SEQ_GRADS,
+)
 from .batch import WorkerFailure, run_each
 
 # (rtol, atol): passes when max|ours - ref| <= atol + rtol * max|ref|.  float32 and float16 as the
@@ -277,7 +287,7 @@ def _variants(problem: Problem, base: Setting, reference: dict) -> list[tuple[st
     """Single changes of ``base`` worth trying, as (cause, changes)."""
     out: list[tuple[str, dict]] = []
     if problem.kind == "seq":
-        out.append(("layout", {"layout": "icfo" if base.layout == "ifco" else "ifco"}))
+        out.append(("layout", {"layout": OTHER_LAYOUT[base.layout]}))
     peepholes_zero = all(not np.any(problem.arrays[n]) for n in PEEPHOLES)
     if base.use_peephole or not peepholes_zero:
         out.append(("peephole", {"use_peephole": not base.use_peephole}))
@@ -360,19 +370,19 @@ def _layout_explanation(problem: Problem, ours: str, theirs: str) -> Message:
     """Why the reference matches the other layout, from what the activations fit (not from what was asked)."""
     found = problem.fit.layout if problem.fit is not None else None
     op_ours, op_theirs = OPS[("seq", ours)], OPS[("seq", theirs)]
-    if found == ours and theirs == "icfo":
+    if found == ours and theirs == LAYOUT_V1:
         return Message.format(
             "The reference is BlockLSTMGrad, TensorFlow's V1 kernel with the ICFO gate layout, run on activations "
             "that BlockLSTMV2 made (they fit the IFCO layout only). That is what tf.GradientTape returns for "
             "BlockLSTMV2: TensorFlow registers the V1 gradient for both ops (docs/semantics.md), so the c and f "
             "gate blocks are swapped and the x, cs_prev, h_prev, w and b gradients are wrong. lstmgrad's "
             "BlockLSTMGradV2 result is the true gradient; to reproduce TF's tape anyway, use {}.",
-            Param("layout", "icfo"))
+            Param("layout", LAYOUT_V1))
     if found == ours:
         return Message.format(
             "The reference is BlockLSTMGradV2 (IFCO gate layout) run on activations that BlockLSTM (V1) made "
             "(they fit the ICFO layout only): the c and f gate blocks are swapped, so it is not their gradient. "
-            "lstmgrad's BlockLSTMGrad result is; {} reproduces the reference.", Param("layout", "ifco"))
+            "lstmgrad's BlockLSTMGrad result is; {} reproduces the reference.", Param("layout", LAYOUT_V2))
     if found == theirs:
         return Message.format(
             "The reference is {} (layout {}), the gradient of the op that made these activations (they fit layout "

@@ -1,7 +1,7 @@
 """One forward job: weights and inputs in, a complete file for ``lstmgrad seq``/``cell`` out.
 
 The library behind ``lstmgrad forward seq|cell`` (no click here).  It runs BlockLSTMV2 (layout
-IFCO), BlockLSTM (``layout="icfo"``) or LSTMBlockCell on ``x, cs_prev, h_prev, w, wci, wcf, wco,
+IFCO), BlockLSTM (layout ICFO) or LSTMBlockCell on ``x, cs_prev, h_prev, w, wci, wcf, wco,
 b`` with TF's per-op defaults for ``forget_bias`` and ``cell_clip`` (docs/semantics.md), adds
 the output gradients ``cs_grad``/``h_grad`` (zeros, ones, seeded normal noise, or the input file's),
 and writes everything under TF's names in TF's order, so the result is a consistent example that
@@ -27,7 +27,14 @@ from ..messages import Message, Param
 from ..ops import block_lstm, block_lstm_v2, lstm_block_cell, validation
 from ..problem.reading import fill_absent_peepholes, resolve_param
 from ..problem.request import Request
-from ..spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OUTPUT_GRADIENTS
+from ..spec import (
+    DEFAULT_LAYOUT,
+    FORWARD_DEFAULTS,
+    FORWARD_INPUTS,
+    OUTPUT_GRADIENTS,
+    forward_op_name,
+    layout_for,
+)
 
 _GRADS_RE = re.compile(r"^(zeros|ones|file|random)(?::(\d+))?$")
 
@@ -48,13 +55,13 @@ class ForwardOptions(Request):
     """A forward run: the request (None: from the file, else the op's default), the output gradients to add."""
 
     kind: str = "seq"  # "seq" or "cell"
-    layout: str = "ifco"  # seq only; LSTMBlockCell is always ICFO
+    layout: str = DEFAULT_LAYOUT  # seq only (the cell op has its own: spec.layout_for)
     grads: str | None = None  # see parse_grads
     force: bool = False
 
     @property
     def op(self) -> str:
-        return FORWARD_OPS[(self.kind, self.layout if self.kind == "seq" else "icfo")]
+        return forward_op_name(self.kind, self.layout)
 
 
 @dataclass
@@ -85,7 +92,7 @@ def run_forward_file(input_path: str | Path, output_path: str | Path, options: F
     start = time.perf_counter()
     input_path, out = Path(input_path), Path(output_path)
     op = options.op
-    layout = options.layout if options.kind == "seq" else "icfo"
+    layout = layout_for(options.kind, options.layout)
     result = ForwardResult(str(input_path), None, op, layout)
     mode, seed = parse_grads(options.grads)
     fb_default, clip_default = FORWARD_DEFAULTS[op]

@@ -25,6 +25,7 @@ from ..problem.gradients import gradients
 from ..problem.reading import open_problem
 from ..problem.request import Request
 from ..results import BlockLSTMGradOutputs
+from ..spec import layout_for
 
 # A streamed x_grad this large is flushed to disk as the pass writes it (io.open_hdf5_output), not all at the end.
 LARGE_OUTPUT_BYTES = 64 * 2**20
@@ -87,7 +88,7 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
     start = time.perf_counter()
     input_path = Path(input_path)
     fmt = input_format or io.sniff_format(input_path)
-    result = GradResult(str(input_path), None, options.op, layout=options.layout if options.kind == "seq" else "icfo",
+    result = GradResult(str(input_path), None, options.op, layout=layout_for(options.kind, options.layout),
                         member=options.group if fmt == "tfdbg2" else None)
 
     backend_name = resolve_name(options.backend)

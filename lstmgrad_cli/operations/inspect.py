@@ -32,7 +32,7 @@ from ..io import npydir
 from ..messages import Message, Param, message_of
 from ..ops import validation
 from ..problem.reading import load_problem
-from ..spec import FORWARD_INPUTS, FORWARD_OPS, GRADIENT_NAMES, OPS
+from ..spec import CELL_LAYOUT, FORWARD_INPUTS, FORWARD_OPS, GRADIENT_NAMES, OPS
 
 SCALARS = ("seq_len_max", "use_peephole")
 KNOWN = (*validation.SEQ_TENSORS, *SCALARS, *GRADIENT_NAMES)
@@ -260,7 +260,7 @@ def inspect_file(path, group: str | None = None, *, weights=None, weights_group:
         report.dims = dims._asdict() if seq else {"B": dims.B, "I": dims.I, "C": dims.C}
     length = _seq_len_max_given(by_name, dims, seq, report)
     if not seq:
-        report.layout, report.layout_source = "icfo", SOURCES["op"]
+        report.layout, report.layout_source = CELL_LAYOUT, SOURCES["op"]
     if forward_only and seq and recorded is not None:
         report.layout, report.layout_source = recorded.value, recorded.source
         report.op = FORWARD_OPS[("seq", recorded.value)]

@@ -10,7 +10,16 @@ from __future__ import annotations
 from ..backends import get_backend, on_gpu, takes_gpu_arrays
 from ..errors import InvalidArgumentError
 from ..results import BlockLSTMGradOutputs, BlockLSTMOutputs, LSTMBlockCellGradFullOutputs, LSTMBlockCellGradOutputs
-from ..spec import CELL_TENSORS, FORWARD_INPUTS, SEQ_TENSORS, TIME_MAJOR, SeqTensors
+from ..spec import (
+    CELL_LAYOUT,
+    CELL_TENSORS,
+    FORWARD_INPUTS,
+    LAYOUT_V1,
+    LAYOUT_V2,
+    SEQ_TENSORS,
+    TIME_MAJOR,
+    SeqTensors,
+)
 from . import validation
 from .forward import block_lstm_forward
 
@@ -72,7 +81,7 @@ def block_lstm_grad_v2(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, 
     the time steps processed per batched matrix product (default: from a memory budget).
     """
     tensors = _named(SEQ_TENSORS, locals())
-    return _seq_grad("ifco", seq_len_max, tensors, use_peephole, backend, compute_dtype, chunk_steps)
+    return _seq_grad(LAYOUT_V2, seq_len_max, tensors, use_peephole, backend, compute_dtype, chunk_steps)
 
 
 def block_lstm_grad(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h,
@@ -80,7 +89,7 @@ def block_lstm_grad(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs,
                     chunk_steps=None) -> BlockLSTMGradOutputs:
     """BlockLSTMGrad: the gradient of BlockLSTM (V1, gate layout ICFO).  Arguments as block_lstm_grad_v2."""
     tensors = _named(SEQ_TENSORS, locals())
-    return _seq_grad("icfo", seq_len_max, tensors, use_peephole, backend, compute_dtype, chunk_steps)
+    return _seq_grad(LAYOUT_V1, seq_len_max, tensors, use_peephole, backend, compute_dtype, chunk_steps)
 
 
 def lstm_block_cell_grad_full(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, cs_grad, h_grad,
@@ -97,7 +106,7 @@ def lstm_block_cell_grad_full(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f,
     one_step = {name: a[None] if name in TIME_MAJOR else a for name, a in arrays.items()}
     # h is only read as the previous output of steps t >= 1, which a single step does not have.
     outs, dgates = _backend_for(arrays, backend).block_lstm_grad(
-        SeqTensors(**one_step, h=None), seq_len_max=1, use_peephole=peephole, layout="icfo",
+        SeqTensors(**one_step, h=None), seq_len_max=1, use_peephole=peephole, layout=CELL_LAYOUT,
         compute_dtype=cdt, return_dgates=True,
     )
     return LSTMBlockCellGradFullOutputs(
@@ -131,18 +140,18 @@ def block_lstm_v2(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, cell_cli
                   *, compute_dtype=None) -> BlockLSTMOutputs:
     """BlockLSTMV2 forward (IFCO, no forget bias, no clipping by default)."""
     tensors = _named(FORWARD_INPUTS, locals())
-    return _forward(True, "ifco", seq_len_max, tensors, 0.0, cell_clip, use_peephole, compute_dtype)
+    return _forward(True, LAYOUT_V2, seq_len_max, tensors, 0.0, cell_clip, use_peephole, compute_dtype)
 
 
 def block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias=1.0, cell_clip=3.0,
                use_peephole=False, *, compute_dtype=None) -> BlockLSTMOutputs:
     """BlockLSTM forward (V1, ICFO); TF's defaults forget_bias=1 and cell_clip=3 (cell_clip <= 0: none)."""
     tensors = _named(FORWARD_INPUTS, locals())
-    return _forward(True, "icfo", seq_len_max, tensors, forget_bias, cell_clip, use_peephole, compute_dtype)
+    return _forward(True, LAYOUT_V1, seq_len_max, tensors, forget_bias, cell_clip, use_peephole, compute_dtype)
 
 
 def lstm_block_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias=1.0, cell_clip=3.0, use_peephole=False,
                     *, compute_dtype=None) -> BlockLSTMOutputs:
     """LSTMBlockCell forward (one step, ICFO); outputs are [B, C]."""
     tensors = _named(FORWARD_INPUTS, locals())
-    return _forward(False, "icfo", 1, tensors, forget_bias, cell_clip, use_peephole, compute_dtype)
+    return _forward(False, CELL_LAYOUT, 1, tensors, forget_bias, cell_clip, use_peephole, compute_dtype)

@@ -23,7 +23,16 @@ from ..analysis.decide import Given
 from ..errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
 from ..messages import Message, Param, message_of
 from ..ops import validation
-from ..spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OPS, TIME_MAJOR  # noqa: F401 - (re-exported)
+from ..spec import (  # noqa: F401 - (re-exported)
+    DEFAULT_LAYOUT,
+    FORWARD_DEFAULTS,
+    FORWARD_INPUTS,
+    FORWARD_OPS,
+    LAYOUT_V2,
+    OPS,
+    TIME_MAJOR,
+    layout_for,
+)
 from .request import Request
 
 
@@ -179,7 +188,7 @@ def open_problem(path, request: Request, *, lazy: bool = False, input_format: st
             if name in frameworks.FRAMEWORKS:
                 plan, unused = _framework_plan(path, loaded, name, framework, group, weights, weights_group, extra,
                                                step is not None)
-                layout, use_peephole, kind = "ifco", False, "seq"
+                layout, use_peephole, kind = LAYOUT_V2, False, "seq"  # a layer's gates are in V2's order
             if plan is not None and not plan.single:
                 problem = _module_problem(path, loaded, plan)
             else:
@@ -301,7 +310,8 @@ def _module_problem(path: Path, loaded: io.LoadedFile, plan: frameworks.Plan) ->
     """A whole module (several layers or directions, or activations the op has not): computed by its plan."""
     T, B, I, C = plan.dims  # noqa: E741
     arrays = {n: v for n, v in plan.tensors.items() if np.asarray(v).dtype.kind == "f"}
-    problem = Problem(str(path), "seq", "ifco", arrays, validation.Dims(T, B, I, C), T, False, keys=list(loaded.keys))
+    problem = Problem(str(path), "seq", LAYOUT_V2, arrays, validation.Dims(T, B, I, C), T, False,
+                      keys=list(loaded.keys))
     problem.sources["seq_len_max"] = plan.framework
     return problem
 
@@ -396,7 +406,7 @@ def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole,
     if kind is None:
         kind = detect_kind(label, loaded.tensors.get("x"))
     names = validation.SEQ_TENSORS if kind == "seq" else validation.CELL_TENSORS
-    problem = Problem(label, kind, (layout or "ifco") if kind == "seq" else "icfo", {}, validation.Dims(0, 0, 0, 0),
+    problem = Problem(label, kind, layout_for(kind, layout or DEFAULT_LAYOUT), {}, validation.Dims(0, 0, 0, 0),
                       1, False, keys=list(loaded.keys), member=member, recorded_op=loaded.info.get("op_type"))
     _recorded_op_note(problem, loaded.info)
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..frameworks import FrameworkOptions
 from ..io.provenance import file_identity
-from ..spec import OPS
+from ..spec import LAYOUTS, OPS, op_name
 
 # The fields that change how a gradient is computed, not what it is: never part of the key.
 HOW = ("backend", "chunk_steps")
@@ -27,7 +27,7 @@ class Request:
     """None means "from the input, else what its activations fit, else the op's default"."""
 
     kind: str | None = None  # "seq" or "cell"; None: from the rank of x
-    layout: str | None = None  # "ifco" or "icfo" (sequence ops; the cell op is always ICFO)
+    layout: str | None = None  # a key of spec.LAYOUTS (sequence ops; the cell op has its own: spec.layout_for)
     backend: str | None = None  # a name from lstmgrad backends; None: LSTMGRAD_BACKEND, else numpy
     use_peephole: bool | None = None
     seq_len_max: int | None = None
@@ -43,9 +43,9 @@ class Request:
     @property
     def op(self) -> str:
         """The gradient op asked for; before an input is read, a sequence op of no given layout is either."""
-        if self.kind == "cell":
-            return OPS[("cell", "icfo")]
-        return "BlockLSTMGradV2 or BlockLSTMGrad" if self.layout is None else OPS[("seq", self.layout)]
+        if self.kind != "cell" and self.layout is None:
+            return " or ".join(OPS[("seq", layout)] for layout in LAYOUTS)
+        return op_name(self.kind or "seq", self.layout)
 
     def key(self, input_path: str | os.PathLike) -> dict:
         """What an output of ``input_path`` under this request depends on besides the code: the input (its
