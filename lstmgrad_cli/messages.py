@@ -26,14 +26,35 @@ class Param:
     value: object = None
 
 
-def python_spelling(param: Param) -> str:
-    """How the Python API names a parameter in its messages."""
-    if param.value is None:
-        return f"the {param.name} argument"
-    return f"{param.name}={param.value!r}"
+@dataclass(frozen=True)
+class Command:
+    """A command a message points to (``seq``, ``cell``, ``forward seq``, ``check``), with what follows it on a
+    command line (``args``, "DATA"): ``lstmgrad seq DATA`` there, the way to do the same in Python in the Python
+    API's messages (``PYTHON_COMMANDS``)."""
+
+    name: str
+    args: str = ""
 
 
-Spelling = Callable[[Param], str]
+# What each command is in the Python API, as messages name it.
+PYTHON_COMMANDS = {
+    "seq": "the sequence gradient (kind='seq')", "cell": "one cell step's gradient (kind='cell')",
+    "forward": "the forward ops (block_lstm_v2, block_lstm, lstm_block_cell)",
+    "forward seq": "block_lstm_v2 (or block_lstm)", "forward cell": "lstm_block_cell",
+    "check": "operations.check.run_check",
+}
+
+
+def python_spelling(part: Param | Command) -> str:
+    """How the Python API names a parameter (or a command) in its messages."""
+    if isinstance(part, Command):
+        return PYTHON_COMMANDS.get(part.name, part.name)
+    if part.value is None:
+        return f"the {part.name} argument"
+    return f"{part.name}={part.value!r}"
+
+
+Spelling = Callable[["Param | Command"], str]
 
 
 class Message(str):
@@ -48,7 +69,8 @@ class Message(str):
     def __new__(cls, *parts):
         flat: list = []
         for part in parts:
-            pieces = part.parts if isinstance(part, Message) else (part if isinstance(part, Param) else str(part),)
+            pieces = part.parts if isinstance(part, Message) else (
+                part if isinstance(part, Param | Command) else str(part),)
             for piece in pieces:
                 if isinstance(piece, str) and flat and isinstance(flat[-1], str):
                     flat[-1] += piece

@@ -195,7 +195,7 @@ def _renamed(old, new):
     (lambda t: {**t, "lengths": np.array([1, 1, 1])}, "lengths is there, and one cell step has none"),
     (lambda t: {k: v for k, v in t.items() if k not in ("h1_grad", "c1_grad")}, "missing tensor h1_grad or c1_grad"),
     (lambda t: {**t, "x": t["x"][None]}, "x has shape [1, 3, 3], a sequence: a cell computes one step, x [B, I]; "
-                                         "lstmgrad seq computes"),
+                                         "`lstmgrad seq` computes"),
     (lambda t: {**t, "h0": np.zeros((3, 5), np.float32)}, "h0 has shape [3, 5], expected [B, C] = [3, 4]"),
     (lambda t: {**t, "weight_hh": t["weight_hh"][:12]},
      "weight_hh has 12 gate units for 4 cell units, not 4 * 4: not an LSTM of PyTorch"),
@@ -235,15 +235,15 @@ def test_seq_on_a_cell_says_cell_computes_it(runner, tmp_path):
     case = TORCH_CELLS["torch_cell"]
     result = runner.invoke(main, ["seq", str(TORCH / case["files"]["in"]), *torch_args(case),
                                   "-o", str(tmp_path / "g.npz")])
-    assert result.exit_code == 1 and "lstmgrad cell computes one step of it" in result.stderr, result.output
+    assert result.exit_code == 1 and "`lstmgrad cell` computes one step of it" in result.stderr, result.output
     result = runner.invoke(main, ["seq", str(TORCH / case["files"]["in"]), "--weights",
                                   str(TORCH / case["files"]["weights"]), "-o", str(tmp_path / "g.npz")])
-    assert "lstmgrad cell computes a step of it with --weights-group decoder.cell" in result.stderr, result.stderr
+    assert "`lstmgrad cell` computes a step of it with --weights-group decoder.cell" in result.stderr, result.stderr
     case = KERAS_CELLS["keras_cell"]
     result = runner.invoke(main, ["seq", str(KERAS / case["files"]["in"]), *keras_args(case),
                                   "-o", str(tmp_path / "g.npz")])
     assert "x has shape [3, 3], one step [B, I]: a Keras LSTM layer takes a sequence" in result.stderr
-    assert "lstmgrad cell computes one step of an LSTMCell" in result.stderr
+    assert "`lstmgrad cell` computes one step of an LSTMCell" in result.stderr
 
 
 def test_the_tf_cell_op_is_still_the_cell_commands(runner, tmp_path):

@@ -15,8 +15,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from conftest import FIXTURES, assert_close_scaled, load_case, write_h5, write_npz
 
+import lstmgrad_cli as lg
 from lstmgrad_cli.backends import cpu_blas
 from lstmgrad_cli.cli import _common, forward_cmd, grad_cmd, main
 from lstmgrad_cli.io import read_metadata
@@ -554,3 +556,14 @@ def test_the_library_paths_the_docs_once_gave_still_import_with_a_warning(old, n
             f"print(all(getattr(moved, n) is getattr(real, n) for n in dir(real) if not n.startswith('__')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.splitlines() == [f"lstmgrad_cli.{old} is now lstmgrad_cli.{new}: import it from there", "True"]
+
+
+def test_library_messages_name_commands_as_their_caller_spells_them(tmp_path):
+    # A library message points at a command; the command line says `lstmgrad cell`, Python what does the same there.
+    inputs = load_case("cell_peep")[0]
+    step = write_npz(tmp_path / "step.npz", inputs)
+    with pytest.raises(lg.InvalidArgumentError) as caught:
+        lg.load(step, kind="seq")
+    assert str(caught.value).endswith("this is a single cell step; use one cell step's gradient (kind='cell')")
+    result = CliRunner().invoke(main, ["seq", str(step)])
+    assert result.exit_code == 1 and result.stderr.endswith("this is a single cell step; use `lstmgrad cell`\n")

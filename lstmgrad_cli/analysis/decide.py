@@ -25,14 +25,14 @@ import json
 from dataclasses import dataclass, field
 
 from ..errors import InvalidArgumentError
-from ..messages import Message, Param
+from ..messages import Command, Message, Param
 from ..ops import validation
 from ..spec import ACTIVATIONS, CELL_LAYOUT, DEFAULT_LAYOUT, LAYOUT_OPS, LAYOUT_V1, LAYOUT_V2, OPS
 from . import detect
 
 # A source in the words a summary shows it (the JSON keeps the codes).
 SOURCE_WORDS = {"activations": "found from the activations", "flag": "as asked", "default": "default",
-                "dump": "the forward op recorded in the dump", "metadata": "recorded by lstmgrad forward"}
+                "dump": "the forward op recorded in the dump", "metadata": "recorded in the file's lstmgrad metadata"}
 
 
 @dataclass(frozen=True)
@@ -148,9 +148,9 @@ def layout(kind: str, given: Given | None, fit: detect.ActivationFit | None, seq
     if kind == "cell":
         decision = Decision(CELL_LAYOUT, "op")  # LSTMBlockCell(Grad) has one layout
         if fit is not None and fit.layouts == [LAYOUT_V2]:
-            decision.warnings.append(
+            decision.warnings.append(Message.format(
                 "the activations fit the IFCO gate layout (a step of BlockLSTMV2?), but LSTMBlockCellGrad is "
-                "ICFO: for a BlockLSTMV2 step use `lstmgrad seq` with x of shape [1, B, I]")
+                "ICFO: for a BlockLSTMV2 step use {} with x of shape [1, B, I]", Command("seq")))
         return decision
     if given is not None:
         decision = Decision(given.value, given.source)

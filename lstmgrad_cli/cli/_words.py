@@ -7,7 +7,7 @@ Every library message reaches the user through ``words`` (and so through ``_comm
 
 from __future__ import annotations
 
-from ..messages import Message, Param, message_of
+from ..messages import Command, Message, Param, message_of
 
 # Where a flag is not the parameter's name with dashes, takes a value shown by its metavar when none is given, or
 # belongs to another command.
@@ -17,8 +17,11 @@ _FLAGS = {"use_peephole": ("--peephole", "--no-peephole"), "weights": "--weights
           "reference_path": "`lstmgrad check INPUT -r`"}
 
 
-def flag(param: Param) -> str:
-    """``--name`` (``--name VALUE`` with a value; ``--peephole``/``--no-peephole`` for use_peephole)."""
+def flag(param: Param | Command) -> str:
+    """``--name`` (``--name VALUE`` with a value; ``--peephole``/``--no-peephole`` for use_peephole); a command
+    as ``lstmgrad NAME``."""
+    if isinstance(param, Command):  # a command line shown whole; a command named alone is quoted
+        return f"lstmgrad {param.name} {param.args}" if param.args else f"`lstmgrad {param.name}`"
     spelt = _FLAGS.get(param.name, "--" + param.name.replace("_", "-"))
     if isinstance(spelt, tuple):  # a boolean flag pair: the one that gives the value
         return spelt[0] if param.value or param.value is None else spelt[1]

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import InvalidArgumentError, LstmGradError
-from ..messages import Message, Param, message_of
+from ..messages import Command, Message, Param, message_of
 from . import cells, keras, keras_config, pytorch, unused, weights_files
 from .common import FrameworkOptions, Plan, check_applicable
 from .keras import KerasLayer
@@ -125,10 +125,10 @@ def _plan(framework: str, tensors: dict, options: FrameworkOptions, layer: Keras
     if framework == "keras":
         held = keras.tensors_of(tensors)
         if np.ndim(held.get("x")) == 2 and "forward_kernel" not in held:
-            raise InvalidArgumentError(f"x has shape {list(np.shape(held['x']))}, one step [B, I]: a Keras LSTM layer "
-                                       "takes a sequence [B, T, I]; lstmgrad cell computes one step of an LSTMCell "
-                                       "(x, h0, c0 and the gradients at h1, c1 of out, [h1, c1] = cell(x, [h0, c0]) "
-                                       "as h1_grad, c1_grad)")
+            raise InvalidArgumentError(Message.format(
+                "x has shape {}, one step [B, I]: a Keras LSTM layer takes a sequence [B, T, I]; {} computes one step "
+                "of an LSTMCell (x, h0, c0 and the gradients at h1, c1 of out, [h1, c1] = cell(x, [h0, c0]) as "
+                "h1_grad, c1_grad)", list(np.shape(held['x'])), Command("cell")))
         return keras.plan(held, options, layer)
     return pytorch.plan(tensors, options)
 

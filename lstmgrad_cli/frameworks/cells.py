@@ -22,7 +22,7 @@ from ..errors import InvalidArgumentError
 from ..layers.modules import Module
 from ..layers.recurrence import DirectionGrads, DirectionWeights
 from ..layers.schedule import Schedule
-from ..messages import Message, Param
+from ..messages import Command, Message, Param
 from . import keras, pytorch
 from .common import Plan, cells, dtyped, rank, shaped
 from .keras import KerasLayer
@@ -117,9 +117,9 @@ def plan(framework: str, tensors: dict, *, keys=(), layer: KerasLayer | None = N
     x = arrays["x"]
     unbatched = framework == "torch" and x.ndim == 1
     if x.ndim == 3:
-        raise InvalidArgumentError(f"x has shape {list(x.shape)}, a sequence: a cell computes one step, x [B, I]; "
-                                   "lstmgrad seq computes a whole layer (an nn.LSTM's weight_ih_l0, ..., a Keras "
-                                   "LSTM's kernel, ...)")
+        raise InvalidArgumentError(Message.format("x has shape {}, a sequence: a cell computes one step, x [B, I]; {} "
+                                                  "computes a whole layer (an nn.LSTM's weight_ih_l0, ..., a Keras "
+                                                  "LSTM's kernel, ...)", list(x.shape), Command("seq")))
     x = rank("x", x[None] if unbatched else x, 2, "[B, I]" + (" (or unbatched [I])" if framework == "torch" else ""))
     B, I = x.shape  # noqa: E741
     layer = layer or KerasLayer()
@@ -151,9 +151,10 @@ def _refuse_unread(framework: str, keys) -> None:
     an nn.LSTM's weights): refused, with the name the step reads."""
     keys = set(keys)
     if framework == "torch" and any(pytorch.WEIGHT.match(k) for k in keys):
-        raise InvalidArgumentError("weight_ih_l0, ... are an nn.LSTM's (a whole layer), not an nn.LSTMCell's (one "
-                                   "step, weight_ih without a layer suffix): lstmgrad seq computes it, a one-step "
-                                   "sequence too (x [1, B, I], or unbatched [T, I])")
+        raise InvalidArgumentError(Message.format("weight_ih_l0, ... are an nn.LSTM's (a whole layer), not an "
+                                                  "nn.LSTMCell's (one step, weight_ih without a layer suffix): {} "
+                                                  "computes it, a one-step sequence too (x [1, B, I], or unbatched "
+                                                  "[T, I])", Command("seq")))
     found = [k for k in NEAR_MISSES if k in keys]
     if found:
         name, means = found[0], NEAR_MISSES[found[0]]

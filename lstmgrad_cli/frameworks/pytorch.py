@@ -28,7 +28,7 @@ from ..errors import InvalidArgumentError
 from ..layers.modules import Module
 from ..layers.recurrence import DirectionGrads, DirectionWeights
 from ..layers.schedule import Schedule
-from ..messages import Message, Param
+from ..messages import Command, Message, Param
 from .common import FrameworkOptions, Plan, as_lengths, cells, check_applicable, dtyped, rank, shaped
 
 WEIGHT = re.compile(r"^weight_ih_l(\d+)(_reverse)?$")
@@ -85,8 +85,9 @@ def cells_in(keys) -> list[str]:
     prefixes = sorted({k.rpartition(".")[0] for k in keys if k.endswith(".weight_ih") and
                        f"{k.rpartition('.')[0]}.weight_hh" in keys})
     return [Message.format("{} holds an nn.LSTMCell's weights (one step, called in a Python loop), not an nn.LSTM's: "
-                           "lstmgrad cell computes a step of it with {} ({}); for a whole sequence copy them into an "
-                           "nn.LSTM (weight_ih_l0 = cell.weight_ih, ...)", p, Param("weights_group", p), CELL_STEP)
+                           "{} computes a step of it with {} ({}); for a whole sequence copy them into an "
+                           "nn.LSTM (weight_ih_l0 = cell.weight_ih, ...)", p, Command("cell"),
+                           Param("weights_group", p), CELL_STEP)
             for p in prefixes]
 
 
@@ -95,11 +96,11 @@ CELL_STEP = "x, h0, c0 and the gradients at h1, c1 of h1, c1 = cell(x, (h0, c0))
 
 def _refuse_other_modules(tensors: dict) -> None:
     if all(k in tensors for k in CELL_KEYS):
-        raise InvalidArgumentError(
+        raise InvalidArgumentError(Message.format(
             "weight_ih and weight_hh without a layer suffix are an nn.LSTMCell's (one step, called in a Python loop), "
-            f"not an nn.LSTM's (weight_ih_l0, ...): lstmgrad cell computes one step of it ({CELL_STEP}); for a whole "
-            "sequence copy the cell's weights into an nn.LSTM(input_size, hidden_size) (weight_ih_l0 = "
-            "cell.weight_ih, ...)")
+            "not an nn.LSTM's (weight_ih_l0, ...): {} computes one step of it ({}); for a whole sequence copy the "
+            "cell's weights into an nn.LSTM(input_size, hidden_size) (weight_ih_l0 = cell.weight_ih, ...)",
+            Command("cell"), CELL_STEP))
 
 
 class TorchPlan(Plan):

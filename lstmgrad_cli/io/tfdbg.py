@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputFileError, LstmGradError
-from ..messages import Message, Param
+from ..messages import Command, Message, Param
 from ..spec import GRADIENT_OPS, SIGNATURES
 from . import protowire as pw
 from ._common import Budget, Format, LoadedFile, describe_keys, max_tensor_bytes
@@ -672,9 +672,9 @@ def select_executions(index: DumpIndex, kind: str | None, member: str | None = N
     wanted = {"seq": "BlockLSTMGrad or BlockLSTMGradV2", "cell": "LSTMBlockCellGrad"}.get(kind, "gradient-op")
     hint = ""
     if kind == "seq" and "LSTMBlockCellGrad" in counts:
-        hint = "; use `lstmgrad cell`"
+        hint = Message("; use ", Command("cell"))
     elif kind == "cell" and set(counts) & {"BlockLSTMGrad", "BlockLSTMGradV2"}:
-        hint = "; use `lstmgrad seq`"
+        hint = Message("; use ", Command("seq"))
     given = [Param(name, value) for name, value in (("op", op), ("execution", execution)) if value is not None]
     picked = Message(" matching ", Message.join(", ", given)) if given else ""
     raise InputFileError(Message.format("{}: no {} executions{} in this TensorFlow debug dump (it has {}){}",

@@ -29,7 +29,7 @@ from ..analysis.decide import Given
 from ..analysis.summary import json_safe
 from ..errors import LstmGradError
 from ..io import npydir
-from ..messages import Message, Param, message_of
+from ..messages import Command, Message, Param, message_of
 from ..ops import validation
 from ..problem.reading import load_problem
 from ..spec import CELL_LAYOUT, FORWARD_INPUTS, FORWARD_OPS, GRADIENT_NAMES, OPS
@@ -214,8 +214,8 @@ def inspect_file(path, group: str | None = None, *, weights=None, weights_group:
         grads = [n for n in GRADIENT_NAMES if n in by_name]
         if grads:
             report.kind = "gradients"
-            report.notes.append(Message.format("a gradient file ({}): a {} for lstmgrad check", ", ".join(grads),
-                                               Param("reference")))
+            report.notes.append(Message.format("a gradient file ({}): a {} for {}", ", ".join(grads),
+                                               Param("reference"), Command("check")))
             _roles(report, set(grads))
         else:
             report.missing.append("x")
@@ -238,7 +238,8 @@ def inspect_file(path, group: str | None = None, *, weights=None, weights_group:
     if forward_only:
         report.kind = "forward-seq" if seq else "forward-cell"
         names = FORWARD_INPUTS
-        report.notes.append(f"no forward outputs: an input for `lstmgrad forward {'seq' if seq else 'cell'}`")
+        report.notes.append(Message.format("no forward outputs: an input for {}",
+                                           Command(f"forward {'seq' if seq else 'cell'}")))
         report.op = "BlockLSTMV2 / BlockLSTM" if seq else "LSTMBlockCell"
     else:
         report.kind = kind
@@ -325,8 +326,8 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectRepor
         for prefix, (w_ih, w_hh) in cells.items():
             where = Message.format(" {}", Param("weights_group", prefix)) if prefix else ""
             report.notes.append(Message.format(
-                "PyTorch nn.LSTMCell{}: weight_ih {}, weight_hh {}: lstmgrad cell DATA {}{} (one step, {})",
-                f" {prefix}" if prefix else "", w_ih, w_hh, Param("weights", path), where,
+                "PyTorch nn.LSTMCell{}: weight_ih {}, weight_hh {}: {} {}{} (one step, {})",
+                f" {prefix}" if prefix else "", w_ih, w_hh, Command("cell", "DATA"), Param("weights", path), where,
                 frameworks.pytorch.CELL_STEP))
         _framework_roles(report, "weights")
         return True
@@ -347,11 +348,11 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectRepor
             report.op = f"a {'Keras LSTMCell' if name == 'keras' else 'PyTorch nn.LSTMCell'} step's tensors"
             plan = frameworks.cells.plan(name, held, keys=keys)
             report.op = f"{plan.description}, computed as {plan.computed_as}"
-            report.notes.append("lstmgrad cell computes its gradients in its names")
+            report.notes.append(Message.format("{} computes its gradients in its names", Command("cell")))
         else:
             plan = frameworks.plan(name, held, frameworks.FrameworkOptions())
-            report.notes.append(f"a {'Keras LSTM' if name == 'keras' else 'PyTorch nn.LSTM'} layer's tensors: "
-                                "lstmgrad seq computes its gradients in its names")
+            report.notes.append(Message.format("a {} layer's tensors: {} computes its gradients in its names",
+                                               "Keras LSTM" if name == "keras" else "PyTorch nn.LSTM", Command("seq")))
         unused, warning = frameworks.unused.check(keys, plan)
         if warning:
             report.warn(None, warning)
@@ -420,8 +421,8 @@ def _keras_layer_note(path: Path, layer: dict, source: str | None) -> Message:
     made = ", ".join(f"{k}={v}" for k, v in options.items() if v is not None) if options else (
         "options not recorded: Keras' defaults assumed")
     needs = f"; DATA holds {', '.join(layer['needs'])}" if layer.get("needs") else ""
-    return Message.format("{} at {}: {}; {}: lstmgrad seq DATA {}{}", what, layer["group"], shapes, made, group,
-                          needs)
+    return Message.format("{} at {}: {}; {}: {} {}{}", what, layer["group"], shapes, made, Command("seq", "DATA"),
+                          group, needs)
 
 
 def _not_an_lstm(recurrent, projection) -> str:
@@ -447,7 +448,7 @@ def _torch_module_note(path: Path, layers: list[dict], prefix: str, projection: 
     where = Message.format(" {}", Param("weights_group", prefix)) if prefix else ""
     what = (f"PyTorch nn.LSTM{' ' + prefix if prefix else ''}: {count} layer{'s' * (count > 1)}"
             f"{', bidirectional' if both else ''}{f', proj_size={projection}' if projection else ''}")
-    return Message.format("{}: lstmgrad seq DATA {}{} (the whole module; {} for one layer)", what,
+    return Message.format("{}: {} {}{} (the whole module; {} for one layer)", what, Command("seq", "DATA"),
                           Param("weights", path), where, Param("layer"))
 
 

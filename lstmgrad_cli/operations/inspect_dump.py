@@ -17,7 +17,7 @@ from ..analysis.decide import Given
 from ..analysis.summary import json_safe
 from ..errors import LstmGradError, UnrecordedTensorsError
 from ..io import tfdbg
-from ..messages import Message, Param, one_line, prefixed
+from ..messages import Command, Message, Param, one_line, prefixed
 from ..spec import ACTIVATIONS, FORWARD_OPS, SIGNATURES
 
 
@@ -87,8 +87,8 @@ def inspect_dump(path) -> DumpReport:
             report.errors.append(UnrecordedTensorsError(needed).prefixed(where).args[0])
         wrong = decide.recorded_op_note(execution.op_type, info.forward_op, info.right_op)
         if execution.is_gradient and wrong:
-            info.verdict = f"{wrong}; lstmgrad seq/cell computes that"
-            report.warnings.append(f"{where}: {info.verdict}")
+            info.verdict = Message.format("{}; {} computes that", wrong, Command(SIGNATURES[execution.op_type].kind))
+            report.warnings.append(Message.format("{}: {}", where, info.verdict))
         elif execution.is_gradient and info.right_op:
             info.verdict = "the right gradient op for its forward op"
         if not needed:

@@ -21,7 +21,7 @@ from .. import frameworks, io, ops
 from ..analysis import decide, detect
 from ..analysis.decide import Given
 from ..errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
-from ..messages import Message, Param, message_of
+from ..messages import Command, Message, Param, message_of
 from ..ops import validation
 from ..spec import (  # noqa: F401 - (re-exported)
     DEFAULT_LAYOUT,
@@ -540,11 +540,11 @@ def _refuse_wrong_file(path: str, file: Path, loaded: io.LoadedFile, kind: str |
     """A clear word for the wrong command (a step under seq, a sequence under cell) or the wrong file."""
     x = loaded.tensors.get("x")
     if x is not None and kind == "seq" and np.ndim(x) == 2:
-        raise InvalidArgumentError(f"{path}: x has shape {list(np.shape(x))}, one step [B, I]: this is a single "
-                                   "cell step; use `lstmgrad cell`")
+        raise InvalidArgumentError(Message.format("{}: x has shape {}, one step [B, I]: this is a single cell step; "
+                                                  "use {}", path, list(np.shape(x)), Command("cell")))
     if x is not None and kind == "cell" and np.ndim(x) == 3:
-        raise InvalidArgumentError(f"{path}: x has shape {list(np.shape(x))}, a sequence [T, B, I]; use "
-                                   "`lstmgrad seq`")
+        raise InvalidArgumentError(Message.format("{}: x has shape {}, a sequence [T, B, I]; use {}", path,
+                                                  list(np.shape(x)), Command("seq")))
     if x is None and not loaded.info.get("member"):  # (a dump's execution holds its gradients beside its inputs)
         grads = [k for k in loaded.keys if k.endswith("_grad") and k not in ("cs_grad", "h_grad")]
         if grads or io.METADATA_KEY in loaded.keys:
