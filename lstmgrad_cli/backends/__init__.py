@@ -5,9 +5,9 @@ hint); third-party backends come from the entry-point group ``lstmgrad.backends`
 imported until a backend is used: availability is decided with ``importlib.util.find_spec``, so
 ``lstmgrad --help`` and ``lstmgrad backends`` never import numba or cupy.
 
-A backend is any object with a ``name``, a ``version`` and the method
-``block_lstm_grad(tensors, *, seq_len_max, use_peephole, layout, compute_dtype, chunk_steps=None,
-return_dgates=False)`` taking and returning host numpy arrays (see ``_numpy.NumpyBackend``).
+A backend is an object meeting ``contract.Backend`` (``name``, ``version``, and ``block_lstm_grad`` with every
+argument the ops pass); ``conformance.check`` says whether one does, and ``lstmgrad backends --check`` runs it on
+every installed backend.
 """
 
 from __future__ import annotations

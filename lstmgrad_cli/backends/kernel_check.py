@@ -29,9 +29,29 @@ class KernelBuild:
 
 
 def build_all(arch: str | None = None) -> list[KernelBuild]:
-    """Every registered backend's kernels built: cupy's for the present GPU, else for ``arch`` (e.g. ``sm_90``)."""
+    """Every registered backend's kernels built (cupy's for the present GPU, else for ``arch``, e.g. ``sm_90``), and
+    every usable backend held to the contract on small problems (``conformance.check``)."""
     builders = {"numpy": _numpy, "numba": _numba, "cupy": lambda: _cupy(arch)}
-    return [builders.get(name, lambda name=name: _plugin(name))() for name in registry()]
+    return [_conforming(builders.get(name, lambda name=name: _plugin(name))()) for name in registry()]
+
+
+def _conforming(build: KernelBuild) -> KernelBuild:
+    """``build`` with the backend's conformance said: checked where it is usable here and built without failure."""
+    if build.ok is False or not status(build.backend).available:
+        return build
+    from . import conformance  # noqa: PLC0415
+
+    try:
+        problems = conformance.check(get_backend(build.backend))
+    except Exception as err:  # noqa: BLE001 - a backend that fails to load is reported, not raised
+        problems = [f"{type(err).__name__}: {err}"]
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        return KernelBuild(build.backend, build.target, build.kernels, False,
+                           f"does not meet the backend contract: {problems[0]}{more}")
+    checked = f"meets the backend contract ({sum(1 for _ in conformance.cases())} cases)"
+    return KernelBuild(build.backend, build.target, build.kernels, True if build.ok is not False else build.ok,
+                       f"{build.detail}; {checked}" if build.kernels or build.ok else checked)
 
 
 def _numpy() -> KernelBuild:
@@ -60,8 +80,8 @@ def _numba() -> KernelBuild:
                 built += 1
     except Exception as err:  # noqa: BLE001 - reported, with the kernels built before it
         return KernelBuild("numba", "host", built, False, f"{type(err).__name__}: {err}")
-    return KernelBuild("numba", "host", built, True, "compiled, or loaded from numba's cache: the step and the "
-                                                     "chunk loop, serial and parallel, float32 and float64")
+    return KernelBuild("numba", "host", built, True, "compiled (or loaded from numba's cache): step and chunk "
+                                                     "loop, serial and parallel, float32/64")
 
 
 def _tiny(dtype) -> dict:

@@ -14,8 +14,9 @@ from ._common import handle_errors, print_json, print_table, stdout_console
 
 @click.command("backends")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-@click.option("--check", is_flag=True, help="Build every kernel of every installed backend and say which failed "
-              "(exit 1 if any did); it also fills the kernel caches before a long job.")
+@click.option("--check", is_flag=True, help="Build every kernel of every installed backend, hold every usable one to "
+              "the backend contract on small problems, and say which failed (exit 1 if any did); it also fills the "
+              "kernel caches before a long job.")
 @click.option("--arch", metavar="SM", help="With --check and no usable GPU: the GPU architecture to compile the "
               "cupy kernels for (sm_90, sm_75, ...), with NVRTC (pip install cuda-bindings nvidia-cuda-nvrtc).")
 @handle_errors
@@ -74,6 +75,7 @@ def _check(as_json: bool, arch: str | None) -> None:
             mark = {True: "[green]built[/]", False: "[red]FAILED[/]", None: "[yellow]skipped[/]"}[b.ok]
             table.add_row(b.backend, escape(b.target), str(b.kernels), f"{mark}: {escape(b.detail)}")
         print_table(stdout_console(), table, "lstmgrad backends --check",
-                    f"{len(failed)} failed" if failed else "every kernel that could be built here was built")
+                    f"{len(failed)} failed" if failed else "every kernel that could be built here was built, and "
+                    "every usable backend meets the backend contract")
     if failed:
         raise SystemExit(ExitCode.ERROR)

@@ -8,6 +8,7 @@ before anything is computed; errors are ``InvalidArgumentError`` (a ``ValueError
 from __future__ import annotations
 
 from ..backends import get_backend, on_gpu, takes_gpu_arrays
+from ..backends.contract import Backend
 from ..errors import InvalidArgumentError
 from ..results import BlockLSTMGradOutputs, BlockLSTMOutputs, LSTMBlockCellGradFullOutputs, LSTMBlockCellGradOutputs
 from ..spec import (
@@ -57,17 +58,13 @@ def _seq_grad(layout, seq_len_max, tensors: dict, use_peephole, backend, compute
     return block_lstm_grad_checked(_backend_for(arrays, backend), layout, length, arrays, peephole, cdt, chunk_steps)
 
 
-def block_lstm_grad_checked(backend, layout: str, seq_len_max: int, arrays: dict, use_peephole: bool,
-                            compute_dtype, chunk_steps=None, **extras) -> BlockLSTMGradOutputs:
-    """BlockLSTMGrad(V2) on arrays that ``validation`` has already accepted (no second check).
-
-    ``extras`` (``x_grad_out``, ``observe``) go to the backend only when given, so backends that
-    do not know them still serve every plain call.
-    """
+def block_lstm_grad_checked(backend: Backend, layout: str, seq_len_max: int, arrays: dict, use_peephole: bool,
+                            compute_dtype, chunk_steps=None, *, x_grad_out=None, observe=None) -> BlockLSTMGradOutputs:
+    """BlockLSTMGrad(V2) on arrays that ``validation`` has already accepted (no second check), on a backend (the
+    contract: backends/contract.py)."""
     return backend.block_lstm_grad(
         SeqTensors(**arrays), seq_len_max=seq_len_max, use_peephole=use_peephole, layout=layout,
-        compute_dtype=compute_dtype, chunk_steps=chunk_steps,
-        **{key: value for key, value in extras.items() if value is not None},
+        compute_dtype=compute_dtype, chunk_steps=chunk_steps, x_grad_out=x_grad_out, observe=observe,
     )
 
 
