@@ -5,8 +5,9 @@
 3. the suite's `gpu` tests (tests/test_backends.py);
 4. every golden case of the suite (TensorFlow ops, Keras layers, PyTorch layers and whole modules) on cupy:
    tests/test_ops_golden.py, test_frameworks.py and test_modules.py with LSTMGRAD_TEST_BACKEND=cupy;
-5. `lstmgrad bench` on the GPU: the cupy backend from host arrays and on device arrays, the GPU's own GEMM
-   limit, PyTorch's cuDNN backward with TF32 off and on.
+   and again with the time loop in one launch (LSTMGRAD_CUPY_LOOP=persistent);
+5. `lstmgrad bench` on the GPU: the cupy backend from host arrays and on device arrays (both time loops), the
+   GPU's own GEMM limit, PyTorch's cuDNN backward with TF32 off and on.
 
 Runs with the machine's own Python from the repository root (`make gpu-check` sets PYTHONPATH): the device
 machine has cupy, torch, numba, h5py, click and rich; pytest and hypothesis come from build/gpu-pylibs when
@@ -83,6 +84,10 @@ def main() -> int:
         rows.append(("gpu tests", *run("gpu tests", [*pytest, "-m", "gpu", "-rs", "tests/test_backends.py"], 180)))
         rows.append(("golden cases on cupy", *run("golden cases on cupy", [*pytest, *GOLDEN_TESTS], 240,
                                                   {"LSTMGRAD_TEST_BACKEND": "cupy"})))
+        rows.append(("golden cases, persistent loop", *run("golden cases on cupy, persistent loop",
+                                                           [*pytest, *GOLDEN_TESTS], 240,
+                                                           {"LSTMGRAD_TEST_BACKEND": "cupy",
+                                                            "LSTMGRAD_CUPY_LOOP": "persistent"})))
     bench = [python, "-m", "lstmgrad_cli", "bench", "--backend", "cupy", "--repeats", "5", "--markdown",
              *(arg for shape in SHAPES for arg in ("--shape", shape))]
     rows.append(("bench (cupy, cuDNN)", *run("bench", bench, 240)))

@@ -1,10 +1,10 @@
 """The cupy backend's kernels built for the host: the very text cupy compiles for a GPU (``_cupy_kernels.source``),
 compiled here by the C compiler with ``-ffp-contract=off`` and run through ctypes, one element after another.
 
-``launcher()`` gives a ``launch(name, n, params, args)`` for ``CupyGradient``/``CupyBackend``, and
-``cupy_backend()`` the whole cupy backend on the host: its kernels so built, and for the cupy module numpy with only
-the functions cupy has too (``CUPY_COMMON``).  The suite runs the backend's own code, arithmetic and argument lists
-included, on machines without a GPU.
+``HostLauncher`` runs them for ``CupyGradient``/``CupyBackend`` as the device launcher does (a loop kernel's blocks
+take their turns at each step's phases), and ``cupy_backend()`` is the whole cupy backend on the host: its kernels
+so built, and for the cupy module numpy with only the functions cupy has too (``CUPY_COMMON``).  The suite runs
+the backend's own code, arithmetic and argument lists included, on machines without a GPU.
 """
 
 from __future__ import annotations
@@ -57,12 +57,26 @@ def library() -> ctypes.CDLL:
         shutil.rmtree(directory, ignore_errors=True)  # (the loaded library stays mapped)
 
 
-def launcher(calls: list | None = None):
-    """``launch(name, n, params, args)`` over the host build; appends each kernel's name to ``calls``."""
-    lib = library()
+class HostLauncher:
+    """Runs the kernels of the host build as ``CupyGradient`` launches them on a device: ``step`` one element after
+    another, ``loop`` as ``blocks`` blocks taking their turns at each step's two phases (the device's grid barrier
+    between them).  Appends each kernel's name to ``calls``."""
 
-    def launch(name, n, params, args):
-        function = getattr(lib, name)
+    def __init__(self, calls: list | None = None, blocks: int = 3):
+        self._lib = library()
+        self.calls = [] if calls is None else calls
+        self.blocks = blocks
+
+    def step(self, name, n, params, args) -> None:
+        assert int(args[0]) == n
+        self._call(name, name, params, args)
+
+    def loop(self, name, columns, params, args) -> None:
+        blocks = max(1, min(self.blocks, columns))
+        self._call(name, f"{name}_host", (*params, ("int", "blocks")), (*args, blocks))
+
+    def _call(self, name, symbol, params, args) -> None:
+        function = getattr(self._lib, symbol)
         function.restype = None
         function.argtypes = [_C_TYPES.get(ctype, ctypes.c_void_p) for ctype, _ in params]
         values = []
@@ -74,12 +88,8 @@ def launcher(calls: list | None = None):
             assert value.dtype.itemsize == {"f16": 2, "f32": 4, "f64": 8}[name.rsplit("_", 1)[1]], pname
             assert ctype.startswith("const") or value.flags.writeable, pname
             values.append(value.ctypes.data)
-        assert int(args[0]) == n
         function(*values)
-        if calls is not None:
-            calls.append(name)
-
-    return launch
+        self.calls.append(name)
 
 
 # The array-module functions the shared code may use: all of them exist in cupy with numpy's meaning.
@@ -107,8 +117,9 @@ def fake_cupy(available: bool = True, free_bytes: int = 2**40, copies: list | No
     return fake
 
 
-def cupy_backend(calls: list | None = None, **device):
-    """The cupy backend run on the host with its own kernels (``launcher``); ``device``: ``fake_cupy``'s."""
+def cupy_backend(calls: list | None = None, loop: str = "steps", blocks: int = 3, **device):
+    """The cupy backend run on the host with its own kernels (``HostLauncher``), its time loop a chunk's steps
+    one by one or the persistent loop kernel in ``blocks`` blocks; ``device``: ``fake_cupy``'s."""
     from lstmgrad_cli.backends._cupy import CupyBackend
 
-    return CupyBackend(cp=fake_cupy(**device), launch=launcher(calls))
+    return CupyBackend(cp=fake_cupy(**device), launcher=HostLauncher(calls, blocks), loop=loop)

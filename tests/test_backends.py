@@ -68,7 +68,9 @@ def cpu_backends():
                 ("numba-small-problems", NumbaBackend())]
     out.append(("xp-restricted", _RestrictedXpBackend()))
     if cuda_host.compiler() is not None:
-        out.append(("cupy-kernels-on-host", cuda_host.cupy_backend()))
+        out += [("cupy-kernels-on-host", cuda_host.cupy_backend()),
+                ("cupy-persistent-loop-on-host", cuda_host.cupy_backend(loop="persistent")),
+                ("cupy-persistent-loop-one-block", cuda_host.cupy_backend(loop="persistent", blocks=1))]
     return out
 
 
@@ -812,7 +814,7 @@ def test_a_gpu_out_of_memory_is_one_line_naming_what_to_do():
     inputs = _random_inputs(np.random.default_rng(3), 3, 2, 4, 5, np.float32)
     with pytest.raises(BackendUnavailableError, match=r"^the GPU ran out of memory \(Out of memory allocating "
                                                       r"1,073,741,824 bytes.*\): compute it on the host") as caught:
-        CupyBackend(cp=fake, launch=cuda_host.launcher()).block_lstm_grad(
+        CupyBackend(cp=fake, launcher=cuda_host.HostLauncher()).block_lstm_grad(
             SeqTensors(**inputs), seq_len_max=3, use_peephole=False, layout="ifco", compute_dtype=np.float32)
     assert "\n" not in str(caught.value)
 

@@ -12,29 +12,44 @@ shared ``_xp`` code on numpy, and the kernels' own C text compiled for the host.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..errors import BackendUnavailableError
 from . import _cupy_kernels as kernels
 from ._xp import XpGradient
 
+LOOP_ENV = "LSTMGRAD_CUPY_LOOP"
+LOOPS = ("steps", "persistent")
+
 
 class CupyGradient(XpGradient):
-    """``XpGradient`` over cupy with each step's elementwise work in one kernel of ``_cupy_kernels``.
+    """``XpGradient`` over cupy with each step's elementwise work in a kernel of ``_cupy_kernels``.
 
-    ``launch(name, n, params, args)`` runs kernel ``name`` over ``n`` elements with ``args``, integers and
-    arrays as ``params`` (``_cupy_kernels.params``) declares them; by default cupy launches the kernels it compiled
-    for its device.  The test suite gives a launcher of the same kernels compiled for the host, with numpy as ``xp``.
+    ``loop``: how a chunk's time loop runs.  "steps" (the default): from Python, one elementwise kernel and one
+    cuBLAS product a step.  "persistent": the whole chunk in one launch of the loop kernel (each block owns some
+    columns of the carried gradients and of w's recurrent rows; the grid meets once a step), where a step's
+    launches and Python cost more than its work (small batches, long sequences).  Not yet the default: it has not
+    been timed on a GPU (docs/speed.md).  ``LSTMGRAD_CUPY_LOOP`` sets it too.
+
+    ``launcher``: what runs the kernels (``step``, ``loop``); by default cupy on its device, compiled on first use.
+    The test suite gives one that runs the same kernels built for the host, with numpy as ``xp``.
     """
 
-    def __init__(self, xp, launch=None):
+    def __init__(self, xp, launcher=None, loop: str | None = None):
         super().__init__(xp)
-        self._launch = launch
+        self._launcher = launcher
+        loop = loop or os.environ.get(LOOP_ENV) or "steps"
+        if loop not in LOOPS:
+            raise BackendUnavailableError(f"{LOOP_ENV}={loop!r} is not one of {', '.join(LOOPS)}")
+        self.loop = loop
 
-    def launch(self, name: str, n: int, params, args) -> None:
-        if self._launch is None:
-            self._launch = _device_launcher(self.xp)
-        self._launch(name, n, params, args)
+    @property
+    def launcher(self):
+        if self._launcher is None:
+            self._launcher = DeviceLauncher(self.xp)
+        return self._launcher
 
     def step(self, a, carried_h, carried_cs, gates, new_cs, peep, acc, offsets, ws):
         B, C = carried_h.shape
@@ -43,22 +58,56 @@ class CupyGradient(XpGradient):
         if peep is not None:
             args += [a.cs, *peep, *acc]
         peephole = peep is not None
-        self.launch(kernels.kernel_name(carried_h.dtype, peephole), B * C, kernels.params(peephole), args)
+        self.launcher.step(kernels.kernel_name(carried_h.dtype, peephole), B * C, kernels.params(peephole), args)
+
+    def _steps(self, lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t, peep, acc,
+               offsets, ws, observe, one_core=False):
+        if self.loop != "persistent" or observe is not None:
+            return super()._steps(lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t,
+                                  peep, acc, offsets, ws, observe)
+        B, C = carried_h.shape
+        w_rec = self.xp.ascontiguousarray(w_h_t.T)  # w's recurrent rows [C, 4C]: a block reads its own columns'
+        args = [gates.shape[0], B, C, offsets["i"], offsets["f"], offsets["c"], offsets["o"], first,
+                *(acts[name] for name in ("i", "f", "o", "ci", "co", "h_grad", "cs_grad")), cs_ext, cs_prev, w_rec,
+                carried_h, carried_cs, gates]
+        if peep is not None:
+            args += [*peep, *acc]
+        peephole = peep is not None
+        self.launcher.loop(kernels.loop_name(carried_h.dtype, peephole), C, kernels.loop_params(peephole), args)
+        return carried_cs, new_cs  # (the loop updates carried_cs in place)
 
 
-def _device_launcher(cp):
-    """Launch ``_cupy_kernels``'s kernels on cupy's device; compiled on first use (cupy caches the binaries)."""
-    module = kernels.module(cp)
-    functions = {}
+class DeviceLauncher:
+    """Runs ``_cupy_kernels``'s kernels on cupy's device; compiled on first use (cupy caches the binaries)."""
 
-    def launch(name, n, params, args):
-        function = functions.get(name)
+    def __init__(self, cp):
+        self._cp = cp
+        self._module = kernels.module(cp)
+        self._functions = {}
+        self._blocks = None
+
+    def _function(self, name):
+        function = self._functions.get(name)
         if function is None:
-            function = functions[name] = module.get_function(name)
-        typed = tuple(_typed(ctype, value) for (ctype, _), value in zip(params, args, strict=True))
-        function((kernels.blocks(n),), (kernels.THREADS,), typed)
+            function = self._functions[name] = self._module.get_function(name)
+        return function
 
-    return launch
+    def step(self, name, n, params, args) -> None:
+        typed = tuple(_typed(ctype, value) for (ctype, _), value in zip(params, args, strict=True))
+        self._function(name)((kernels.blocks(n),), (kernels.THREADS,), typed)
+
+    def loop(self, name, columns, params, args) -> None:
+        """A loop kernel on one block a multiprocessor (all resident: its blocks wait for each other every step),
+        at most one a column; a block that waited too long (some were not resident) stops them all: refused."""
+        if self._blocks is None:
+            self._blocks = int(self._cp.cuda.Device().attributes["MultiProcessorCount"])
+        blocks = max(1, min(self._blocks, columns, kernels.LOOP_MOST_BLOCKS))
+        barrier = self._cp.zeros(3, dtype=np.uint32)
+        typed = tuple(_typed(ctype, value) for (ctype, _), value in zip(params, args, strict=True))
+        self._function(name)((blocks,), (kernels.THREADS,), (*typed, barrier))
+        if int(barrier[2].get()):
+            raise BackendUnavailableError(f"the GPU's blocks of the persistent time loop ({blocks}) were not all "
+                                          f"running at once: use {LOOP_ENV}=steps")
 
 
 def _typed(ctype: str, value):
@@ -79,13 +128,13 @@ class CupyBackend:
     name = "cupy"
     gpu_arrays = True
 
-    def __init__(self, cp=None, launch=None):
+    def __init__(self, cp=None, launcher=None, loop: str | None = None):
         if cp is None:
             import cupy as cp  # noqa: PLC0415 - imported only when this backend is used
         if not cp.is_available():
             raise BackendUnavailableError(f"cupy is installed but no CUDA device is usable{_why_not(cp)}")
         self._cp = cp
-        self._gradient = CupyGradient(cp, launch)
+        self._gradient = CupyGradient(cp, launcher, loop)
 
     @property
     def version(self) -> str:

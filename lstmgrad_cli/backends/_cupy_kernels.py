@@ -41,6 +41,91 @@ HOST_OPTIONS = ("-O2", "-ffp-contract=off", "-std=c11")  # a C compiler building
 THREADS = 256  # threads a block
 
 
+# The time loop of a chunk of steps in one launch (``loop_name``): a step's elementwise work (phase a) and its
+# recurrent product carried_h = gates[k] @ w_rec^T (phase b) for every step of the chunk, last first.  Each block
+# owns a range of the C columns of carried_h and carried_cs: phase a of a step needs only its own columns, and
+# phase b its own columns of every row of w_rec ([C, 4C], w's recurrent rows) but every block's gate gradients, so
+# the grid meets once a step, between the two.
+LOOP_PARAMS = (
+    ("int", "n"), ("int", "B"), ("int", "C"), ("int", "off_i"), ("int", "off_f"), ("int", "off_c"), ("int", "off_o"),
+    ("int", "first"),
+    ("const T*", "in_gate_all"), ("const T*", "f_all"), ("const T*", "o_all"), ("const T*", "ci_all"),
+    ("const T*", "co_all"), ("const T*", "h_grad_all"), ("const T*", "cs_grad_all"),
+    ("const T*", "cs_ext"), ("const T*", "cs_prev0"), ("const T*", "w_rec"),
+    ("T*", "carried_h"), ("T*", "carried_cs"), ("T*", "gates_all"),
+)
+LOOP_PEEPHOLE_PARAMS = (("const T*", "wci"), ("const T*", "wcf"), ("const T*", "wco"),
+                        ("T*", "acc_i"), ("T*", "acc_f"), ("T*", "acc_o"))
+LOOP_MOST_BLOCKS = 1024  # blocks of a loop launch, at most (one a multiprocessor, and at most one a column)
+
+_LOOP_A = r"""
+    const long long BC = (long long)B * C, step = (long long)k * BC;
+    const int c0 = (int)((long long)C * blk / blocks), cols = (int)((long long)C * (blk + 1) / blocks) - c0;
+    const T* in_gate = in_gate_all + step; const T* f = f_all + step; const T* o = o_all + step;
+    const T* ci = ci_all + step; const T* co = co_all + step;
+    const T* h_grad = h_grad_all + step; const T* cs_grad = cs_grad_all + step;
+    const T* cs_prev = k + first > 0 ? cs_ext + (k + first - 1) * BC : cs_prev0;  /* cs of the step before */
+    PEEPHOLE const T* cs = cs_ext + (k + first) * BC;
+    T* gates = gates_all + (long long)k * B * 4LL * C;
+    T* new_cs = carried_cs;  /* in place: each element is read before it is written, by the same thread */
+    FOR_EACH_IN_BLOCK(j, (long long)B * cols) {
+        const long long b = j / cols, c = c0 + (j - b * cols), e = b * C + c;
+@ELEMENT@    }
+"""
+_LOOP_B = r"""
+    const int c0 = (int)((long long)C * blk / blocks), cols = (int)((long long)C * (blk + 1) / blocks) - c0;
+    const long long G = 4LL * C;
+    const T* gates = gates_all + (long long)k * B * G;
+    FOR_EACH_IN_BLOCK(j, (long long)B * cols) {
+        const long long b = j / cols, c = c0 + (j - b * cols);
+        const T* g = gates + b * G;
+        const T* w = w_rec + c * G;
+        S sum = 0;
+        for (long long q = 0; q < G; ++q) {
+            sum += LD(g[q]) * LD(w[q]);
+        }
+        carried_h[b * C + c] = ST(sum);
+    }
+"""
+
+
+def loop_name(dtype, peephole: bool) -> str:
+    return f"lstmgrad_loop{'_peephole' if peephole else ''}_{DTYPES[np.dtype(dtype)][0]}"
+
+
+def loop_params(peephole: bool) -> tuple[tuple[str, str], ...]:
+    """The loop kernel's parameters; the device's takes ``barrier`` (unsigned int[3], zeros) after them, the host
+    build ``blocks`` (how many blocks to run one after another)."""
+    return LOOP_PARAMS + LOOP_PEEPHOLE_PARAMS if peephole else LOOP_PARAMS
+
+
+def _loop(dtype, peephole: bool) -> str:
+    name = loop_name(dtype, peephole)
+    names = loop_params(peephole)
+    signature = _signature(names, dtype, restrict=False)
+    arguments = ", ".join(n for _, n in names)
+    phase_a = _typed(_LOOP_A.replace("@ELEMENT@", _ELEMENT), dtype, peephole)
+    phase_b = _typed(_LOOP_B, dtype, peephole)
+    return (
+        f"DEVICE void {name}_a(int blk, int blocks, int k, {signature})\n{{\n{phase_a}}}\n"
+        f"DEVICE void {name}_b(int blk, int blocks, int k, {signature})\n{{\n{phase_b}}}\n"
+        "#if defined(__CUDACC_RTC__) || defined(__CUDACC__)\n"
+        f"KERNEL void {name}({signature}, unsigned int* barrier)\n{{\n"
+        "    for (int k = n - 1; k >= 0; --k) {\n"
+        f"        {name}_a(blockIdx.x, gridDim.x, k, {arguments});\n"
+        "        if (grid_barrier(barrier, gridDim.x)) return;\n"
+        f"        {name}_b(blockIdx.x, gridDim.x, k, {arguments});\n"
+        "        __syncthreads();\n"
+        "    }\n}\n"
+        "#else\n"
+        f"KERNEL void {name}_host({signature}, int blocks)\n{{\n"
+        "    for (int k = n - 1; k >= 0; --k) {\n"
+        f"        for (int blk = 0; blk < blocks; ++blk) {name}_a(blk, blocks, k, {arguments});\n"
+        f"        for (int blk = 0; blk < blocks; ++blk) {name}_b(blk, blocks, k, {arguments});\n"
+        "    }\n}\n"
+        "#endif\n")
+
+
 def kernel_name(dtype, peephole: bool) -> str:
     return f"lstmgrad_step{'_peephole' if peephole else ''}_{DTYPES[np.dtype(dtype)][0]}"
 
@@ -49,7 +134,8 @@ def params(peephole: bool) -> tuple[tuple[str, str], ...]:
     return PARAMS + PEEPHOLE_PARAMS if peephole else PARAMS
 
 
-KERNELS = tuple(kernel_name(dtype, peephole) for dtype in DTYPES for peephole in (False, True))
+KERNELS = tuple(name(dtype, peephole) for name in (kernel_name, loop_name) for dtype in DTYPES for peephole in
+                (False, True))
 
 _PRELUDE = r"""
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
@@ -65,12 +151,43 @@ DEVICE float half_to_float(unsigned short h) {
 DEVICE unsigned short float_to_half(float f) {
     unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
 }
+#define FOR_EACH_IN_BLOCK(j, n) for (long long j = threadIdx.x; j < (n); j += blockDim.x)
+/* All blocks of the grid meet here (they are all resident: the loop is launched with at most one block a
+   multiprocessor).  barrier[0] counts arrivals, barrier[1] is the generation, barrier[2] is set when a block waited
+   past SPIN_LIMIT (blocks not resident after all): every block then stops, and the host says so. */
+#define SPIN_LIMIT (1ll << 31)
+DEVICE int grid_barrier(unsigned int* barrier, unsigned int blocks) {
+    __shared__ int failed;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned int* generation = barrier + 1;
+        volatile unsigned int* stop = barrier + 2;
+        const unsigned int gen = *generation;
+        __threadfence();
+        failed = 0;
+        if (atomicAdd(barrier, 1u) == blocks - 1) {
+            atomicExch(barrier, 0u);
+            __threadfence();
+            atomicAdd(barrier + 1, 1u);
+        } else {
+            long long spins = 0;
+            while (*generation == gen && !*stop) {
+                if (++spins > SPIN_LIMIT) { atomicExch(barrier + 2, 1u); }
+            }
+            failed = *stop != 0;
+        }
+        __threadfence();
+    }
+    __syncthreads();
+    return failed;
+}
 #else  /* the host: one element after another */
 #include <string.h>
 #define KERNEL
 #define DEVICE static inline
 #define RESTRICT restrict
 #define FOR_EACH_ELEMENT(e, n) for (long long e = 0; e < (n); ++e)
+#define FOR_EACH_IN_BLOCK(j, n) for (long long j = 0; j < (n); ++j)
 DEVICE float half_to_float(unsigned short h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
 DEVICE unsigned short float_to_half(float f) {
     _Float16 v = (_Float16)f; unsigned short h; memcpy(&h, &v, 2); return h;
@@ -89,10 +206,8 @@ DEVICE double rd_f64(double x) { return x; }
 """
 
 # One element e = b * C + c of a step; gate g's gradient goes to gates[b, off_g * C + c] ([B, 4C]).  Lines marked
-# PEEPHOLE are the peephole kernels' alone.
-_BODY = r"""
-    FOR_EACH_ELEMENT(e, n) {
-        const long long b = e / C, c = e - b * C;
+# PEEPHOLE are the peephole kernels' alone.  It reads carried_cs[e] before it writes new_cs[e]: the two may be one.
+_ELEMENT = r"""
         T* gate = gates + b * 4LL * C + c;
         const S one = 1;
         const S iv = LD(in_gate[e]), fv = LD(f[e]), ov = LD(o[e]), civ = LD(ci[e]), cov = LD(co[e]);
@@ -115,24 +230,39 @@ _BODY = r"""
         PEEPHOLE acc_i[e] = ST(RD(LD(acc_i[e]) + RD(d_i * csp)));
         PEEPHOLE acc_f[e] = ST(RD(LD(acc_f[e]) + RD(d_f * csp)));
         PEEPHOLE acc_o[e] = ST(RD(LD(acc_o[e]) + RD(d_o * LD(cs[e]))));
-    }
+"""
+_STEP = r"""
+    FOR_EACH_ELEMENT(e, n) {
+        const long long b = e / C, c = e - b * C;
+@ELEMENT@    }
 """
 
 
-def _kernel(dtype, peephole: bool) -> str:
+def _typed(text: str, dtype, peephole: bool) -> str:
+    """``text`` with its PEEPHOLE lines kept (marks dropped) or removed, between the dtype's macros."""
     suffix, stored, computed = DTYPES[np.dtype(dtype)]
-    args = ", ".join(f"{ctype.replace('T', stored)}{' RESTRICT' if '*' in ctype else ''} {name}"
-                     for ctype, name in params(peephole))
-    body = "".join(line.replace("PEEPHOLE ", "") for line in _BODY.splitlines(keepends=True)
+    body = "".join(line.replace("PEEPHOLE ", "") for line in text.splitlines(keepends=True)
                    if peephole or "PEEPHOLE " not in line)
-    return (f"KERNEL void {kernel_name(dtype, peephole)}({args})\n{{"
-            f"\n#define T {stored}\n#define S {computed}\n#define LD ld_{suffix}\n#define ST st_{suffix}"
-            f"\n#define RD rd_{suffix}\n{body}#undef T\n#undef S\n#undef LD\n#undef ST\n#undef RD\n}}\n")
+    return (f"#define T {stored}\n#define S {computed}\n#define LD ld_{suffix}\n#define ST st_{suffix}"
+            f"\n#define RD rd_{suffix}\n{body}#undef T\n#undef S\n#undef LD\n#undef ST\n#undef RD\n")
+
+
+def _signature(names, dtype, restrict: bool = True) -> str:
+    stored = DTYPES[np.dtype(dtype)][1]
+    return ", ".join(f"{ctype.replace('T', stored)}{' RESTRICT' if restrict and '*' in ctype else ''} {name}"
+                     for ctype, name in names)
+
+
+def _kernel(dtype, peephole: bool) -> str:
+    body = _STEP.replace("@ELEMENT@", _ELEMENT)
+    return (f"KERNEL void {kernel_name(dtype, peephole)}({_signature(params(peephole), dtype)})\n{{\n"
+            f"{_typed(body, dtype, peephole)}}}\n")
 
 
 def source() -> str:
     """The whole translation unit: every kernel ``KERNELS`` names."""
-    return _PRELUDE + "".join(_kernel(dtype, peephole) for dtype in DTYPES for peephole in (False, True))
+    return _PRELUDE + "".join(_kernel(dtype, peephole) + _loop(dtype, peephole)
+                              for dtype in DTYPES for peephole in (False, True))
 
 
 def module(cp):

@@ -42,7 +42,8 @@ CHILD_RATIO_NOTE = "ratio to the GEMM limit timed in the same rounds of its own 
 @dataclass
 class Timing:
     engine: str  # backend name, "gemm-limit", "tensorflow" or "torch"; on a GPU also "gpu-gemm-limit",
-    # "cupy-device" (the cupy backend on arrays already there), "torch-cudnn" and "torch-cudnn-tf32"
+    # "cupy-device" (the cupy backend on arrays already there), "cupy-device-persistent" (its time loop in one
+    # launch), "torch-cudnn" and "torch-cudnn-tf32"
     version: str | None
     shape: tuple[int, int, int, int]
     dtype: str
@@ -260,9 +261,17 @@ def gpu_calls(shape, dtype: str, inputs: dict, use_peephole: bool, backend) -> t
                                 compute_dtype=compute)
         sync()
 
-    calls = {GPU_LIMIT: gemm, "cupy-device": on_device}
-    versions = {GPU_LIMIT: None, "cupy-device": backend.version}
-    notes = {"cupy-device": "arrays already on the GPU"}
+    persistent = type(backend)(loop="persistent")  # the time loop in one launch (backends/_cupy.py)
+
+    def on_device_persistent():
+        persistent.block_lstm_grad(tensors, seq_len_max=T, use_peephole=use_peephole, layout=LAYOUT_V2,
+                                   compute_dtype=compute)
+        sync()
+
+    calls = {GPU_LIMIT: gemm, "cupy-device": on_device, "cupy-device-persistent": on_device_persistent}
+    versions = {GPU_LIMIT: None, "cupy-device": backend.version, "cupy-device-persistent": backend.version}
+    notes = {"cupy-device": "arrays already on the GPU, a step's kernel and cuBLAS product launched from Python",
+             "cupy-device-persistent": "arrays already on the GPU, each chunk's time loop in one launch"}
     try:
         import torch  # noqa: PLC0415 - optional, never a dependency
 
