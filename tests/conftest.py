@@ -17,6 +17,15 @@ from click.testing import CliRunner
 # The suite runs on numpy's OpenBLAS, the BLAS of a default install (set LSTMGRAD_BLAS=mkl to run it all on
 # MKL); tests/test_blas.py runs the MKL path in subprocesses.
 os.environ.setdefault("LSTMGRAD_BLAS", "openblas")
+# A choice of BLAS that a test's process measures (LSTMGRAD_BLAS=auto) is cached in a folder of the session's own,
+# never in the user's cache.
+if "LSTMGRAD_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["LSTMGRAD_CACHE_DIR"] = tempfile.mkdtemp(prefix="lstmgrad-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["LSTMGRAD_CACHE_DIR"], True)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())

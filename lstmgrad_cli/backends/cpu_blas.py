@@ -1,13 +1,13 @@
-"""The BLAS the CPU backends call through ctypes: MKL when the ``mkl`` wheel is installed, else numpy's OpenBLAS.
+"""The BLAS the CPU backends call through ctypes: numpy's OpenBLAS, or MKL where it is faster here.
 
 The numba backend calls the recurrent product from compiled code through this library, and the host
 backends run BLAS single-threaded on two threads of their own while the chunk products overlap the
 time loop (``XpGradient._run_overlapped``).  Which library (``find()``), once per process:
 
-* ``LSTMGRAD_BLAS=auto`` (the default): MKL from the ``mkl`` wheel (``pip install 'lstmgrad[mkl]'``)
-  when it is installed and loads, else the OpenBLAS inside numpy's wheel.  On this project's AVX-512
-  machine MKL ran the per-step product 1.3-1.55x and the large products 1.1-1.2x faster than numpy's
-  OpenBLAS 0.3.31; PyTorch's CPU build uses it too.
+* ``LSTMGRAD_BLAS=auto`` (the default): where the ``mkl`` wheel is installed (``pip install
+  'lstmgrad[mkl]'``) beside numpy's OpenBLAS, the one a backward pass is faster on, measured once on this
+  processor and cached (``blas_calibration``: MKL was 1.1-1.55x faster on an Intel AVX2 machine, twice as
+  slow on an AMD EPYC with AVX-512); else the one there is.  ``why_chosen()`` says which and why.
 * ``LSTMGRAD_BLAS=openblas``: numpy's OpenBLAS, the library ``np.matmul`` uses.
 * ``LSTMGRAD_BLAS=mkl``: MKL, with a warning and numpy's OpenBLAS when it is not installed.
 
@@ -271,18 +271,71 @@ def find() -> Blas | None:
         return _choose()
 
 
+_using: list[Blas] = []  # inside using(): the library every product goes through meanwhile
+
+
+@contextlib.contextmanager
+def using(blas: Blas):
+    """Every host product of this process on ``blas`` meanwhile, whatever ``find()`` chose: for timing the two
+    libraries on the same passes (``blas_calibration``).  numba's compiled loop keeps the library it was built
+    with."""
+    _using.append(blas)
+    try:
+        yield
+    finally:
+        _using.pop()
+
+
+def current() -> Blas | None:
+    """The library products go through now: ``using()``'s, else ``find()``'s."""
+    return _using[-1] if _using else find()
+
+
+_why: list[str] = []  # why find() chose its library, in words (why_chosen)
+
+
 def _choose() -> Blas | None:
     wanted = choice()
-    if wanted != "openblas":
+    own = numpy_openblas()
+    _why.clear()
+    if wanted == "openblas":
+        _why.append(f"{BLAS_ENV}=openblas")
+        return own
+    if wanted == "auto" and own is not None and mkl_version() is not None:
+        from . import blas_calibration  # noqa: PLC0415 - only with both libraries installed
+
+        entry_key = blas_calibration.key(mkl_version(), usable_cores())
+        known = blas_calibration.cached(entry_key)
+        if known is not None and known["library"] == "openblas":  # MKL not even loaded
+            _why.append(blas_calibration.decide(entry_key, None, known).why)
+            return own
+        found = mkl()
+        if found is not None:  # (a choice is measured and cached only where both libraries load)
+            decided = blas_calibration.decide(entry_key, lambda: blas_calibration.measure(
+                {"mkl": found, "openblas": own}, using), known)
+            _why.append(decided.why)
+            return found if decided.library == "mkl" else own
+    else:
         found = mkl()
         if found is not None:
+            _why.append(f"{BLAS_ENV}=mkl" if wanted == "mkl" else "numpy's OpenBLAS is not reachable here")
             return found
-        if _mkl_failure:
-            warnings.warn(f"MKL does not load here ({_mkl_failure[-1]}); using numpy's OpenBLAS", stacklevel=3)
-        elif wanted == "mkl":
-            warnings.warn(f"{BLAS_ENV}=mkl, but MKL is not installed or does not load "
-                          "(pip install 'lstmgrad[mkl]'); using numpy's OpenBLAS", stacklevel=3)
-    return numpy_openblas()
+    if _mkl_failure:
+        warnings.warn(f"MKL does not load here ({_mkl_failure[-1]}); using numpy's OpenBLAS", stacklevel=3)
+        _why.append(f"MKL does not load here ({_mkl_failure[-1]})")
+    elif wanted == "mkl":
+        warnings.warn(f"{BLAS_ENV}=mkl, but MKL is not installed or does not load "
+                      "(pip install 'lstmgrad[mkl]'); using numpy's OpenBLAS", stacklevel=3)
+        _why.append(f"{BLAS_ENV}=mkl, but MKL is not installed")
+    else:
+        _why.append("MKL is not installed (pip install 'lstmgrad[mkl]' adds it)")
+    return own
+
+
+def why_chosen() -> str:
+    """Why ``find()`` took its library, in words ("LSTMGRAD_BLAS=openblas", a measurement on this processor, ...)."""
+    find()
+    return _why[-1] if _why else "no BLAS library was found: products are numpy.matmul"
 
 
 def describe() -> str:
@@ -323,6 +376,15 @@ def _operand(a):
     return None
 
 
+def gemm_on(blas: Blas, a, b, out) -> None:
+    """``out = a @ b`` (float32 or float64, 2-D, operands C- or F-contiguous, ``out`` C-contiguous) on ``blas``."""
+    (M, K), N = a.shape, b.shape[1]
+    layout_a, layout_b = _operand(a), _operand(b)
+    gemm = _gemm(blas.sgemm if out.dtype == np.float32 else blas.dgemm, out.dtype.type)
+    gemm(_ROW_MAJOR, layout_a[0], layout_b[0], M, N, K, 1.0, a.ctypes.data, layout_a[1], b.ctypes.data, layout_b[1],
+         0.0, out.ctypes.data, max(N, 1))
+
+
 def matmul_into(a, b, out, accumulate: bool) -> bool:
     """``out = a @ b`` or, with ``accumulate``, ``out += a @ b`` in one ``cblas_?gemm`` call.
 
@@ -331,7 +393,7 @@ def matmul_into(a, b, out, accumulate: bool) -> bool:
     not one float32/float64 dtype, not 2-D, an operand neither C- nor F-contiguous, ``out`` not
     C-contiguous and writeable, an empty product); the caller then uses numpy.
     """
-    blas = find()
+    blas = current()
     dtype = out.dtype if isinstance(out, np.ndarray) else None
     if (blas is None or dtype not in (np.float32, np.float64)
             or not all(isinstance(m, np.ndarray) and m.dtype == dtype and m.ndim == 2 for m in (a, b))
@@ -356,14 +418,14 @@ def matmul(a, b, out):
     With numpy's own OpenBLAS chosen this is ``np.matmul`` (the same library, less call overhead);
     otherwise ``matmul_into``, or ``np.matmul`` where that declines.
     """
-    blas = find()
+    blas = current()
     if blas is None or blas is numpy_openblas() or not matmul_into(a, b, out, accumulate=False):
         np.matmul(a, b, out=out)
 
 
 def _libraries() -> list[Blas]:
     """``find()``'s library and numpy's OpenBLAS (once when they are the same)."""
-    chosen, own = find(), numpy_openblas()
+    chosen, own = current(), numpy_openblas()
     return [blas for blas in (chosen, own if own is not chosen else None) if blas is not None]
 
 

@@ -26,8 +26,9 @@ def backends_command(as_json: bool, check: bool, arch: str | None) -> None:
     Nothing is imported to find out: numba and cupy are looked up, not loaded (whether a CUDA
     device is usable is asked of a child process).  Choose one with --backend NAME or
     LSTMGRAD_BACKEND; `auto` means cupy with a usable GPU, else numba, else numpy.  The numpy and
-    numba backends do their matrix products on MKL when the mkl wheel is installed
-    (pip install 'lstmgrad[mkl]'), else on numpy's OpenBLAS; LSTMGRAD_BLAS=openblas|mkl|auto chooses.
+    numba backends do their matrix products on numpy's OpenBLAS, or on MKL where the mkl wheel is
+    installed (pip install 'lstmgrad[mkl]') and a backward pass on it is faster on this processor
+    (timed once, then cached); LSTMGRAD_BLAS=openblas|mkl|auto chooses.
     """
     if arch is not None and not check:
         raise click.UsageError("--arch names what --check compiles the cupy kernels for: give --check too")
@@ -37,9 +38,9 @@ def backends_command(as_json: bool, check: bool, arch: str | None) -> None:
     rows = registry.statuses()
     default = registry.resolve_name(None)
     auto = registry.resolve_name("auto")
-    blas = cpu_blas.describe()
+    blas, why = cpu_blas.describe(), cpu_blas.why_chosen()
     if as_json:
-        print_json({"default": default, "auto": auto, "host_blas": blas, "backends": [
+        print_json({"default": default, "auto": auto, "host_blas": blas, "host_blas_why": why, "backends": [
             {"name": r.name, "available": r.available, "reason": r.reason or None, "version": r.version,
              "source": r.source} for r in rows]})
         return
@@ -51,7 +52,7 @@ def backends_command(as_json: bool, check: bool, arch: str | None) -> None:
         tags = [t for t, on in (("default", r.name == default), ("auto", r.name == auto)) if on]
         name = f"{r.name} ({', '.join(tags)})" if tags else r.name
         table.add_row(name, mark, r.version or "-", r.source, escape(r.reason))  # hints hold [extras]
-    print_table(stdout_console(), table, "lstmgrad backends", f"numpy and numba products on {blas}")
+    print_table(stdout_console(), table, "lstmgrad backends", f"numpy and numba products on {blas}: {escape(why)}")
 
 
 def _check(as_json: bool, arch: str | None) -> None:

@@ -127,9 +127,11 @@ def machine_info() -> dict:
     except Exception:  # noqa: BLE001 - informational only
         pass
     from ..backends import cpu_blas
+    from ..backends.blas_calibration import processor
 
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-            "blas": blas, "host_blas": cpu_blas.describe(), "platform": platform.platform(),
+    return {"cpu": cpu, "cores": os.cpu_count(), "processor": processor(), "python": platform.python_version(),
+            "numpy": np.__version__, "blas": blas, "host_blas": cpu_blas.describe(),
+            "host_blas_why": cpu_blas.why_chosen(), "platform": platform.platform(),
             "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
                                                    "OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "LSTMGRAD_BLAS",
                                                    "MKL_NUM_THREADS", "MKL_THREADING_LAYER")
