@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
 import select
 import subprocess
+import threading
 from pathlib import Path
 
 import h5py
@@ -97,6 +99,18 @@ def clean_env(monkeypatch):
 @pytest.fixture
 def runner() -> CliRunner:
     return CliRunner()
+
+
+@contextlib.contextmanager
+def no_thread_can_start():
+    """Meanwhile the system refuses every new thread of this process, as under a tight ``ulimit -v``: each one's
+    stack is asked to be larger than any address space, so its mapping fails and Python raises RuntimeError
+    ("can't start new thread").  Threads already running go on."""
+    previous = threading.stack_size(2**50)
+    try:
+        yield
+    finally:
+        threading.stack_size(previous)
 
 
 def run_on_a_terminal(command: list[str], *, stdout_too: bool, columns: int = 120) -> tuple[int, bytes]:
