@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, consistent_inputs, load_case, run_on_a_terminal, write_h5, write_npz
+from conftest import FIXTURES, consistent_inputs, load_case, no_thread_can_start, run_on_a_terminal, write_h5, write_npz
 
 from lstmgrad_cli.cli import main
 
@@ -54,14 +54,14 @@ def assert_same_outputs(a: dict, b: dict):
 
 
 @pytest.fixture
-def worker_signal(monkeypatch):
-    """What a stop signal does in a local worker process (execution/interrupts.py's handler), called in this process: a
-    fresh worker state, and the signals recorded in a state of their own (given back after)."""
-    from lstmgrad_cli.execution import interrupts, local_workers
+def worker_signal():
+    """A real stop signal to this process, handled as in a local worker process (execution/interrupts.py's handler,
+    with the signals recorded in a state of their own, given back after).  ``signal.raise_signal`` runs the
+    handler before it returns, so the signal lands exactly where the test sends it."""
+    from lstmgrad_cli.execution import interrupts
 
-    monkeypatch.setattr(local_workers, "_state", local_workers._WorkerState())
-    with interrupts.caught(signals=()):
-        yield lambda signum: interrupts._handler(signum, None)
+    with interrupts.caught(signals=(signal.SIGINT,)):
+        yield signal.raise_signal
 
 
 @pytest.fixture(scope="module")
@@ -597,16 +597,17 @@ def test_out_dir_is_made_when_missing_and_unmakeable_is_one_line(runner, tmp_pat
 
 def test_a_batch_syncs_each_output_directory_once_and_every_file_before_it_appears(tmp_path, monkeypatch):
     """Each output's data is fsynced before its rename; the directory entries once per directory, at the end."""
-    from lstmgrad_cli.io import atomic, output
+    from lstmgrad_cli.io import output
     from lstmgrad_cli.operations import batch
     from lstmgrad_cli.operations.grad import GradOptions
 
     events = []
-    real_fsync, real_publish = os.fsync, atomic._publish
-    monkeypatch.setattr(atomic.os, "fsync", lambda fd: events.append(("fsync", os.path.realpath(
+    real_fsync, real_link = os.fsync, os.link
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.path.realpath(
         f"/proc/self/fd/{fd}"))) or real_fsync(fd))
-    monkeypatch.setattr(atomic, "_publish", lambda tmp, path, force: events.append(("publish", str(tmp))) or
-                        real_publish(tmp, path, force))
+    # an output is put in place by a hard link to its temporary file (without force)
+    monkeypatch.setattr(os, "link", lambda tmp, path, **kw: events.append(("publish", str(tmp))) or
+                        real_link(tmp, path, **kw))
     out = tmp_path / "out"
     out.mkdir()
     tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:3], None, out)
@@ -658,18 +659,17 @@ def test_a_serial_batch_publishes_each_output_while_the_next_file_computes(tmp_p
     """Each output's fsync and rename run on the publishing thread, and its result is reported only after."""
     import threading
 
-    from lstmgrad_cli.io import atomic
     from lstmgrad_cli.operations import batch
     from lstmgrad_cli.operations.grad import GradOptions
 
     published, reported = [], []
-    real_publish = atomic._publish
+    real_link = os.link
 
-    def publish(tmp, path, force):
-        published.append((path.name, threading.current_thread().name))
-        real_publish(tmp, path, force)
+    def publish(tmp, path, **kw):  # an output is put in place by a hard link to its temporary file
+        published.append((Path(path).name, threading.current_thread().name))
+        real_link(tmp, path, **kw)
 
-    monkeypatch.setattr(atomic, "_publish", publish)
+    monkeypatch.setattr(os, "link", publish)
     out = tmp_path / "out"
     tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:3], None, out.resolve())
     out.mkdir()
@@ -717,45 +717,40 @@ def test_an_output_that_cannot_be_published_fails_that_file_only_and_nothing_is_
 
 
 def test_an_output_another_run_publishes_first_is_kept_in_a_serial_batch(tmp_path, monkeypatch):
-    from lstmgrad_cli.io import atomic
     from lstmgrad_cli.operations import batch
     from lstmgrad_cli.operations.grad import GradOptions, run_grad_file
 
     out = tmp_path / "out"
     out.mkdir()
     tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:2], None, out)
-    real_publish = atomic._publish
+    real_link = os.link
     sources = {t.output.name: t.input for t in tasks}
 
-    def other_run_wins(tmp, path, force):  # the other run writes the same request's output just before
+    def other_run_wins(tmp, path, **kw):  # the other run writes the same request's output just before this one's link
+        path = Path(path)
         if path.name in sources:
             other = tmp_path / f"other{path.suffix}"
             run_grad_file(sources.pop(path.name), other, GradOptions("seq"))
-            os.link(other, path)
+            real_link(other, path)
             other.unlink()
-        real_publish(tmp, path, force)
+        real_link(tmp, path, **kw)
 
-    monkeypatch.setattr(atomic, "_publish", other_run_wins)
+    monkeypatch.setattr(os, "link", other_run_wins)
     results = batch.run_batch(tasks, GradOptions("seq"))
     assert [r.status for r in results] == ["skipped", "skipped"], [r.error for r in results]
     assert all("already complete" in r.notes[0] for r in results)
     assert sorted(p.name for p in out.iterdir()) == sorted(t.output.name for t in tasks)
 
 
-def test_where_no_thread_can_start_outputs_are_published_in_line(tmp_path, monkeypatch):
-    import concurrent.futures as cf
-
+def test_where_no_thread_can_start_outputs_are_published_in_line(tmp_path):
     from lstmgrad_cli.operations import batch
     from lstmgrad_cli.operations.grad import GradOptions
 
-    def no_threads(self):
-        raise RuntimeError("can't start new thread")
-
-    monkeypatch.setattr(cf.ThreadPoolExecutor, "_adjust_thread_count", no_threads)
     out = tmp_path / "out"
     out.mkdir()
     tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:3], None, out)
-    results = batch.run_batch(tasks, GradOptions("seq"))
+    with no_thread_can_start():
+        results = batch.run_batch(tasks, GradOptions("seq"))
     assert [r.status for r in results] == ["ok"] * 3
     assert sorted(p.name for p in out.iterdir()) == sorted(t.output.name for t in tasks)
 
@@ -765,15 +760,15 @@ def test_where_no_thread_can_start_outputs_are_published_in_line(tmp_path, monke
 def test_local_workers_leave_fsync_and_rename_to_the_parent_which_reports_each_output_in_place(tmp_path,
                                                                                                monkeypatch,
                                                                                                serial_outputs):
-    """The workers (fresh processes, unpatched) write; this process publishes every output, then reports it."""
-    from lstmgrad_cli.io import atomic
+    """The workers write; this process publishes every output (a hard link to the temporary file a worker wrote,
+    recorded here: a worker's own links would be recorded in its own copy of the list), then reports it."""
     from lstmgrad_cli.operations import batch
     from lstmgrad_cli.operations.grad import GradOptions
 
     published = []
-    real_publish = atomic._publish
-    monkeypatch.setattr(atomic, "_publish", lambda tmp, path, force: published.append(path.name) or
-                        real_publish(tmp, path, force))
+    real_link = os.link
+    monkeypatch.setattr(os, "link", lambda tmp, path, **kw: published.append(Path(path).name) or
+                        real_link(tmp, path, **kw))
     out = tmp_path / "out"
     out.mkdir()
     tasks = batch.plan_tasks(make_inputs(tmp_path / "in"), None, out)
@@ -956,7 +951,7 @@ def test_a_result_interrupted_once_its_output_was_in_place_is_the_published_resu
     import concurrent.futures as cf
 
     from lstmgrad_cli import io
-    from lstmgrad_cli.io import atomic, output
+    from lstmgrad_cli.io import output
     from lstmgrad_cli.operations import batch
     from lstmgrad_cli.operations.grad import GradOptions, GradResult
 
@@ -967,14 +962,14 @@ def test_a_result_interrupted_once_its_output_was_in_place_is_the_published_resu
     published = GradResult(str(task.input), str(task.output), options.op)
     finished: cf.Future = cf.Future()
     finished.set_result([batch.Unpublished(published, handoffs[0])])
-    real_publish = atomic._publish
+    real_link = os.link
 
-    def interrupted_after(tmp, path, force):
-        monkeypatch.setattr(atomic, "_publish", real_publish)
-        real_publish(tmp, path, force)
+    def interrupted_after(tmp, path, **kw):  # Ctrl-C as the hard link that puts the output in place returns
+        monkeypatch.setattr(os, "link", real_link)
+        real_link(tmp, path, **kw)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(atomic, "_publish", interrupted_after)
+    monkeypatch.setattr(os, "link", interrupted_after)
     with pytest.raises(KeyboardInterrupt):
         list(batch._outcomes(finished, [0], [task], options, [None]))
     assert list(batch._outcomes(finished, [0], [task], options, [None])) == [(0, published)]  # taken again
@@ -990,18 +985,17 @@ def test_publishing_stopped_once_the_output_is_in_place_keeps_it(tmp_path, monke
     """The output's name is there (linked, the temporary name not yet removed; or renamed) when an interrupt or an
     error comes: the output is kept and nothing else stays.  An error there is no failure (it was written); an
     interrupt still stops the run, as ``InterruptedInPlace`` from a handed output (the parent reports it done)."""
-    import os
-
     from lstmgrad_cli.io import atomic, output
 
-    def stopped(tmp, path, force):
+    real_link, real_replace = os.link, os.replace
+
+    def stopped(tmp, path, **kw):  # for the link (without force) or the rename (with) that puts the output in place
         if where == "after the link":
-            os.link(tmp, path)
+            real_link(tmp, path)  # (the temporary name still there)
         else:
-            real_publish(tmp, path, force)
+            real_replace(tmp, path)  # (only the output's name)
         raise KeyboardInterrupt if stop == "interrupt" else PermissionError(13, "Permission denied")
 
-    real_publish = atomic._publish
     target = tmp_path / "a.npz"
     replaced = force and where == "after the rename"  # (a link needs the name free)
     if replaced:
@@ -1010,7 +1004,8 @@ def test_publishing_stopped_once_the_output_is_in_place_keeps_it(tmp_path, monke
     # handed to the parent process (a local worker's output)
     with atomic.handed_to_parent() as handoffs:
         output.write_outputs(target, {"x": np.arange(3.0)}, {}, force=force)
-    monkeypatch.setattr(atomic, "_publish", stopped)
+    monkeypatch.setattr(os, "link", stopped)
+    monkeypatch.setattr(os, "replace", stopped)
     handoff = handoffs[0]
     if stop == "interrupt":
         with pytest.raises(atomic.InterruptedInPlace):
@@ -1085,9 +1080,16 @@ def test_local_workers_handed_bundles_give_every_file_its_result(tmp_path, monke
     out.mkdir()
     tasks = batch.plan_tasks(sorted(inputs), None, out)
     handed = []
-    real_submit = batch._submit
-    monkeypatch.setattr(batch, "_submit", lambda executor, chunk, *a: handed.append(len(chunk)) or
-                        real_submit(executor, chunk, *a))
+    real_executor = batch.make_executor
+
+    @contextlib.contextmanager
+    def recording_executor(workers=1, dask_address=None, initializer=None):  # the real pool, its tasks recorded
+        with real_executor(workers, dask_address, initializer) as (pool, threads):
+            real_submit = pool.submit
+            pool.submit = lambda run, bundle, *a: handed.append(len(bundle)) or real_submit(run, bundle, *a)
+            yield pool, threads
+
+    monkeypatch.setattr(batch, "make_executor", recording_executor)
     reported = []
     results = batch.run_batch(tasks, GradOptions("seq"), workers=2, keep_going=keep_going,
                               on_result=lambda task, result: reported.append(task))
