@@ -212,9 +212,10 @@ def test_workers_end_when_the_command_is_killed(small_inputs, long_inputs, tmp_p
 
 @pytest.fixture
 def signalled():
-    """interrupts' handler as a stop signal calls it, with its own record of signals (given back after)."""
-    with interrupts.caught(signals=()):
-        yield lambda: interrupts._handler(signal.SIGINT, None)
+    """A real SIGINT to this process, handled by interrupts' handler with its own record of signals (given back
+    after); ``signal.raise_signal`` runs the handler before it returns, so it lands where the test sends it."""
+    with interrupts.caught(signals=(signal.SIGINT,)):
+        yield lambda: signal.raise_signal(signal.SIGINT)
 
 
 def test_a_signal_outside_an_interruptible_block_is_only_recorded(signalled):
