@@ -399,19 +399,32 @@ def test_a_large_streamed_output_is_flushed_as_the_pass_writes_it(tmp_path, monk
             np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
-def test_flushing_behind_stops_quietly_on_an_error_and_needs_no_thread(tmp_path):
+def test_flushing_behind_stops_quietly_on_an_error_and_needs_no_thread(tmp_path, monkeypatch):
     """The fsync before the rename is what makes an output durable: a failed flush behind it, or no thread to
     flush on (a tight ulimit -v), changes nothing else."""
     import threading
 
     from lstmgrad_cli.io import atomic
 
+    calls, tried = [], threading.Event()
+    real_datasync = getattr(os, "fdatasync", os.fsync)
+
+    def datasync(fd):  # the real call, recorded with the thread that made it
+        calls.append((fd, threading.current_thread()))
+        try:
+            real_datasync(fd)
+        finally:
+            tried.set()
+
+    monkeypatch.setattr(os, "fdatasync", datasync, raising=False)
     read_end, write_end = os.pipe()  # a descriptor the system cannot flush to a disk: fdatasync fails (EINVAL)
     try:
         with atomic.synced_behind(write_end, 0.001):
-            (flusher,) = [t for t in threading.enumerate() if t.name == "lstmgrad-sync-behind"]
+            assert tried.wait(timeout=60)
+            flusher = calls[0][1]
             flusher.join(timeout=60)  # the block goes on: only an error ends the thread before the block does
-            assert not flusher.is_alive()  # tried, failed, stopped
+            assert not flusher.is_alive() and flusher.name == "lstmgrad-sync-behind"
+            assert [fd for fd, _ in calls] == [write_end]  # tried once, then stopped
     finally:
         os.close(read_end)
         os.close(write_end)
