@@ -119,7 +119,7 @@ CASES = {
         proto=field(1, 1) + field(2, shape_proto((1,) * 100)))),
         "x declares 100 dimensions (shape [1, 1, 1, 1, 1, 1, 1, 1, ... (100 dimensions)]); no tensor has more than 32"),
     "a million dimensions": (lambda d: replace_execution_records(d, lambda r: eager_tensor(
-        proto=field(1, 1) + field(2, shape_proto((1,) * 1_000_000)))),
+        proto=field(1, 1) + field(2, shape_proto((1,)) * 1_000_000))),  # (the same bytes as shape_proto((1,) * 10**6))
         "is not a valid DebugEvent (a shape of more than 254 dimensions (TensorFlow's limit))"),
     "no element, dimensions past any array": (lambda d: replace_execution_records(d, lambda r: eager_tensor(
         proto=field(1, 1) + field(2, shape_proto((0, 1 << 62, 1 << 62))))),
