@@ -275,6 +275,7 @@ print("LOADED", sorted(m for m in ("numba", "cupy", "llvmlite") if m in sys.modu
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["--help"], ["backends"], ["backends", "--json"], ["bench", "--help"]])
 def test_help_and_backends_import_neither_numba_nor_cupy(args):
     proc = subprocess.run([sys.executable, "-c", IMPORT_CHECK, *args], capture_output=True, text=True, timeout=120)

@@ -93,6 +93,7 @@ CLI_WITH_WORKERS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_worker_processes_give_the_serial_results(tmp_path, serial_outputs, method):
     make_inputs(tmp_path / "in")
@@ -107,6 +108,7 @@ def test_worker_processes_give_the_serial_results(tmp_path, serial_outputs, meth
     assert_same_outputs(outputs_of(tmp_path / "out"), serial_outputs)
 
 
+@pytest.mark.slow
 def test_spawned_worker_processes_divide_blas_threads(monkeypatch):
     from lstmgrad_cli.execution import local_workers
     from lstmgrad_cli.operations.batch import make_executor
@@ -148,6 +150,7 @@ with batch.make_executor(workers=2) as (pool, threads):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork only on Linux")
 @pytest.mark.parametrize("sigterm", ["caught", "ignored"])
 def test_a_forked_worker_starts_as_a_spawned_one_does(sigterm):
@@ -188,6 +191,7 @@ with batch.make_executor(workers=2) as (pool, threads):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork only on Linux")
 def test_a_forked_worker_on_one_core_runs_no_idle_blas_thread():
     # Setting numpy's OpenBLAS's thread count, even to the count it has, starts its worker threads again, and
@@ -215,6 +219,7 @@ print(before, local_workers.start_method(), threading.active_count())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork only on Linux")
 @pytest.mark.parametrize("then", ["thread", "numba"])
 def test_workers_are_forked_only_from_a_process_with_one_thread(then):
@@ -241,6 +246,7 @@ def test_workers_are_spawned_while_another_python_thread_runs():
         thread.join()
 
 
+@pytest.mark.slow
 def test_dask_local_cluster_gives_the_serial_results(runner, tmp_path, serial_outputs):
     distributed = pytest.importorskip("distributed")
     make_inputs(tmp_path / "in")
@@ -254,6 +260,7 @@ def test_dask_local_cluster_gives_the_serial_results(runner, tmp_path, serial_ou
     assert_same_outputs(outputs_of(tmp_path / "out"), serial_outputs)
 
 
+@pytest.mark.slow
 def test_unreachable_dask_scheduler_is_a_clean_error(runner, tmp_path):
     pytest.importorskip("distributed")
     src = write_npz(tmp_path / "a.npz", load_case("seq_v2_peep")[0])
@@ -287,6 +294,7 @@ def _long_inputs(folder: Path, count: int) -> list[Path]:
     return [write_h5(folder / f"run{k:03d}.h5", base) for k in range(count)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_interrupted_batch_leaves_no_partial_output_and_resumes(tmp_path, sig):
     inputs = _long_inputs(tmp_path / "in", 20)
@@ -322,6 +330,7 @@ def _stderr_on_a_terminal(args: list[str]) -> tuple[int, bytes]:
     return run_on_a_terminal([sys.executable, "-m", "lstmgrad_cli", *args], stdout_too=False)
 
 
+@pytest.mark.slow
 def test_progress_bar_on_a_terminal_only_for_humans(tmp_path):
     make_inputs(tmp_path / "in")
     code, seen = _stderr_on_a_terminal(["seq", str(tmp_path / "in"), "--json"])
@@ -356,6 +365,7 @@ def _kill_the_first_worker(cmd: list[str], poll: float) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_killed_worker_is_a_failed_file_not_a_crash(tmp_path, method):
     inputs = _long_inputs(tmp_path / "in", 6)
@@ -377,6 +387,7 @@ def test_a_killed_worker_is_a_failed_file_not_a_crash(tmp_path, method):
     assert len(list(out.glob("*.grads.h5"))) == len(inputs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_killed_as_the_pool_starts_never_hangs_nor_prints_a_traceback(tmp_path, method):
     # Killing a worker while the pool was still starting others used to race the pool's own teardown
@@ -464,6 +475,7 @@ def test_every_worker_starts_before_the_first_task():
         assert pool.submit(sum, [1, 2]).result(timeout=60) == 3
 
 
+@pytest.mark.slow
 def test_no_more_worker_processes_than_files(tmp_path, monkeypatch):
     from lstmgrad_cli.operations import batch
     from lstmgrad_cli.operations.grad import GradOptions
@@ -509,6 +521,7 @@ def _started(cmdline: bytes, parent: int) -> bool:
     return forking
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork only on Linux")
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_the_cli_forks_its_workers_where_it_can(tmp_path, method):
@@ -1042,6 +1055,7 @@ def test_publishing_interrupted_before_the_rename_leaves_nothing_and_is_a_plain_
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_failure_stops_the_files_workers_were_handed_beyond_the_one_in_hand(tmp_path, monkeypatch):
     """Without --keep-going: the pool's queue holds bundles no one can take back, and each worker runs at most
     the file in hand once the batch has stopped (the pool's stop_queued: local_workers.pool)."""
@@ -1065,6 +1079,7 @@ def test_a_failure_stops_the_files_workers_were_handed_beyond_the_one_in_hand(tm
                                                            if s == "ok")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep_going", [False, True])
 def test_local_workers_handed_bundles_give_every_file_its_result(tmp_path, monkeypatch, keep_going):
     """Real worker processes, several files a task: each file is reported once, its output in place; without
@@ -1192,6 +1207,7 @@ def test_an_interrupt_while_reporting_still_reports_the_file_already_computed(tm
     assert sorted(p.name for p in out.iterdir()) == sorted(reported)  # no output unreported, no temporary file
 
 
+@pytest.mark.slow
 def test_local_workers_interrupted_twice_leave_no_temporary_file(tmp_path):
     """A worker's output is a temporary file until the parent publishes it: when a second interrupt stops the
     parent from taking the remaining results, their temporary files are removed, and those files say so."""
@@ -1231,6 +1247,7 @@ def _small_long_inputs(folder: Path, count: int) -> list[Path]:
     return [write_h5(folder / f"run{k:03d}.h5", base) for k in range(count)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn", "bundled"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_whole_process_group_stops_workers_cleanly(tmp_path, method, sig):
@@ -1265,6 +1282,7 @@ def test_a_signal_to_the_whole_process_group_stops_workers_cleanly(tmp_path, met
     assert len(list(out.glob("*.grads.h5"))) == len(inputs)
 
 
+@pytest.mark.slow
 def test_a_worker_interrupted_mid_bundle_keeps_the_files_before_and_runs_none_after(tmp_path, monkeypatch):
     # Ctrl-C to the workers alone (the command goes on, --keep-going): each interrupts the file in hand, and the
     # rest of that bundle is not run; the files it finished before are published and reported.
@@ -1353,6 +1371,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="no signal masks (Windows)")
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_stop_signal_while_a_worker_starts_interrupts_its_first_file(tmp_path, method):

@@ -115,6 +115,7 @@ def test_an_interpreter_without_the_frameworks_is_named_not_dropped(runner):
         assert f"not compared: {name} not timed with {sys.executable}: No module named '{name}'" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("library", ["openblas", "mkl"])
 def test_child_mode_reports_missing_frameworks_and_its_blas(tmp_path, library):
     if library == "mkl" and cpu_blas.mkl() is None:
@@ -198,6 +199,7 @@ def test_bench_command_unavailable_backend_is_exit_1(runner, monkeypatch):
                                      "pip install 'lstmgrad[numba]'")
 
 
+@pytest.mark.slow
 def test_make_bench_script_runs():
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_backends.py"), "--backend", "numpy",
                            "--shape", "2,1,2,2", "--repeats", "1", "--no-compare", "--json"],

@@ -254,6 +254,7 @@ def _mkl_room_mb() -> int:
     return (cpu_blas.MKL_ADDRESS_SPACE + cpu_blas.MKL_THREAD_ADDRESS_SPACE * cpu_blas._mkl_threads()) >> 20
 
 
+@pytest.mark.slow
 @needs_mkl
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmSize from /proc")
 @pytest.mark.parametrize(("choice", "check", "margins"), [
@@ -386,6 +387,7 @@ print(json.dumps({"same": same, "versions": [get_backend("numpy").version, numba
 """
 
 
+@pytest.mark.slow
 @needs_mkl
 def test_the_whole_pass_on_mkl_matches_tensorflow_and_the_backends_agree_bit_for_bit():
     env = {**os.environ, cpu_blas.BLAS_ENV: "mkl"}
@@ -397,6 +399,7 @@ def test_the_whole_pass_on_mkl_matches_tensorflow_and_the_backends_agree_bit_for
     assert all(v.endswith(f" with MKL {cpu_blas.mkl_version()}") for v in doc["versions"]), doc["versions"]
 
 
+@pytest.mark.slow
 @needs_mkl
 def test_cli_on_mkl_records_it_in_the_output(tmp_path):
     from lstmgrad_cli.io import read_metadata

@@ -521,6 +521,7 @@ SUBPROCESS_CASES = {"fifo", "npz-pickle", "npz-huge-declared", "h5-external-fifo
                     "npz-rank-bomb", "npydir-fifo"}
 
 
+@pytest.mark.slow
 def test_cases_in_a_real_subprocess(tmp_path):
     """The real command, one process per file, all at once: exit 1, one line, no hang, no crash."""
     everything = bool(os.environ.get("LSTMGRAD_FUZZ_EXAMPLES"))

@@ -205,6 +205,7 @@ def test_a_named_pipe_named_like_a_dump_file_is_refused_at_once(tmp_path, runner
     assert not (tmp_path / "g.npz").exists()
 
 
+@pytest.mark.slow
 def test_a_dump_of_many_processes_is_listed_in_linear_time(tmp_path):
     """20,000 file sets (a .metadata file each): matching each set's files against a list of names made the
     listing quadratic (32,000 files took 90 s); every set is found, the dump indexed."""
@@ -229,6 +230,7 @@ def mended(path: Path) -> list[bytes]:
     return records_of(path)
 
 
+@pytest.mark.slow
 @fuzz(60)
 @given(data=st.data())
 def test_mutated_records_never_crash(tmp_path_factory, data):
