@@ -183,6 +183,9 @@ def plugins(monkeypatch, tmp_path):
 
     monkeypatch.setattr(reg.importlib.metadata, "entry_points", entry_points)
     reg.refresh()
+    yield
+    sys.modules.pop("lstmgrad_test_plugin", None)  # (a test that loaded the plugin leaves no trace for the next)
+    reg.refresh()
 
 
 def test_plugins_are_registered_without_being_imported(plugins):
