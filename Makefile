@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test lint bench bench-batch bench-stream bench-lengths fuzz signals fixtures conformance docs clean \
+.PHONY: demo test test-fast lint bench bench-batch bench-stream bench-lengths fuzz signals fixtures conformance docs clean \
 	gpu-check gpu-pylibs
 
 $(PY):
@@ -25,6 +25,11 @@ demo: $(VENV)/.installed
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The quick loop while developing: every module, less the tests marked slow (real worker batches, signals, Dask
+# clusters, bombs, the longer fuzz); under a minute on two idle cores. `make test` runs them too.
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" -q
 
 # docs/commands.md from the commands' --help (tests/test_docs.py fails when it drifts).
 docs: $(STAMP)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import pty
 import select
 import subprocess
+import threading
 from pathlib import Path
 
 import h5py
@@ -106,6 +109,42 @@ def clean_env(monkeypatch):
 @pytest.fixture
 def runner() -> CliRunner:
     return CliRunner()
+
+
+def content_digest(path: Path) -> str:
+    """sha256 of the file's size and of each stretch of data with its offset, the holes of a sparse file skipped
+    (a hostile 3 GB sparse input is hashed in a moment, not read whole twice): any byte changed, or written into a
+    hole, changes it."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as fh:
+        fd = fh.fileno()
+        size = os.fstat(fd).st_size
+        sha.update(f"{size}".encode())
+        position = 0
+        while position < size:
+            try:
+                start = os.lseek(fd, position, os.SEEK_DATA) if hasattr(os, "SEEK_DATA") else position
+            except OSError:  # ENXIO: only a hole from here to the end
+                break
+            end = os.lseek(fd, start, os.SEEK_HOLE) if hasattr(os, "SEEK_HOLE") else size
+            sha.update(f"@{start}:".encode())
+            fh.seek(start)
+            for _ in range(start, end, 1 << 20):
+                sha.update(fh.read(min(1 << 20, end - fh.tell())))
+            position = end
+    return sha.hexdigest()
+
+
+@contextlib.contextmanager
+def no_thread_can_start():
+    """Meanwhile the system refuses every new thread of this process, as under a tight ``ulimit -v``: each one's
+    stack is asked to be larger than any address space, so its mapping fails and Python raises RuntimeError
+    ("can't start new thread").  Threads already running go on."""
+    previous = threading.stack_size(2**50)
+    try:
+        yield
+    finally:
+        threading.stack_size(previous)
 
 
 def run_on_a_terminal(command: list[str], *, stdout_too: bool, columns: int = 120) -> tuple[int, bytes]:

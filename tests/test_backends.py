@@ -30,6 +30,7 @@ from lstmgrad_cli import backends as reg
 from lstmgrad_cli.backends import _cupy_kernels, cpu_blas
 from lstmgrad_cli.backends._numpy import NumpyBackend
 from lstmgrad_cli.backends._xp import XpGradient, default_chunk_steps
+from lstmgrad_cli.backends.conformance import LazyRows
 from lstmgrad_cli.cli import main
 from lstmgrad_cli.errors import BackendUnavailableError, UnknownBackendError
 from lstmgrad_cli.spec import SeqTensors
@@ -279,6 +280,7 @@ print("LOADED", sorted(m for m in ("numba", "cupy", "llvmlite") if m in sys.modu
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["--help"], ["backends"], ["backends", "--json"], ["bench", "--help"]])
 def test_help_and_backends_import_neither_numba_nor_cupy(args):
     proc = subprocess.run([sys.executable, "-c", IMPORT_CHECK, *args], capture_output=True, text=True, timeout=120)
@@ -409,8 +411,9 @@ def test_overlapped_schedule_equals_the_sequential_one_bit_for_bit(dtype, peepho
     backend = _numba.NumbaBackend(overlap=True, kernel_min_flops=0)
     overlapped = backend.block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=chunk)
     with _one_core():  # the same chunks one after the other (a fifth of the steps each when not given)
-        sequential = backend.block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=chunk)
-        reference = NumpyBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=chunk)
+        sequential = _numba.NumbaBackend(kernel_min_flops=0).block_lstm_grad(SeqTensors(**inputs), **kw,
+                                                                             chunk_steps=chunk)
+        reference = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=chunk)
     for field, want, have, seq in zip(reference._fields, reference, overlapped, sequential, strict=True):
         np.testing.assert_array_equal(have, seq, err_msg=field)
         np.testing.assert_array_equal(have, want, err_msg=field)
@@ -418,10 +421,13 @@ def test_overlapped_schedule_equals_the_sequential_one_bit_for_bit(dtype, peepho
 
 @contextlib.contextmanager
 def _one_core():
-    """Backends made with ``overlap=True`` cut the overlapped schedule's chunks but run them one after
-    the other, as on a one-core machine."""
+    """As on a one-core machine: backends left to choose (``overlap=None``) cut a problem over ``OVERLAP_MIN_FLOPS``
+    (here every problem) into the overlapped schedule's chunks, and run them one after the other."""
+    from lstmgrad_cli.backends import _xp
+
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(XpGradient, "_overlap_now", lambda self: False)
+        mp.setattr(_xp, "OVERLAP_MIN_FLOPS", 0)
+        mp.setattr(cpu_blas, "usable_cores", lambda: 1)
         yield
 
 
@@ -462,7 +468,7 @@ def test_numpy_overlapped_equals_sequential_bit_for_bit(peephole):
     kw = dict(seq_len_max=29, use_peephole=peephole, layout="icfo", compute_dtype=np.dtype("float32"))
     overlapped = NumpyBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **kw)  # 3 steps, then chunks of 6
     with _one_core():
-        sequential = NumpyBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **kw)
+        sequential = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw)
     one_chunk = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw)
     for field, have, want, single in zip(overlapped._fields, overlapped, sequential, one_chunk, strict=True):
         np.testing.assert_array_equal(have, want, err_msg=field)
@@ -605,6 +611,28 @@ def test_overlap_worker_keeps_the_callers_numpy_error_state():
     assert np.isnan(got.w_grad).any() and np.isnan(got.x_grad).any()
 
 
+class _FailingRows(LazyRows):
+    """A time-major input read a chunk at a time (as an HDF5 input is), whose ``fail_on``-th read fails with
+    ``error``; ``reads`` gets the first step of each read."""
+
+    def __init__(self, array, reads, fail_on, error):
+        super().__init__(array)
+        self._reads, self._fail_on, self._error = reads, fail_on, error
+
+    def _read(self, lo):
+        self._reads.append(lo)
+        if len(self._reads) == self._fail_on:
+            raise self._error
+
+    def __getitem__(self, index):
+        self._read(index.start)
+        return super().__getitem__(index)
+
+    def read_into(self, lo, hi, out, dest=None):
+        self._read(lo)
+        return super().read_into(lo, hi, out, dest)
+
+
 def _five_chunks(seed):
     """Inputs and arguments for a 20-step problem in five chunks of 4 steps."""
     inputs = _random_inputs(np.random.default_rng(seed), 20, 4, 3, 5, np.dtype("float32"))
@@ -621,18 +649,11 @@ def test_overlap_restores_blas_threads_and_hands_on_a_worker_failure(monkeypatch
     backend.block_lstm_grad(SeqTensors(**inputs), **kw)
     assert _numba._BLAS.get_threads() == threads
 
+    # x is read only by the w_grad products, which run on the worker; the second read fails there
     calls = []
-
-    def failing_wb_product(self, *args):
-        calls.append(args[1])
-        if len(calls) == 2:
-            raise MemoryError("worker failed")
-        return real_wb_product(self, *args)
-
-    real_wb_product = XpGradient._wb_product
-    monkeypatch.setattr(XpGradient, "_wb_product", failing_wb_product)
+    x = _FailingRows(inputs["x"], calls, fail_on=2, error=MemoryError("worker failed"))
     with pytest.raises(MemoryError, match="worker failed"):
-        backend.block_lstm_grad(SeqTensors(**inputs), **kw)
+        backend.block_lstm_grad(SeqTensors(**{**inputs, "x": x}), **kw)
     assert _numba._BLAS.get_threads() == threads
     assert calls[:2] == [16, 12]  # in chunk order, last steps first (lo of each chunk)
 
@@ -642,19 +663,13 @@ def test_overlap_stops_the_worker_when_the_loop_fails(monkeypatch):
     _numba = _needs_compiled_loop()
     inputs, kw = _five_chunks(4)
     threads = _numba._BLAS.get_threads()
-    real_steps = _numba.NumbaGradient._steps
+    # The loop reads the activations a chunk at a time (an input on disk: the next chunk's rows are read ahead, and
+    # what stopped the read is raised in the loop as it takes them): Ctrl-C during the read of chunk 8-12.
     seen = []
-
-    def interrupted_steps(self, lo, *args, **kwargs):
-        seen.append(lo)
-        if lo == 8:
-            raise KeyboardInterrupt
-        return real_steps(self, lo, *args, **kwargs)
-
-    monkeypatch.setattr(_numba.NumbaGradient, "_steps", interrupted_steps)
+    i = _FailingRows(inputs["i"], seen, fail_on=3, error=KeyboardInterrupt())
     running = _thread._count()
     with pytest.raises(KeyboardInterrupt):
-        _numba.NumbaBackend(overlap=True, kernel_min_flops=0).block_lstm_grad(SeqTensors(**inputs), **kw)
+        _numba.NumbaBackend(overlap=True, kernel_min_flops=0).block_lstm_grad(SeqTensors(**{**inputs, "i": i}), **kw)
     assert seen == [16, 12, 8]
     assert _numba._BLAS.get_threads() == threads
     assert _thread._count() == running  # the worker has ended
@@ -686,27 +701,45 @@ print(json.dumps([sorted(m for m in ("numba", "llvmlite") if m in sys.modules), 
     assert loaded == [] and version == importlib.metadata.version("numba") + cpu_blas.version_note() and same
 
 
+KERNELS_ON_DEMAND = """
+import json, sys
+import numpy as np
+from lstmgrad_cli.backends import _numba
+from lstmgrad_cli.backends.conformance import Case, problem
+from lstmgrad_cli.spec import SeqTensors
+
+class Counted(_numba.NumbaGradient):  # the fused step kernel (compiled_loop=False: one call a step), counted
+    calls = 0
+
+    def step(self, *args):
+        Counted.calls += 1
+        return super().step(*args)
+
+inputs = SeqTensors(**problem(Case("float32", "float32", False, "ifco")))
+kw = dict(seq_len_max=5, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
+flops = int(sys.argv[1])
+seen = []
+for threshold in (flops + 1, flops, flops + 1):  # under it, then at it (loads the kernels), then under it again
+    Counted.calls = 0
+    Counted(compiled_loop=False, kernel_min_flops=threshold).block_lstm_grad(inputs, **kw)
+    seen.append([Counted.calls, "numba" in sys.modules])
+print(json.dumps(seen))
+"""
+
+
 @needs_numba
 def test_big_problems_load_the_kernels_and_then_every_size_uses_them():
-    from lstmgrad_cli.backends import _numba
+    """In a fresh process, where the kernels are not loaded yet."""
+    from lstmgrad_cli.backends import conformance
 
-    inputs = _random_inputs(np.random.default_rng(2), 6, 4, 3, 5, np.dtype("float32"))
-    kw = dict(seq_len_max=6, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
-    small_flops = 16 * 6 * 4 * 5 * (3 + 5)
-    calls = []
-    gradient = _numba.NumbaGradient(kernel_min_flops=small_flops + 1)
-    real = _numba.NumbaGradient._steps
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_numba, "_KERNELS", "lstmgrad_test_kernels_not_loaded")  # as in a fresh process
-        mp.setattr(_numba.NumbaGradient, "_steps", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
-        gradient.block_lstm_grad(SeqTensors(**inputs), **kw)
-        assert not calls  # under the threshold, kernels not loaded: the plain numpy code
-        _numba.NumbaGradient(kernel_min_flops=small_flops).block_lstm_grad(SeqTensors(**inputs), **kw)
-        assert calls
-        calls.clear()
-        mp.setitem(sys.modules, "lstmgrad_test_kernels_not_loaded", _numba._kernels())  # loaded now
-        gradient.block_lstm_grad(SeqTensors(**inputs), **kw)
-        assert calls  # loaded now: they cost nothing more
+    flops = 16 * conformance.T * conformance.B * conformance.C * (conformance.I + conformance.C)
+    proc = subprocess.run([sys.executable, "-c", KERNELS_ON_DEMAND, str(flops)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    under, at, under_again = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert under == [0, False]  # under the threshold, kernels not loaded: the plain numpy code, numba not imported
+    assert at[0] == 5 and at[1]  # at it: the kernels are loaded, one call a step
+    assert under_again == [5, True]  # loaded now: they cost nothing more
 
 
 def test_chunk_steps_default_bounds_memory():

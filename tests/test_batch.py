@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, consistent_inputs, load_case, run_on_a_terminal, write_h5, write_npz
+from conftest import FIXTURES, consistent_inputs, load_case, no_thread_can_start, run_on_a_terminal, write_h5, write_npz
 
 from lstmgrad_cli.cli import main
 
@@ -54,14 +54,14 @@ def assert_same_outputs(a: dict, b: dict):
 
 
 @pytest.fixture
-def worker_signal(monkeypatch):
-    """What a stop signal does in a local worker process (execution/interrupts.py's handler), called in this process: a
-    fresh worker state, and the signals recorded in a state of their own (given back after)."""
-    from lstmgrad_cli.execution import interrupts, local_workers
+def worker_signal():
+    """A real stop signal to this process, handled as in a local worker process (execution/interrupts.py's handler,
+    with the signals recorded in a state of their own, given back after).  ``signal.raise_signal`` runs the
+    handler before it returns, so the signal lands exactly where the test sends it."""
+    from lstmgrad_cli.execution import interrupts
 
-    monkeypatch.setattr(local_workers, "_state", local_workers._WorkerState())
-    with interrupts.caught(signals=()):
-        yield lambda signum: interrupts._handler(signum, None)
+    with interrupts.caught(signals=(signal.SIGINT,)):
+        yield signal.raise_signal
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +93,7 @@ CLI_WITH_WORKERS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_worker_processes_give_the_serial_results(tmp_path, serial_outputs, method):
     make_inputs(tmp_path / "in")
@@ -107,6 +108,7 @@ def test_worker_processes_give_the_serial_results(tmp_path, serial_outputs, meth
     assert_same_outputs(outputs_of(tmp_path / "out"), serial_outputs)
 
 
+@pytest.mark.slow
 def test_spawned_worker_processes_divide_blas_threads(monkeypatch):
     from lstmgrad_cli.execution import local_workers
     from lstmgrad_cli.operations.batch import make_executor
@@ -148,6 +150,7 @@ with batch.make_executor(workers=2) as (pool, threads):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork only on Linux")
 @pytest.mark.parametrize("sigterm", ["caught", "ignored"])
 def test_a_forked_worker_starts_as_a_spawned_one_does(sigterm):
@@ -188,6 +191,7 @@ with batch.make_executor(workers=2) as (pool, threads):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork only on Linux")
 def test_a_forked_worker_on_one_core_runs_no_idle_blas_thread():
     # Setting numpy's OpenBLAS's thread count, even to the count it has, starts its worker threads again, and
@@ -215,6 +219,7 @@ print(before, local_workers.start_method(), threading.active_count())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork only on Linux")
 @pytest.mark.parametrize("then", ["thread", "numba"])
 def test_workers_are_forked_only_from_a_process_with_one_thread(then):
@@ -241,6 +246,7 @@ def test_workers_are_spawned_while_another_python_thread_runs():
         thread.join()
 
 
+@pytest.mark.slow
 def test_dask_local_cluster_gives_the_serial_results(runner, tmp_path, serial_outputs):
     distributed = pytest.importorskip("distributed")
     make_inputs(tmp_path / "in")
@@ -254,6 +260,7 @@ def test_dask_local_cluster_gives_the_serial_results(runner, tmp_path, serial_ou
     assert_same_outputs(outputs_of(tmp_path / "out"), serial_outputs)
 
 
+@pytest.mark.slow
 def test_unreachable_dask_scheduler_is_a_clean_error(runner, tmp_path):
     pytest.importorskip("distributed")
     src = write_npz(tmp_path / "a.npz", load_case("seq_v2_peep")[0])
@@ -287,6 +294,7 @@ def _long_inputs(folder: Path, count: int) -> list[Path]:
     return [write_h5(folder / f"run{k:03d}.h5", base) for k in range(count)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_interrupted_batch_leaves_no_partial_output_and_resumes(tmp_path, sig):
     inputs = _long_inputs(tmp_path / "in", 20)
@@ -322,6 +330,7 @@ def _stderr_on_a_terminal(args: list[str]) -> tuple[int, bytes]:
     return run_on_a_terminal([sys.executable, "-m", "lstmgrad_cli", *args], stdout_too=False)
 
 
+@pytest.mark.slow
 def test_progress_bar_on_a_terminal_only_for_humans(tmp_path):
     make_inputs(tmp_path / "in")
     code, seen = _stderr_on_a_terminal(["seq", str(tmp_path / "in"), "--json"])
@@ -356,6 +365,7 @@ def _kill_the_first_worker(cmd: list[str], poll: float) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_killed_worker_is_a_failed_file_not_a_crash(tmp_path, method):
     inputs = _long_inputs(tmp_path / "in", 6)
@@ -377,6 +387,7 @@ def test_a_killed_worker_is_a_failed_file_not_a_crash(tmp_path, method):
     assert len(list(out.glob("*.grads.h5"))) == len(inputs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_killed_as_the_pool_starts_never_hangs_nor_prints_a_traceback(tmp_path, method):
     # Killing a worker while the pool was still starting others used to race the pool's own teardown
@@ -464,6 +475,7 @@ def test_every_worker_starts_before_the_first_task():
         assert pool.submit(sum, [1, 2]).result(timeout=60) == 3
 
 
+@pytest.mark.slow
 def test_no_more_worker_processes_than_files(tmp_path, monkeypatch):
     from lstmgrad_cli.operations import batch
     from lstmgrad_cli.operations.grad import GradOptions
@@ -509,6 +521,7 @@ def _started(cmdline: bytes, parent: int) -> bool:
     return forking
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork only on Linux")
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_the_cli_forks_its_workers_where_it_can(tmp_path, method):
@@ -597,16 +610,17 @@ def test_out_dir_is_made_when_missing_and_unmakeable_is_one_line(runner, tmp_pat
 
 def test_a_batch_syncs_each_output_directory_once_and_every_file_before_it_appears(tmp_path, monkeypatch):
     """Each output's data is fsynced before its rename; the directory entries once per directory, at the end."""
-    from lstmgrad_cli.io import atomic, output
+    from lstmgrad_cli.io import output
     from lstmgrad_cli.operations import batch
     from lstmgrad_cli.operations.grad import GradOptions
 
     events = []
-    real_fsync, real_publish = os.fsync, atomic._publish
-    monkeypatch.setattr(atomic.os, "fsync", lambda fd: events.append(("fsync", os.path.realpath(
+    real_fsync, real_link = os.fsync, os.link
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.path.realpath(
         f"/proc/self/fd/{fd}"))) or real_fsync(fd))
-    monkeypatch.setattr(atomic, "_publish", lambda tmp, path, force: events.append(("publish", str(tmp))) or
-                        real_publish(tmp, path, force))
+    # an output is put in place by a hard link to its temporary file (without force)
+    monkeypatch.setattr(os, "link", lambda tmp, path, **kw: events.append(("publish", str(tmp))) or
+                        real_link(tmp, path, **kw))
     out = tmp_path / "out"
     out.mkdir()
     tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:3], None, out)
@@ -658,18 +672,17 @@ def test_a_serial_batch_publishes_each_output_while_the_next_file_computes(tmp_p
     """Each output's fsync and rename run on the publishing thread, and its result is reported only after."""
     import threading
 
-    from lstmgrad_cli.io import atomic
     from lstmgrad_cli.operations import batch
     from lstmgrad_cli.operations.grad import GradOptions
 
     published, reported = [], []
-    real_publish = atomic._publish
+    real_link = os.link
 
-    def publish(tmp, path, force):
-        published.append((path.name, threading.current_thread().name))
-        real_publish(tmp, path, force)
+    def publish(tmp, path, **kw):  # an output is put in place by a hard link to its temporary file
+        published.append((Path(path).name, threading.current_thread().name))
+        real_link(tmp, path, **kw)
 
-    monkeypatch.setattr(atomic, "_publish", publish)
+    monkeypatch.setattr(os, "link", publish)
     out = tmp_path / "out"
     tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:3], None, out.resolve())
     out.mkdir()
@@ -717,45 +730,40 @@ def test_an_output_that_cannot_be_published_fails_that_file_only_and_nothing_is_
 
 
 def test_an_output_another_run_publishes_first_is_kept_in_a_serial_batch(tmp_path, monkeypatch):
-    from lstmgrad_cli.io import atomic
     from lstmgrad_cli.operations import batch
     from lstmgrad_cli.operations.grad import GradOptions, run_grad_file
 
     out = tmp_path / "out"
     out.mkdir()
     tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:2], None, out)
-    real_publish = atomic._publish
+    real_link = os.link
     sources = {t.output.name: t.input for t in tasks}
 
-    def other_run_wins(tmp, path, force):  # the other run writes the same request's output just before
+    def other_run_wins(tmp, path, **kw):  # the other run writes the same request's output just before this one's link
+        path = Path(path)
         if path.name in sources:
             other = tmp_path / f"other{path.suffix}"
             run_grad_file(sources.pop(path.name), other, GradOptions("seq"))
-            os.link(other, path)
+            real_link(other, path)
             other.unlink()
-        real_publish(tmp, path, force)
+        real_link(tmp, path, **kw)
 
-    monkeypatch.setattr(atomic, "_publish", other_run_wins)
+    monkeypatch.setattr(os, "link", other_run_wins)
     results = batch.run_batch(tasks, GradOptions("seq"))
     assert [r.status for r in results] == ["skipped", "skipped"], [r.error for r in results]
     assert all("already complete" in r.notes[0] for r in results)
     assert sorted(p.name for p in out.iterdir()) == sorted(t.output.name for t in tasks)
 
 
-def test_where_no_thread_can_start_outputs_are_published_in_line(tmp_path, monkeypatch):
-    import concurrent.futures as cf
-
+def test_where_no_thread_can_start_outputs_are_published_in_line(tmp_path):
     from lstmgrad_cli.operations import batch
     from lstmgrad_cli.operations.grad import GradOptions
 
-    def no_threads(self):
-        raise RuntimeError("can't start new thread")
-
-    monkeypatch.setattr(cf.ThreadPoolExecutor, "_adjust_thread_count", no_threads)
     out = tmp_path / "out"
     out.mkdir()
     tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:3], None, out)
-    results = batch.run_batch(tasks, GradOptions("seq"))
+    with no_thread_can_start():
+        results = batch.run_batch(tasks, GradOptions("seq"))
     assert [r.status for r in results] == ["ok"] * 3
     assert sorted(p.name for p in out.iterdir()) == sorted(t.output.name for t in tasks)
 
@@ -765,15 +773,15 @@ def test_where_no_thread_can_start_outputs_are_published_in_line(tmp_path, monke
 def test_local_workers_leave_fsync_and_rename_to_the_parent_which_reports_each_output_in_place(tmp_path,
                                                                                                monkeypatch,
                                                                                                serial_outputs):
-    """The workers (fresh processes, unpatched) write; this process publishes every output, then reports it."""
-    from lstmgrad_cli.io import atomic
+    """The workers write; this process publishes every output (a hard link to the temporary file a worker wrote,
+    recorded here: a worker's own links would be recorded in its own copy of the list), then reports it."""
     from lstmgrad_cli.operations import batch
     from lstmgrad_cli.operations.grad import GradOptions
 
     published = []
-    real_publish = atomic._publish
-    monkeypatch.setattr(atomic, "_publish", lambda tmp, path, force: published.append(path.name) or
-                        real_publish(tmp, path, force))
+    real_link = os.link
+    monkeypatch.setattr(os, "link", lambda tmp, path, **kw: published.append(Path(path).name) or
+                        real_link(tmp, path, **kw))
     out = tmp_path / "out"
     out.mkdir()
     tasks = batch.plan_tasks(make_inputs(tmp_path / "in"), None, out)
@@ -956,7 +964,7 @@ def test_a_result_interrupted_once_its_output_was_in_place_is_the_published_resu
     import concurrent.futures as cf
 
     from lstmgrad_cli import io
-    from lstmgrad_cli.io import atomic, output
+    from lstmgrad_cli.io import output
     from lstmgrad_cli.operations import batch
     from lstmgrad_cli.operations.grad import GradOptions, GradResult
 
@@ -967,14 +975,14 @@ def test_a_result_interrupted_once_its_output_was_in_place_is_the_published_resu
     published = GradResult(str(task.input), str(task.output), options.op)
     finished: cf.Future = cf.Future()
     finished.set_result([batch.Unpublished(published, handoffs[0])])
-    real_publish = atomic._publish
+    real_link = os.link
 
-    def interrupted_after(tmp, path, force):
-        monkeypatch.setattr(atomic, "_publish", real_publish)
-        real_publish(tmp, path, force)
+    def interrupted_after(tmp, path, **kw):  # Ctrl-C as the hard link that puts the output in place returns
+        monkeypatch.setattr(os, "link", real_link)
+        real_link(tmp, path, **kw)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(atomic, "_publish", interrupted_after)
+    monkeypatch.setattr(os, "link", interrupted_after)
     with pytest.raises(KeyboardInterrupt):
         list(batch._outcomes(finished, [0], [task], options, [None]))
     assert list(batch._outcomes(finished, [0], [task], options, [None])) == [(0, published)]  # taken again
@@ -990,18 +998,17 @@ def test_publishing_stopped_once_the_output_is_in_place_keeps_it(tmp_path, monke
     """The output's name is there (linked, the temporary name not yet removed; or renamed) when an interrupt or an
     error comes: the output is kept and nothing else stays.  An error there is no failure (it was written); an
     interrupt still stops the run, as ``InterruptedInPlace`` from a handed output (the parent reports it done)."""
-    import os
-
     from lstmgrad_cli.io import atomic, output
 
-    def stopped(tmp, path, force):
+    real_link, real_replace = os.link, os.replace
+
+    def stopped(tmp, path, **kw):  # for the link (without force) or the rename (with) that puts the output in place
         if where == "after the link":
-            os.link(tmp, path)
+            real_link(tmp, path)  # (the temporary name still there)
         else:
-            real_publish(tmp, path, force)
+            real_replace(tmp, path)  # (only the output's name)
         raise KeyboardInterrupt if stop == "interrupt" else PermissionError(13, "Permission denied")
 
-    real_publish = atomic._publish
     target = tmp_path / "a.npz"
     replaced = force and where == "after the rename"  # (a link needs the name free)
     if replaced:
@@ -1010,7 +1017,8 @@ def test_publishing_stopped_once_the_output_is_in_place_keeps_it(tmp_path, monke
     # handed to the parent process (a local worker's output)
     with atomic.handed_to_parent() as handoffs:
         output.write_outputs(target, {"x": np.arange(3.0)}, {}, force=force)
-    monkeypatch.setattr(atomic, "_publish", stopped)
+    monkeypatch.setattr(os, "link", stopped)
+    monkeypatch.setattr(os, "replace", stopped)
     handoff = handoffs[0]
     if stop == "interrupt":
         with pytest.raises(atomic.InterruptedInPlace):
@@ -1047,6 +1055,7 @@ def test_publishing_interrupted_before_the_rename_leaves_nothing_and_is_a_plain_
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_failure_stops_the_files_workers_were_handed_beyond_the_one_in_hand(tmp_path, monkeypatch):
     """Without --keep-going: the pool's queue holds bundles no one can take back, and each worker runs at most
     the file in hand once the batch has stopped (the pool's stop_queued: local_workers.pool)."""
@@ -1070,6 +1079,7 @@ def test_a_failure_stops_the_files_workers_were_handed_beyond_the_one_in_hand(tm
                                                            if s == "ok")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep_going", [False, True])
 def test_local_workers_handed_bundles_give_every_file_its_result(tmp_path, monkeypatch, keep_going):
     """Real worker processes, several files a task: each file is reported once, its output in place; without
@@ -1085,9 +1095,16 @@ def test_local_workers_handed_bundles_give_every_file_its_result(tmp_path, monke
     out.mkdir()
     tasks = batch.plan_tasks(sorted(inputs), None, out)
     handed = []
-    real_submit = batch._submit
-    monkeypatch.setattr(batch, "_submit", lambda executor, chunk, *a: handed.append(len(chunk)) or
-                        real_submit(executor, chunk, *a))
+    real_executor = batch.make_executor
+
+    @contextlib.contextmanager
+    def recording_executor(workers=1, dask_address=None, initializer=None):  # the real pool, its tasks recorded
+        with real_executor(workers, dask_address, initializer) as (pool, threads):
+            real_submit = pool.submit
+            pool.submit = lambda run, bundle, *a: handed.append(len(bundle)) or real_submit(run, bundle, *a)
+            yield pool, threads
+
+    monkeypatch.setattr(batch, "make_executor", recording_executor)
     reported = []
     results = batch.run_batch(tasks, GradOptions("seq"), workers=2, keep_going=keep_going,
                               on_result=lambda task, result: reported.append(task))
@@ -1190,6 +1207,7 @@ def test_an_interrupt_while_reporting_still_reports_the_file_already_computed(tm
     assert sorted(p.name for p in out.iterdir()) == sorted(reported)  # no output unreported, no temporary file
 
 
+@pytest.mark.slow
 def test_local_workers_interrupted_twice_leave_no_temporary_file(tmp_path):
     """A worker's output is a temporary file until the parent publishes it: when a second interrupt stops the
     parent from taking the remaining results, their temporary files are removed, and those files say so."""
@@ -1229,6 +1247,7 @@ def _small_long_inputs(folder: Path, count: int) -> list[Path]:
     return [write_h5(folder / f"run{k:03d}.h5", base) for k in range(count)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn", "bundled"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_whole_process_group_stops_workers_cleanly(tmp_path, method, sig):
@@ -1263,6 +1282,7 @@ def test_a_signal_to_the_whole_process_group_stops_workers_cleanly(tmp_path, met
     assert len(list(out.glob("*.grads.h5"))) == len(inputs)
 
 
+@pytest.mark.slow
 def test_a_worker_interrupted_mid_bundle_keeps_the_files_before_and_runs_none_after(tmp_path, monkeypatch):
     # Ctrl-C to the workers alone (the command goes on, --keep-going): each interrupts the file in hand, and the
     # rest of that bundle is not run; the files it finished before are published and reported.
@@ -1351,6 +1371,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="no signal masks (Windows)")
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_stop_signal_while_a_worker_starts_interrupts_its_first_file(tmp_path, method):

@@ -138,6 +138,7 @@ def refusals(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_bomb_is_refused_in_one_line_near_the_interpreters_memory(refusals, name):
     path, folder, before, results = refusals[name]
@@ -155,6 +156,7 @@ def test_a_bomb_is_refused_in_one_line_near_the_interpreters_memory(refusals, na
     assert fingerprint(folder) == before  # the input untouched, nothing written beside it
 
 
+@pytest.mark.slow
 def test_the_measure_sees_memory_that_is_used(tmp_path):
     """The peak the tests above compare is the command's own: a process that holds 300 MB is measured above the
     bound, and the interpreter alone below it while this process holds 300 MB (a child forked from it directly

@@ -450,6 +450,7 @@ def test_real_subprocess_run(tmp_path):
     assert bad.returncode == 1 and bad.stderr.startswith("Error: ") and bad.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_a_quiet_run_does_not_import_what_it_does_not_show(tmp_path):
     """Every command pays its imports: rich (~25 ms for its console, ~11 ms more for its progress bar and tables)
     only when something is shown, and what only some inputs need (hashlib, subprocess) only for them."""
@@ -515,6 +516,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_keeping_the_heap_top_stops_a_page_fault_per_allocation_and_the_command_line_does_it(runner, monkeypatch):
     """glibc gives the top of the heap back and faults it in again per allocation; lstmgrad's own processes keep

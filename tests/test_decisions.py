@@ -131,6 +131,7 @@ def test_a_dump_is_judged_as_seq_judges_it(runner, tmp_path):
     assert execution["use_peephole"] == seq["use_peephole"] and execution["dims"]["T"] == seq["dims"]["T"]
 
 
+@pytest.mark.slow
 def test_messages_crossing_worker_processes_are_still_spelt_as_flags(runner, tmp_path):
     """A warning made in a worker process is pickled back with the parameters it names, so the command line
     says --layout icfo where the Python API says layout='icfo'."""

@@ -119,6 +119,7 @@ def test_an_output_published_by_another_run_meanwhile_is_kept(tmp_path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.grads.npz", "run.npz"]  # no temporary file left
 
 
+@pytest.mark.slow
 def test_two_concurrent_batches_over_the_same_files_both_succeed(tmp_path):
     inputs = _long_inputs(tmp_path / "in", 8, T=1500)
     out = tmp_path / "out"
@@ -141,6 +142,7 @@ def test_two_concurrent_batches_over_the_same_files_both_succeed(tmp_path):
 
 # -- stopping early loses nothing -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_batch_stopped_by_a_failure_reports_every_output_it_wrote(tmp_path):
     # Workers take files in order, one at a time: the bad third file (it fails at once) is taken only when a worker
     # has finished one of the first two, whatever the machine's load, and the failure stops the batch long before
@@ -219,6 +221,7 @@ def test_a_malformed_dask_timeout_is_a_usage_error(runner):
     assert "Error: LSTMGRAD_DASK_TIMEOUT='soon' is not a time; use seconds or a unit" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_dask_worker_killed_mid_batch_is_retried_and_the_batch_completes(tmp_path):
     inputs = _long_inputs(tmp_path / "in", 16)
     out = tmp_path / "out"
@@ -265,6 +268,7 @@ if not hasattr(batch, "run_task_unpatched"):  # distributed may import a preload
 '''
 
 
+@pytest.mark.slow
 def test_a_task_rerun_after_its_worker_died_having_written_is_kept_not_failed(tmp_path):
     inputs = _long_inputs(tmp_path / "in", 6, T=500)
     out = tmp_path / "out"
@@ -283,6 +287,7 @@ def test_a_task_rerun_after_its_worker_died_having_written_is_kept_not_failed(tm
     assert len(_grads(out)) == len(inputs)
 
 
+@pytest.mark.slow
 def test_a_lost_dask_scheduler_ends_the_run_with_one_line_and_the_results_so_far(tmp_path):
     inputs = _long_inputs(tmp_path / "in", 30)
     out = tmp_path / "out"
@@ -316,6 +321,7 @@ def test_a_lost_dask_scheduler_ends_the_run_with_one_line_and_the_results_so_far
 
 # -- terminals ---------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env", [{"PYTHONIOENCODING": "ascii"}, {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0",
                                                                  "PYTHONIOENCODING": ""}],
                          ids=["ascii", "posix-locale"])
@@ -337,6 +343,7 @@ def test_a_stdout_that_is_not_utf8_never_crashes(tmp_path, env):
             assert " | " in text  # the summary's separator, and the tables' boxes, in ASCII
 
 
+@pytest.mark.slow
 def test_control_characters_in_names_never_reach_a_terminal(tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()
@@ -352,6 +359,7 @@ def test_control_characters_in_names_never_reach_a_terminal(tmp_path):
     assert text.count("evil\\x1b]0;PWNED\\x07\\x1b[2J") >= 3  # the error, the warning, the table's heading
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_stops_the_batch_with_one_line(tmp_path):
     inputs = _long_inputs(tmp_path / "in", 30)  # far more than can finish between reading a line and closing
     out = tmp_path / "out"
@@ -404,6 +412,7 @@ def test_json_prints_one_document_when_a_command_refuses_its_input(runner, tmp_p
     assert not (tmp_path / "f.npz").exists()
 
 
+@pytest.mark.slow
 def test_a_stdout_that_cannot_be_written_is_one_line_after_the_output_was_written(tmp_path):
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full")
@@ -483,6 +492,7 @@ def _listener(answer: bytes | None):
         server.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("answer", "says"), [(None, "it did not answer within 1 s"),
                                               (b"HTTP/1.1 400 Bad Request\r\n\r\n", "does not speak Dask's protocol"),
                                               (b"SSH-2.0-OpenSSH_9.6\r\n" * 8, "does not speak Dask's protocol")])
@@ -501,6 +511,7 @@ def test_a_listener_that_is_not_a_dask_scheduler_is_one_line_within_the_timeout(
     assert not (tmp_path / "g.npz").exists()
 
 
+@pytest.mark.slow
 def test_dask_workers_get_absolute_paths_and_a_cluster_whose_workers_died_ends_within_the_timeout(tmp_path):
     pytest.importorskip("distributed")
     (tmp_path / "in").mkdir()

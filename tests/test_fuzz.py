@@ -288,6 +288,7 @@ def traced_peak():
         tracemalloc.stop()
 
 
+@pytest.mark.slow
 @fuzz(short=40)
 @given(name=st.sampled_from([*SEQ_NAMES, "seq_len_max", "kernel", "bias", "h0", "weight_ih_l0", "extra"]),
        shape=st.lists(st.one_of(st.integers(0, 6), st.sampled_from([1 << 20, 3 << 20, 1 << 40, 2**62])), max_size=5),
@@ -322,6 +323,7 @@ def test_a_declared_shape_is_read_as_declared_or_refused_before_its_data(work, n
         assert value.shape == tuple(shape) and stored == nbytes
 
 
+@pytest.mark.slow
 @fuzz(short=40)
 @given(dims=st.one_of(st.lists(st.sampled_from([0, 1, 2, 3, 5, -1, 2**40, 2**62]), max_size=6),
                       st.integers(30, 300).map(lambda n: [1] * n)),
@@ -372,6 +374,7 @@ def test_a_safetensors_header_of_any_nesting_is_refused_or_read(work, depth, str
             assert "\n" not in str(err)
 
 
+@pytest.mark.slow
 @fuzz(short=40)
 @given(packed=st.sampled_from([0, 1, 81, 82, 83, 1 << 20, 2**32 - 1]),
        unpacked=st.sampled_from([0, 127, 128, 129, 84_000, 1 << 30, 2**32 - 1]), method=st.sampled_from([0, 8, 12, 14]))
@@ -437,6 +440,7 @@ def problems(draw):
     return tensors, scalars, valid, (T, B, I, C)
 
 
+@pytest.mark.slow
 @fuzz(short=40)
 @given(problem=problems(), fmt=st.sampled_from(["npz", "hdf5"]), layout=st.sampled_from(["ifco", "icfo"]))
 def test_whole_job_on_random_problems(work, problem, fmt, layout):

@@ -15,7 +15,6 @@ CASES below is also the source of the README table of bad inputs.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io as bytes_io
 import os
 import pickle
@@ -32,7 +31,7 @@ import bombs
 import h5py
 import numpy as np
 import pytest
-from conftest import load_case
+from conftest import content_digest, load_case
 
 from lstmgrad_cli import io
 from lstmgrad_cli.cli import main
@@ -458,13 +457,13 @@ def fifo_watchdog(directory: Path, seconds: float = 10.0):
 
 
 def snapshot(directory: Path) -> dict[str, str]:
-    """Every file under ``directory`` and its sha256 (FIFOs and directories by kind)."""
+    """Every file under ``directory`` and its digest (FIFOs and directories by kind)."""
     out = {}
     for p in sorted(directory.rglob("*")):
         if p.is_fifo():
             out[str(p)] = "fifo"
         elif p.is_file():
-            out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+            out[str(p)] = content_digest(p)
         else:
             out[str(p)] = "dir"
     return out
@@ -522,6 +521,7 @@ SUBPROCESS_CASES = {"fifo", "npz-pickle", "npz-huge-declared", "h5-external-fifo
                     "npz-rank-bomb", "npydir-fifo"}
 
 
+@pytest.mark.slow
 def test_cases_in_a_real_subprocess(tmp_path):
     """The real command, one process per file, all at once: exit 1, one line, no hang, no crash."""
     everything = bool(os.environ.get("LSTMGRAD_FUZZ_EXAMPLES"))

@@ -124,6 +124,7 @@ def test_a_truncated_archive_is_refused(runner, tmp_path):
     assert_refused(result, out)
 
 
+@pytest.mark.slow
 def test_a_real_subprocess_refuses_a_bomb_without_growing(tmp_path):
     """Peak memory of the whole command stays near the interpreter's, for a 2 GB declared weights member."""
     bomb = archive(tmp_path / "m.keras", good_members(weights=b"\0" * (64 << 20)), zipfile.ZIP_DEFLATED)

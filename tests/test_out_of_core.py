@@ -8,7 +8,7 @@ import os
 import h5py
 import numpy as np
 import pytest
-from conftest import consistent_inputs, load_case, write_h5, write_npz
+from conftest import consistent_inputs, load_case, no_thread_can_start, write_h5, write_npz
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -124,20 +124,28 @@ def test_nan_in_a_streamed_input_is_counted_and_strict_writes_nothing(runner, tm
 def test_the_overlapped_schedule_streams_too_and_equals_the_in_memory_run(tmp_path, monkeypatch):
     """Large shapes run the chunk products on a second thread; a streamed run (lazy inputs, x_grad written into
     the HDF5 output from either thread) takes that schedule too and gives the in-memory result bit for bit."""
+    import threading
+
     from lstmgrad_cli.backends import _xp, cpu_blas
 
     monkeypatch.setattr(_xp, "OVERLAP_MIN_FLOPS", 0)  # this small shape takes the large shapes' schedule
     monkeypatch.setattr(cpu_blas, "usable_cores", lambda: 2)
-    threads = []
-    real = _xp.XpGradient._run_overlapped
-    monkeypatch.setattr(_xp.XpGradient, "_run_overlapped",
-                        lambda self, *a: threads.append(1) or real(self, *a))
+    threads = []  # per run, whether a w_grad product (every chunk has one) ran on a thread other than this one
+    real_matmul_into = cpu_blas.matmul_into
+
+    def matmul_into(a, b, out, accumulate):
+        threads[-1] |= threading.get_ident() != threading.main_thread().ident
+        return real_matmul_into(a, b, out, accumulate)
+
+    monkeypatch.setattr(cpu_blas, "matmul_into", matmul_into)
     tensors = long_problem(T=40, B=4, I=6, C=5, seed=3)
     h5_in = write_h5(tmp_path / "in.h5", tensors, attrs={"seq_len_max": np.int64(37)})
     npz_in = write_npz(tmp_path / "in.npz", {**tensors, "seq_len_max": np.int64(37)})
+    threads.append(False)
     streamed = run_grad_file(h5_in, tmp_path / "streamed.h5", GradOptions("seq"))
+    threads.append(False)
     in_memory = run_grad_file(npz_in, tmp_path / "memory.npz", GradOptions("seq"))
-    assert len(threads) == 2  # both runs took the overlapped schedule
+    assert threads == [True, True]  # both runs took the overlapped schedule
     got, _ = read_h5(tmp_path / "streamed.h5")
     with np.load(tmp_path / "memory.npz") as want:
         for key in got:
@@ -266,24 +274,23 @@ def test_a_contiguous_dataset_past_the_files_end_is_not_read_with_pread(tmp_path
 
 
 def test_the_next_chunk_is_read_on_a_thread_and_a_failed_read_is_one_line(runner, tmp_path, monkeypatch):
+    """Plain contiguous datasets are read with preadv on the file's descriptor; the disk fails one such read (EIO)."""
+    import errno
     import threading
-
-    from lstmgrad_cli.errors import InputFileError
-    from lstmgrad_cli.io import hdf5
 
     tensors = long_problem(T=40, B=3, I=5, C=4, seed=7)
     src = write_h5(tmp_path / "in.h5", tensors)
     threads, calls = [], []
-    real = hdf5.LazyDataset._pread
+    real = os.preadv
 
-    def pread(self, lo, hi, out):
+    def preadv(fd, buffers, offset, *flags):
         threads.append(threading.current_thread().name)
-        calls.append(self._key)
+        calls.append(offset)
         if fail_at and len(calls) >= fail_at and threads[-1].startswith("lstmgrad-read"):
-            raise InputFileError(f"{self._path}: {self._key} cannot be read (Input/output error)")
-        real(self, lo, hi, out)
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(fd, buffers, offset, *flags)
 
-    monkeypatch.setattr(hdf5.LazyDataset, "_pread", pread)
+    monkeypatch.setattr(os, "preadv", preadv)
     fail_at = None
     before = threading.active_count()
     ok = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.h5"), "--chunk-steps", "4", "-q"])
@@ -328,19 +335,14 @@ def test_a_lazy_dataset_used_after_its_file_closed_is_an_error_not_another_files
         other.close()
 
 
-def test_a_streamed_pass_reads_in_line_when_no_thread_can_start(runner, tmp_path, monkeypatch):
+def test_a_streamed_pass_reads_in_line_when_no_thread_can_start(runner, tmp_path):
     """Under a tight ulimit -v no thread may start: the pass reads every chunk itself, same result."""
-    import concurrent.futures as cf
-
-    def no_threads(self):
-        raise RuntimeError("can't start new thread")
-
     tensors = long_problem(T=40, B=3, I=5, C=4, seed=8)
     src = write_h5(tmp_path / "in.h5", tensors)
     reference = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "ref.h5"), "--chunk-steps", "4", "-q"])
     assert reference.exit_code == 0, reference.stderr
-    monkeypatch.setattr(cf.ThreadPoolExecutor, "_adjust_thread_count", no_threads)
-    result = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.h5"), "--chunk-steps", "4", "-q"])
+    with no_thread_can_start():
+        result = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.h5"), "--chunk-steps", "4", "-q"])
     assert result.exit_code == 0, result.stderr
     got, _ = read_h5(tmp_path / "g.h5")
     want, _ = read_h5(tmp_path / "ref.h5")
@@ -355,21 +357,23 @@ def test_a_large_streamed_output_is_flushed_as_the_pass_writes_it(tmp_path, monk
     """So that the fsync publishing it finds little left to write; a small one is left to that fsync alone."""
     import threading
 
-    from lstmgrad_cli.io import atomic, output
+    from lstmgrad_cli.io import output
     from lstmgrad_cli.operations import grad as jobs
 
     events = []
-    real_fsync, real_publish = os.fsync, atomic._publish
+    real_fsync, real_link = os.fsync, os.link
+    real_datasync = getattr(os, "fdatasync", os.fsync)
 
     def datasync(fd):
         events.append(("datasync", os.path.realpath(f"/proc/self/fd/{fd}"), threading.current_thread().name))
-        real_fsync(fd)
+        real_datasync(fd)
 
-    monkeypatch.setattr(atomic, "_fdatasync", datasync)
-    monkeypatch.setattr(atomic.os, "fsync", lambda fd: events.append(
+    monkeypatch.setattr(os, "fdatasync", datasync, raising=False)
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(
         ("fsync", os.path.realpath(f"/proc/self/fd/{fd}"), "")) or real_fsync(fd))
-    monkeypatch.setattr(atomic, "_publish", lambda tmp, path, force: events.append(("publish", str(tmp), "")) or
-                        real_publish(tmp, path, force))
+    # an output is put in place by a hard link to its temporary file (without force)
+    monkeypatch.setattr(os, "link", lambda tmp, path, **kw: events.append(("publish", str(tmp), "")) or
+                        real_link(tmp, path, **kw))
     monkeypatch.setattr(output, "SYNC_EVERY_SECONDS", 0.0005)
     if large:  # (this T, B, I is ~10 kB: large when the threshold is 0)
         monkeypatch.setattr(jobs, "LARGE_OUTPUT_BYTES", 0)
@@ -399,30 +403,34 @@ def test_flushing_behind_stops_quietly_on_an_error_and_needs_no_thread(tmp_path,
     """The fsync before the rename is what makes an output durable: a failed flush behind it, or no thread to
     flush on (a tight ulimit -v), changes nothing else."""
     import threading
-    import time
 
     from lstmgrad_cli.io import atomic
 
-    calls = []
+    calls, tried = [], threading.Event()
+    real_datasync = getattr(os, "fdatasync", os.fsync)
 
-    def failing(fd):
-        calls.append(fd)
-        raise OSError(5, "Input/output error")
+    def datasync(fd):  # the real call, recorded with the thread that made it
+        calls.append((fd, threading.current_thread()))
+        try:
+            real_datasync(fd)
+        finally:
+            tried.set()
 
-    monkeypatch.setattr(atomic, "_fdatasync", failing)
+    monkeypatch.setattr(os, "fdatasync", datasync, raising=False)
+    read_end, write_end = os.pipe()  # a descriptor the system cannot flush to a disk: fdatasync fails (EINVAL)
+    try:
+        with atomic.synced_behind(write_end, 0.001):
+            assert tried.wait(timeout=60)
+            flusher = calls[0][1]
+            flusher.join(timeout=60)  # the block goes on: only an error ends the thread before the block does
+            assert not flusher.is_alive() and flusher.name == "lstmgrad-sync-behind"
+            assert [fd for fd, _ in calls] == [write_end]  # tried once, then stopped
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
     with open(tmp_path / "f", "wb") as fh:
-        with atomic.synced_behind(fh.fileno(), 0.001):
-            deadline = time.monotonic() + 5
-            while not calls and time.monotonic() < deadline:
-                time.sleep(0.001)
-            time.sleep(0.02)
-        assert calls == [fh.fileno()]  # tried once, then stopped
-
-        def no_thread(self):
-            raise RuntimeError("can't start new thread")
-
-        monkeypatch.setattr(threading.Thread, "start", no_thread)
         ran = []
-        with atomic.synced_behind(fh.fileno(), 0.001):
-            ran.append(True)
-        assert ran == [True]
+        with no_thread_can_start(), atomic.synced_behind(fh.fileno(), 0.001):
+            ran.append(threading.active_count())
+        assert ran == [threading.active_count()]  # no thread flushed meanwhile

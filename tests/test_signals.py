@@ -162,6 +162,7 @@ def _check_stopped(run: dict, sig: int) -> None:
         assert document["error"] == f"interrupted ({signal.Signals(sig).name})" and run["outputs"] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_signal_at_any_moment_stops_the_batch_and_reports_every_output(small_inputs, tmp_path, sig, workers):
@@ -172,6 +173,7 @@ def test_a_signal_at_any_moment_stops_the_batch_and_reports_every_output(small_i
         _check_stopped(run, sig)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_ctrl_c_to_the_whole_process_group_stops_the_batch_cleanly(small_inputs, tmp_path, workers):
     # A terminal's Ctrl-C reaches the workers too (and each gets its parent's word as well: both are taken).
@@ -183,6 +185,7 @@ def test_ctrl_c_to_the_whole_process_group_stops_the_batch_cleanly(small_inputs,
         _check_stopped(run, signal.SIGINT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_signal_to_the_command_alone_interrupts_the_files_in_hand(long_inputs, tmp_path, workers):
     # Files that take many seconds each: the signal interrupts them (in the workers too, which the command tells),
@@ -197,6 +200,7 @@ def test_a_signal_to_the_command_alone_interrupts_the_files_in_hand(long_inputs,
     assert all(r["error"].endswith(": interrupted") for r in document["results"])
 
 
+@pytest.mark.slow
 def test_workers_end_when_the_command_is_killed(small_inputs, long_inputs, tmp_path):
     # SIGKILL leaves the command no time to do anything: its workers hear of it from the system (a parent-death
     # signal), interrupt their files, remove the temporary files their parent will never publish, and end.
@@ -212,9 +216,10 @@ def test_workers_end_when_the_command_is_killed(small_inputs, long_inputs, tmp_p
 
 @pytest.fixture
 def signalled():
-    """interrupts' handler as a stop signal calls it, with its own record of signals (given back after)."""
-    with interrupts.caught(signals=()):
-        yield lambda: interrupts._handler(signal.SIGINT, None)
+    """A real SIGINT to this process, handled by interrupts' handler with its own record of signals (given back
+    after); ``signal.raise_signal`` runs the handler before it returns, so it lands where the test sends it."""
+    with interrupts.caught(signals=(signal.SIGINT,)):
+        yield lambda: signal.raise_signal(signal.SIGINT)
 
 
 def test_a_signal_outside_an_interruptible_block_is_only_recorded(signalled):

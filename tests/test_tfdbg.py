@@ -217,6 +217,7 @@ def test_check_compares_every_recorded_gradient(runner, name, code):
             assert any("TensorFlow ran BlockLSTMGrad on activations BlockLSTMV2 made" in n for n in report["notes"])
 
 
+@pytest.mark.slow
 def test_check_of_a_dump_in_worker_processes(runner):
     result = runner.invoke(main, ["check", str(DUMPS / "loop3"), "--workers", "2"])
     assert result.exit_code == 1
@@ -299,6 +300,7 @@ def test_execution_names_the_user_must_type_are_never_cut(runner, tmp_path):
     assert "".join(cells) == "".join(every)  # each folded over lines of the first column, whole
 
 
+@pytest.mark.slow
 def test_many_runs_stream_through_bounded_memory(tmp_path):
     """A training loop of 100 runs of a tf.function, 0.5 MB of values a run: indexing keeps no values, and one
     execution is read at a time, so memory stays near one run's tensors, not the dump's 50 MB."""

@@ -119,7 +119,7 @@ CASES = {
         proto=field(1, 1) + field(2, shape_proto((1,) * 100)))),
         "x declares 100 dimensions (shape [1, 1, 1, 1, 1, 1, 1, 1, ... (100 dimensions)]); no tensor has more than 32"),
     "a million dimensions": (lambda d: replace_execution_records(d, lambda r: eager_tensor(
-        proto=field(1, 1) + field(2, shape_proto((1,) * 1_000_000)))),
+        proto=field(1, 1) + field(2, shape_proto((1,)) * 1_000_000))),  # (the same bytes as shape_proto((1,) * 10**6))
         "is not a valid DebugEvent (a shape of more than 254 dimensions (TensorFlow's limit))"),
     "no element, dimensions past any array": (lambda d: replace_execution_records(d, lambda r: eager_tensor(
         proto=field(1, 1) + field(2, shape_proto((0, 1 << 62, 1 << 62))))),
@@ -205,6 +205,7 @@ def test_a_named_pipe_named_like_a_dump_file_is_refused_at_once(tmp_path, runner
     assert not (tmp_path / "g.npz").exists()
 
 
+@pytest.mark.slow
 def test_a_dump_of_many_processes_is_listed_in_linear_time(tmp_path):
     """20,000 file sets (a .metadata file each): matching each set's files against a list of names made the
     listing quadratic (32,000 files took 90 s); every set is found, the dump indexed."""
@@ -229,6 +230,7 @@ def mended(path: Path) -> list[bytes]:
     return records_of(path)
 
 
+@pytest.mark.slow
 @fuzz(60)
 @given(data=st.data())
 def test_mutated_records_never_crash(tmp_path_factory, data):

@@ -156,6 +156,7 @@ def _run_with_file_size_limit(args: list[str], limit: int) -> subprocess.Complet
                           timeout=120, preexec_fn=limit_writes, env=env, stdin=subprocess.DEVNULL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".npz", ".h5", ".safetensors"])
 def test_file_size_limit_in_a_subprocess(tmp_path, suffix):
     """Works without root: the kernel refuses writes past RLIMIT_FSIZE, like a full disk."""
@@ -195,6 +196,7 @@ def assert_failed_cleanly(proc: subprocess.CompletedProcess, out: Path, lines: i
     assert listing(out.parent) == [], listing(out.parent)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["npz", "h5"])
 def test_hdf5_output_at_every_stage_of_the_file_size_limit(tmp_path, runner, source):
     """Wherever the limit falls in an HDF5 output (raw data, the metadata HDF5 writes as it flushes and closes
@@ -231,6 +233,7 @@ def test_failed_hdf5_force_replacement_keeps_the_old_output(tmp_path):
     assert listing(tmp_path) == ["grads.h5", "in.h5"]
 
 
+@pytest.mark.slow
 def test_file_size_limit_in_local_workers(tmp_path):
     """--workers 2: each worker process fails its HDF5 output with the one line (it used to print h5py's
     tracebacks from the worker, or die of SIGSEGV), and the batch goes on and exits 1."""

@@ -88,10 +88,22 @@ def mkl_version() -> str | None:
 
 # MKL's fatal errors (a library it cannot load: a memory limit, a broken install) print to stdout and exit the
 # process unless a handler is set; with one, the failing call returns without computing.  lstmgrad's handler
-# records them: MKL is tried once when chosen (``_mkl_starts``) and every pass checks it after (``check_mkl``).
+# records them (``mkl_fatal_error``): MKL is tried once when chosen (``_mkl_starts``) and every pass checks it
+# after (``check_mkl``).
 _FatalHandler = ctypes.CFUNCTYPE(None, ctypes.c_int)
 _mkl_fatal_errors: list[int] = []
-_on_mkl_fatal = _FatalHandler(_mkl_fatal_errors.append)  # kept alive for the process: MKL holds the pointer
+
+
+def mkl_fatal_error(code: int) -> None:
+    """Record a fatal error MKL met (``code``, MKL's reason): the call it met it in returned without computing, so
+    from now on every pass on MKL fails (``check_mkl``) rather than give a wrong result.  MKL calls this through the
+    exit handler lstmgrad sets when it tries MKL.  A program that sets MKL's exit handler itself (replacing
+    lstmgrad's) passes MKL's errors on here; the test suite calls it to stand for a failure MKL cannot be made to
+    have on purpose."""
+    _mkl_fatal_errors.append(int(code))
+
+
+_on_mkl_fatal = _FatalHandler(mkl_fatal_error)  # kept alive for the process: MKL holds the pointer
 _mkl_failure: list[str] = []  # why MKL was not chosen, for the warning
 
 

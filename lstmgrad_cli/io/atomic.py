@@ -218,9 +218,6 @@ def _hand_over(fd: int, tmp: Path, path: Path, force: bool) -> None:
         finish()
 
 
-_fdatasync = getattr(os, "fdatasync", os.fsync)  # (macOS has no fdatasync)
-
-
 @contextlib.contextmanager
 def synced_behind(fd: int, every: float) -> Iterator[None]:
     """Meanwhile, what has been written to ``fd`` is flushed to disk every ``every`` seconds by a thread, so
@@ -228,11 +225,12 @@ def synced_behind(fd: int, every: float) -> Iterator[None]:
     write: ~0.25 s of a 260 MB streamed x_grad, which the thread's flushes overlap with the computation.
     Best effort: the fsync before the rename is what makes the output durable, and finds any error again."""
     stop = threading.Event()
+    datasync = getattr(os, "fdatasync", os.fsync)  # (macOS has no fdatasync)
 
     def flush() -> None:
         while not stop.wait(every):
             try:
-                _fdatasync(fd)
+                datasync(fd)
             except OSError:
                 return
 
