@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .keras_config import layer_options, other_recurrent
+from .keras_config import InvalidConfigError, layer_options, other_recurrent
 
 KERAS_WALK_GROUPS = 10_000  # groups a weights file is searched through for LSTM layers, at most
+KERAS_WALK_LINKS = 200_000  # links looked at in those groups, at most (each group's own count is io.hdf5's bound)
 
 
 def keras_layers(path) -> list[dict]:
@@ -15,25 +16,32 @@ def keras_layers(path) -> list[dict]:
     layer's weights at ``<group>/cell/vars/0, 1, 2``, under ``layers/`` and inside nested models and wrappers
     (``layers/bidirectional/backward_layer``); an older tf.keras or legacy ``.h5`` file at
     ``<group>/lstm_cell/kernel[:0]``.  Only datasets' shapes are read; only hard links are followed, and at most
-    ``KERAS_WALK_GROUPS`` groups are looked at."""
+    ``KERAS_WALK_GROUPS`` groups and ``KERAS_WALK_LINKS`` links are looked at (a group's links are counted before
+    they are listed)."""
+    from ..errors import InputFileError  # noqa: PLC0415
     from ..io import hdf5  # noqa: PLC0415 - h5py is imported when an HDF5 file is actually read
 
     layers = []
     with hdf5.open_hdf5(path) as (fh, h5py), hdf5.hdf5_errors(path):
-        pending, seen = [("", fh)], 0
+        pending, seen, links = [("", fh)], 0, 0
         while pending and seen < KERAS_WALK_GROUPS:
             name, group = pending.pop()
             seen += 1
-            layer = _keras_lstm(name, group, h5py)
+            layer = _keras_lstm(name, group, h5py, path)
             if layer is not None:
                 layers.append(layer)
                 continue
-            children = [(f"{name}/{k}" if name else k, _hard_child(group, k, h5py)) for k in group.keys()]
+            keys = hdf5.group_keys(group, path, f"group {name!r}" if name else "its root group")
+            links += len(keys)
+            if links > KERAS_WALK_LINKS:
+                raise InputFileError(f"{path}: its groups hold more than {KERAS_WALK_LINKS} links (a model's layers "
+                                     "are thousands at most); refused")
+            children = [(f"{name}/{k}" if name else k, _hard_child(group, k, h5py)) for k in keys]
             pending.extend(reversed([(n, g) for n, g in children if isinstance(g, h5py.Group)]))
     return layers
 
 
-def _keras_lstm(name: str, group, h5py) -> dict | None:
+def _keras_lstm(name: str, group, h5py, path) -> dict | None:
     """The LSTM layer whose weights ``group`` holds (Keras 3 or older tf.keras layout), else None; an LSTMCell of a
     StackedRNNCells (``<rnn>/cell/cells/lstm_cell[_N]/vars``) is listed with ``"stacked": True``."""
     cell = _hard_path(group, ("cell", "vars"), h5py)
@@ -54,11 +62,26 @@ def _keras_lstm(name: str, group, h5py) -> dict | None:
     if G != G2 or G != 4 * C:
         return None  # a GRU or another cell: not an LSTM's weights
     own = _hard_path(group, ("vars",), h5py)
-    label = own.attrs.get("name") if own is not None else None
-    label = label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label or name.rsplit("/", 1)[-1])
+    label = _name_of(own, path) if own is not None else None
+    label = label.decode("utf-8", "replace") if label else name.rsplit("/", 1)[-1]
     return {"group": name, "name": label, "kernel": [I, G], "recurrent_kernel": [C, G],
             "bias": list(shapes[2]) if shapes[2] is not None else None, "input_size": I, "units": C,
             "stacked": stacked}
+
+
+def _name_of(group, path) -> bytes | None:
+    """The layer's own name Keras keeps in the ``name`` attribute of its vars group; None when there is none (or
+    one longer than a name, left unread)."""
+    from ..errors import InputFileError  # noqa: PLC0415
+    from ..io import hdf5  # noqa: PLC0415
+
+    try:
+        return hdf5.string_attribute(group, path, "name", MAX_NAME_BYTES, "a layer's name")
+    except InputFileError:
+        return None
+
+
+MAX_NAME_BYTES = 4096
 
 
 def _hard_child(group, name: str, h5py):
@@ -88,7 +111,7 @@ def keras_model_layers(path, fmt: str) -> tuple[list[dict], str | None]:
     from ..messages import message_of  # noqa: PLC0415
 
     if fmt == "keras":
-        with keras_archive.model_weights(path) as (weights, config, version, _relabel):
+        with keras_archive.model_weights(path) as (weights, config, version):
             layers = keras_layers(weights)
         source = f"{Path(path).name} config.json"
     else:
@@ -104,6 +127,7 @@ def keras_model_layers(path, fmt: str) -> tuple[list[dict], str | None]:
             options = layer_options(config, layer["group"], keras_version=version, source=source)
         except LstmGradError as err:
             layer["refused"] = message_of(err)
+            layer["invalid"] = isinstance(err, InvalidConfigError)  # (Keras itself would refuse the model)
             continue
         layer["options"] = {"activation": options.activation, "recurrent_activation": options.recurrent_activation,
                             # (as the configuration says: a Bidirectional's backward layer runs backwards)
@@ -119,10 +143,10 @@ def keras_other_recurrent(path, fmt: str) -> list[str]:
     from ..io import keras_archive  # noqa: PLC0415
 
     if fmt == "keras":
-        with keras_archive.model_weights(path) as (_weights, config, _version, _relabel):
-            return other_recurrent(config)
+        with keras_archive.model_weights(path) as (_weights, config, version):
+            return other_recurrent(config, keras_archive.keras_major(version))
     found = keras_archive.hdf5_model_config(path)
-    return other_recurrent(found[0]) if found is not None else []
+    return other_recurrent(found[0], keras_archive.keras_major(found[1])) if found is not None else []
 
 
 def _with_wrappers(layers: list[dict]) -> list[dict]:
