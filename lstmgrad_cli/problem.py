@@ -21,7 +21,7 @@ from . import frameworks, io, ops
 from .analysis import decide, detect
 from .analysis.decide import Given
 from .errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
-from .messages import Message, Param
+from .messages import TYPED, Message, Param, cut
 from .ops import validation
 from .spec import FORWARD_DEFAULTS, FORWARD_INPUTS, FORWARD_OPS, OPS, TIME_MAJOR  # noqa: F401 - (re-exported)
 
@@ -161,6 +161,9 @@ def open_problem(path, *, kind: str | None = None, layout: str | None = None, us
         notes, keys, supplied, extra = _supplement(loaded, weights, weights_group, wanted, scalars)
         try:
             name = "tf" if kind == "cell" else frameworks.detect([*keys, *loaded.tensors], framework)
+            misnamed = frameworks.pytorch.misnamed(keys) if name == "torch" else []
+            if misnamed:  # (before any layer number is used to count or to read)
+                raise InvalidArgumentError(Message.format("{}: {}", path, misnamed[0]))
             plan = None
             if name == "tf":
                 try:
@@ -294,7 +297,7 @@ def _layers_in(weights, keys, weights_group: str | None = None) -> Message | str
         return f"holds the LSTM cells of a {frameworks.keras_config.STACKED}"
     if not groups:
         return ""
-    return Message.format("holds LSTM layers at {}{}: name one with {}", ", ".join(groups[:6]),
+    return Message.format("holds LSTM layers at {}{}: name one with {}", ", ".join(cut(g, TYPED) for g in groups[:6]),
                           ", ..." if len(groups) > 6 else "", Param("weights_group"))
 
 
