@@ -29,7 +29,18 @@ from ..layers.modules import MERGE_MODES, Module
 from ..layers.recurrence import DirectionGrads, DirectionWeights
 from ..layers.schedule import Schedule
 from ..messages import Message, Param
-from .common import FrameworkOptions, Plan, as_bool_mask, cells, check_applicable, dtyped, rank, shaped, states
+from .common import (
+    FrameworkOptions,
+    Plan,
+    as_bool_mask,
+    cells,
+    check_applicable,
+    dtyped,
+    nonempty,
+    rank,
+    shaped,
+    states,
+)
 
 PARAMETERS = ("kernel", "recurrent_kernel", "bias")
 # Keras name -> where files keep it (plain, Keras 3 weights file, older tf.keras HDF5)
@@ -203,6 +214,7 @@ def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = No
     x = rank("x", arrays["x"], 3, "[B, T, I]" if batch_major else "[T, B, I]")
     x = np.swapaxes(x, 0, 1) if batch_major else x
     T, B, I = x.shape  # noqa: E741
+    nonempty(x.shape, "Keras")
     directions = [_direction(arrays, p, I, layer, x.dtype) for p in prefixes]
     C = directions[0].C
     if bidirectional and directions[1].C != C:

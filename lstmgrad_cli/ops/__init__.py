@@ -38,8 +38,12 @@ def block_lstm_grad_checked(backend, layout: str, seq_len_max: int, arrays: dict
     """BlockLSTMGrad(V2) on arrays that ``validation`` has already accepted (no second check).
 
     ``extras`` (``x_grad_out``, ``observe``) go to the backend only when given, so backends that
-    do not know them still serve every plain call.
+    do not know them still serve every plain call.  Without an example or a unit (B or C is 0) every step is
+    empty and every gradient zero or empty: computed as for no step, whatever T declares (time proportional to
+    the data, not to a declared T of nothing).
     """
+    if not arrays["x"].shape[1] * (arrays["w"].shape[1] // 4):
+        seq_len_max = 0
     return backend.block_lstm_grad(
         SeqTensors(**arrays), seq_len_max=seq_len_max, use_peephole=use_peephole, layout=layout,
         compute_dtype=compute_dtype, chunk_steps=chunk_steps,
