@@ -29,7 +29,7 @@ from .analysis.decide import Given
 from .analysis.summary import json_safe
 from .errors import LstmGradError
 from .io import npydir
-from .messages import Message, Param, message_of
+from .messages import TYPED, Message, Param, cut, message_of
 from .ops import validation
 from .spec import FORWARD_INPUTS, FORWARD_OPS, GRADIENT_NAMES, OPS
 
@@ -120,15 +120,20 @@ def _useful(key: str) -> bool:
             or last.startswith((*frameworks.pytorch.PARAMETERS, "weight_hr")))
 
 
-def _read_all(path: Path, fmt: str, group: str | None, report: InspectReport) -> dict[str, np.ndarray]:
-    """Every entry of the file (or group) a command may read, and the first OTHERS_SHOWN others, that reads as an
-    array; each unreadable one is reported, and the entries left unread are named in ``report.not_read``."""
+def _read_all(path: Path, fmt: str, group: str | None, report: InspectReport) -> tuple[dict[str, np.ndarray], list]:
+    """Every entry of the file (or group) a command may read, that reads as an array; the first OTHERS_SHOWN others
+    declared only (their shape and dtype, in ``report.tensors``: no command reads their data, so neither does
+    inspect); each unreadable one is reported, and the entries left out are named in ``report.not_read``.  Returns
+    the arrays read and every key in the file's order."""
     keys = [k for k in _read(path, fmt, (), (), group).keys if k != io.METADATA_KEY]
     others = [k for k in keys if not _useful(k)]
     report.not_read = others[OTHERS_SHOWN:]
-    skipped = set(report.not_read)
-    keys = [k for k in keys if k not in skipped]
-    loaded = _read(path, fmt, keys, (), group, collect_errors=True)
+    shown = others[:OTHERS_SHOWN]
+    useful = [k for k in keys if _useful(k)]
+    with io.open_inputs(path, useful, (), group, collect_errors=True, input_format=fmt, headers=shown) as loaded:
+        pass
+    for key, (shape, dtype) in loaded.headers.items():
+        report.tensors.append(TensorInfo(key, None, list(shape), str(dtype)))
     for key, err in loaded.errors.items():
         message = str(err).removeprefix(f"{path}: ")
         if "is a group, not a dataset" in message:
@@ -136,7 +141,7 @@ def _read_all(path: Path, fmt: str, group: str | None, report: InspectReport) ->
             continue
         report.tensors.append(TensorInfo(key, _canonical(key), None, None, role="unreadable"))
         report.error(key, f"cannot be read: {message}")
-    return {key: np.asarray(value) for key, value in loaded.tensors.items()}
+    return {key: np.asarray(value) for key, value in loaded.tensors.items()}, keys
 
 
 def _canonical(key: str) -> str | None:
@@ -146,15 +151,22 @@ def _canonical(key: str) -> str | None:
     return ALIASES.get(key)
 
 
+STATS_CHUNK = 1 << 20  # values widened to float64 at a time for a tensor's statistics
+
+
 def _summary(key, name, a: np.ndarray) -> TensorInfo:
     info = TensorInfo(key, name, list(a.shape), str(a.dtype))
     if a.dtype.kind in "fiub" and a.size:
-        wide = a.astype(np.float64)
-        finite = np.isfinite(wide)
-        info.nonfinite = int(a.size - finite.sum())
+        flat, low, high = a.reshape(-1), np.inf, -np.inf
+        for start in range(0, flat.size, STATS_CHUNK):  # (a float64 copy of a chunk, not of the tensor)
+            wide = flat[start:start + STATS_CHUNK].astype(np.float64)
+            finite = wide[np.isfinite(wide)]
+            info.nonfinite += wide.size - finite.size
+            if finite.size:
+                low, high = min(low, float(finite.min())), max(high, float(finite.max()))
         info.finite = info.nonfinite == 0
-        if finite.any():
-            info.min, info.max = float(wide[finite].min()), float(wide[finite].max())
+        if low <= high:
+            info.min, info.max = low, high
     elif a.dtype.kind in "fiub":
         info.finite = True
     return info
@@ -178,7 +190,7 @@ def inspect_file(path, group: str | None = None, *, weights=None, weights_group:
     path = Path(path)
     fmt = npydir.input_format(path, group)
     report = InspectReport(str(path), fmt, group)
-    raw = _read_all(path, fmt, group, report)
+    raw, order = _read_all(path, fmt, group, report)
     try:
         scalars = _read(path, fmt, (), (*SCALARS, io.METADATA_KEY), group).scalars
     except LstmGradError:
@@ -203,6 +215,8 @@ def inspect_file(path, group: str | None = None, *, weights=None, weights_group:
         if name is not None:
             by_name[name] = value
         report.tensors.append(_summary(key, name, value))
+    position = {key: k for k, key in enumerate(order)}  # (the declared-only entries among them, in the file's order)
+    report.tensors.sort(key=lambda t: position.get(t.key, len(order)))
 
     if weights is not None:
         return _with_weights(report, path, group, weights, weights_group, framework)
@@ -284,11 +298,19 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectRepor
     """A Keras weights file, a PyTorch state_dict, or a Keras/PyTorch layer's tensors: said in notes (and what
     is wrong with the tensors, as problems); False for anything else."""
     if fmt in ("hdf5", "keras") and group is None:
-        layers, source = frameworks.weights_files.keras_model_layers(path, fmt)
+        try:
+            layers, source = frameworks.weights_files.keras_model_layers(path, fmt)
+        except LstmGradError as err:  # (a model configuration Keras refuses, groups past the bounds, ...)
+            report.kind = "keras-weights"
+            report.error(None, message_of(err))
+            _framework_roles(report, "weights")
+            return True
         if layers:
             report.kind, report.framework_layers = "keras-weights", layers
             for layer in layers:
                 report.notes.append(_keras_layer_note(path, layer, source))
+                if layer.get("invalid"):  # a configuration Keras itself refuses: seq refuses the layer too
+                    report.error(None, f"{layer['group']}: {layer['refused']}")
                 for bias in ("bias", "backward_bias"):  # (kernel and recurrent_kernel agree, or it is no LSTM's)
                     if layer.get(bias) and layer[bias] != [4 * layer["units"]]:
                         report.error(None, f"{layer['group']}: {bias.replace('_', ' ')} has shape {layer[bias]}, "
@@ -297,19 +319,27 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectRepor
             return True
         if fmt == "keras":  # a model without an LSTM layer lstmgrad computes
             report.kind = "keras-weights"
-            for why in frameworks.weights_files.keras_other_recurrent(path, fmt) or ["no LSTM layer"]:
-                report.warn(None, why)
+            try:
+                for why in frameworks.weights_files.keras_other_recurrent(path, fmt) or ["no LSTM layer"]:
+                    report.warn(None, why)
+            except LstmGradError as err:
+                report.error(None, message_of(err))
             _framework_roles(report, "weights")
             return True
     keys = [k for k in raw if not k.startswith("@")]
     torch = frameworks.torch_state_dict_layers(keys)
     if torch and "x" not in raw:
         report.kind, report.framework_layers = "torch-weights", torch
+        for why in frameworks.pytorch.misnamed(keys):
+            report.error(None, why)
+        for why in frameworks.pytorch.gaps(keys):  # (one layer's weights may be computed alone: --layer)
+            report.warn(None, Message.format("{}; the whole module cannot be computed, one layer can ({})", why,
+                                             Param("layer")))
         for prefix in dict.fromkeys(layer["prefix"] for layer in torch):
             recurrent = raw.get(f"{prefix}.weight_hh_l0" if prefix else "weight_hh_l0")
             if recurrent is not None and (recurrent.ndim != 2 or recurrent.shape[0] != 4 * recurrent.shape[1]):
                 gates = recurrent.shape[0] // max(recurrent.shape[-1], 1) if recurrent.ndim == 2 else "?"
-                report.warn(None, f"{prefix or 'the state_dict'}: weight_hh_l0 has shape {list(recurrent.shape)}, "
+                report.warn(None, f"{cut(prefix) or 'the state_dict'}: weight_hh_l0 has shape {list(recurrent.shape)}, "
                                   f"{gates} gates: not an nn.LSTM (a GRU has 3, a plain RNN 1); lstmgrad computes "
                                   "LSTMs")
                 continue
@@ -388,10 +418,11 @@ def _keras_layer_note(path: Path, layer: dict, source: str | None) -> Message:
 
 def _torch_module_note(path: Path, layers: list[dict], prefix: str) -> Message:
     """What an nn.LSTM of a state_dict is, and the commands for the whole module and for one layer."""
-    count = 1 + max(layer["layer"] for layer in layers)
+    numbers = {layer["layer"] for layer in layers}
+    count = 1 + max(numbers) if max(numbers) < len(numbers) else len(numbers)  # (numbers past them: gaps' warning)
     both = any(layer["reverse"] for layer in layers)
-    where = Message.format(" {}", Param("weights_group", prefix)) if prefix else ""
-    what = (f"PyTorch nn.LSTM{' ' + prefix if prefix else ''}: {count} layer{'s' * (count > 1)}"
+    where = Message.format(" {}", Param("weights_group", cut(prefix, TYPED))) if prefix else ""
+    what = (f"PyTorch nn.LSTM{' ' + cut(prefix) if prefix else ''}: {count} layer{'s' * (count > 1)}"
             f"{', bidirectional' if both else ''}")
     return Message.format("{}: lstmgrad seq DATA {}{} (the whole module; {} for one layer)", what,
                           Param("weights", path), where, Param("layer"))
