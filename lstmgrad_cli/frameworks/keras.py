@@ -28,7 +28,7 @@ from ..layers import activations
 from ..layers.modules import MERGE_MODES, Module
 from ..layers.recurrence import DirectionGrads, DirectionWeights
 from ..layers.schedule import Schedule
-from ..messages import Message, Param
+from ..messages import Message, Param, cut
 from .common import (
     FrameworkOptions,
     Plan,
@@ -122,10 +122,11 @@ class KerasLayer:
         inside a Bidirectional's config ``wrapper`` (its backward layer: ``backward``).  Options whose maths is not
         implemented are refused by name."""
         cfg = config.get("config", config) if isinstance(config, dict) else {}
-        name = cfg.get("name", "the layer")
+        name = cut(repr(cfg.get("name", "the layer")))
         kind = config.get("class_name", "LSTM") if isinstance(config, dict) else "LSTM"
         if kind not in ("LSTM", "CuDNNLSTM"):
-            raise InvalidArgumentError(f"layer {name!r} is a {kind}, not an LSTM: lstmgrad computes LSTM layers")
+            raise InvalidArgumentError(f"layer {name} is a {cut(str(kind))}, not an LSTM: lstmgrad computes LSTM "
+                                       "layers")
         notes = []
         for option in ("dropout", "recurrent_dropout"):
             rate = float(cfg.get(option) or 0)
@@ -133,7 +134,7 @@ class KerasLayer:
                 raise InvalidArgumentError(Message.format(
                     "layer {} has {}={}: in training its random masks change the gradient, and lstmgrad cannot know "
                     "them; if the gradient was taken in inference (training=False, where dropout does nothing), say "
-                    "so with {}", repr(name), option, f"{rate:g}", Param("inference", True)))
+                    "so with {}", name, option, f"{rate:g}", Param("inference", True)))
             if rate > 0:
                 notes.append(Message.format("{}={} taken as inactive ({})", option, f"{rate:g}",
                                             Param("inference", True)))
@@ -147,9 +148,9 @@ class KerasLayer:
             wrapped = wcfg.get("layer", {})
             wrapped = wrapped.get("config", wrapped) if isinstance(wrapped, dict) else {}
             if wrapped.get("go_backwards"):  # its backward layer then runs forwards, and Keras flips its outputs
-                raise InvalidArgumentError(f"the Bidirectional {wcfg.get('name', '')!r} wraps a layer made with "
-                                           "go_backwards=True (its backward layer runs forwards in time): lstmgrad "
-                                           "computes Bidirectionals whose forward layer runs forwards")
+                raise InvalidArgumentError(f"the Bidirectional {cut(repr(wcfg.get('name', '')))} wraps a layer made "
+                                           "with go_backwards=True (its backward layer runs forwards in time): "
+                                           "lstmgrad computes Bidirectionals whose forward layer runs forwards")
             go_backwards = False  # the wrapper runs its backward layer backwards: that is ``reverse``
         zero_output = cfg.get("zero_output_for_mask")
         return cls(act, gate, cfg.get("use_bias"), go_backwards, backward,
