@@ -133,7 +133,7 @@ def sniff_format(path: str | os.PathLike) -> str:
             head = fh.read(HEAD_BYTES)
     for fmt in FORMATS.values():
         if not fmt.directory and fmt.sniff(head):
-            if fmt.name == "npz" and keras_archive.holds_model(path):  # a Keras archive whose first member is
+            if fmt.name == "npz" and keras_archive.holds_model(path, head):  # a Keras archive whose first member is
                 return "keras"  # not one of its three (assets/...): its directory says what it is
             return fmt.name
     if not head:

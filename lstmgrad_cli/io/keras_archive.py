@@ -50,9 +50,14 @@ def sniff(head: bytes) -> bool:
     return head[30:30 + name_length].decode("utf-8", "replace") in MEMBERS
 
 
-def holds_model(path: Path) -> bool:
-    """Whether the zip archive ``path`` has a Keras archive's config.json and model.weights.h5 (whatever member
-    comes first: assets, say); False for anything else, never an error (its reader says what is wrong)."""
+def holds_model(path: Path, head: bytes) -> bool:
+    """Whether the zip archive ``path`` (which starts with ``head``) has a Keras archive's config.json and
+    model.weights.h5 whatever member comes first (assets, say); False for anything else, never an error (its
+    reader says what is wrong).  An archive whose first member is a .npy array is an NPZ: not looked into."""
+    if head[:4] == b"PK\x03\x04" and len(head) >= 30:
+        name_length = struct.unpack_from("<H", head, 26)[0]
+        if head[30:30 + name_length].endswith(b".npy"):
+            return False
     try:
         with open_regular(path) as fh:
             count = npz.declared_members(fh, os.fstat(fh.fileno()).st_size)
@@ -124,29 +129,36 @@ def keras_major(version: str) -> int:
 def _archive(path: Path):
     """(the open archive, its members by name, the archive's descriptor and size), after the end record's member
     count and every member's name and sizes were checked."""
-    with worded(path, npz.NPZ_ERRORS, lambda err: f"corrupt or truncated Keras archive ({reason(err)})",
-                    "corrupt Keras archive (its zip directory does not fit in memory)"), \
-            open_regular(path, refusal="; expected a Keras archive") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        count = npz.declared_members(fh, size)
-        if count is not None and count > MAX_MEMBERS:
-            raise InputFileError(f"{path}: a Keras archive declaring {count} members (a model has 3, and a few "
-                                 f"assets; at most {MAX_MEMBERS}); refused before reading its directory")
-        with zipfile.ZipFile(fh) as archive:
-            infos = archive.infolist()
-            if len(infos) > MAX_MEMBERS:  # (an archive without an end record zipfile could read)
-                raise InputFileError(f"{path}: a Keras archive of {len(infos)} members; a model has 3, refused")
-            members: dict[str, zipfile.ZipInfo] = {}
-            for info in infos:
-                name = info.filename.removeprefix("./")
-                if name in members:
-                    raise InputFileError(f"{path}: the archive holds {cut(name)} twice (zipfile and Keras would "
-                                         "read one in silence); refused")
-                members[name] = info
-            for name in MEMBERS:
-                if name in members:
-                    _check_sizes(members[name], path, size)
-            yield archive, members, fh.fileno(), size
+    with open_regular(path, refusal="; expected a Keras archive") as fh:
+        with worded(path, npz.NPZ_ERRORS, lambda err: f"corrupt or truncated Keras archive ({reason(err)})",
+                    "corrupt Keras archive (its zip directory does not fit in memory)"):
+            size = os.fstat(fh.fileno()).st_size
+            count = npz.declared_members(fh, size)
+            if count is not None and count > MAX_MEMBERS:
+                raise InputFileError(f"{path}: a Keras archive declaring {count} members (a model has 3, and a few "
+                                     f"assets; at most {MAX_MEMBERS}); refused before reading its directory")
+            archive = zipfile.ZipFile(fh)
+        with archive:
+            yield archive, _members(archive, path, size), fh.fileno(), size
+
+
+def _members(archive: zipfile.ZipFile, path: Path, size: int) -> dict[str, zipfile.ZipInfo]:
+    """name -> member; a name twice is refused (zipfile and Keras would read one in silence), and so are the
+    sizes of a model's members that the archive cannot hold or their method cannot produce."""
+    infos = archive.infolist()
+    if len(infos) > MAX_MEMBERS:  # (an archive without an end record zipfile could read)
+        raise InputFileError(f"{path}: a Keras archive of {len(infos)} members; a model has 3, refused")
+    members: dict[str, zipfile.ZipInfo] = {}
+    for info in infos:
+        name = info.filename.removeprefix("./")
+        if name in members:
+            raise InputFileError(f"{path}: the archive holds {cut(name)} twice (zipfile and Keras would read one in "
+                                 "silence); refused")
+        members[name] = info
+    for name in MEMBERS:
+        if name in members:
+            _check_sizes(members[name], path, size)
+    return members
 
 
 def _check_sizes(info: zipfile.ZipInfo, path: Path, archive_size: int) -> None:
@@ -250,14 +262,19 @@ def _weights_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path,
 
 
 def _data_start(fd: int, info: zipfile.ZipInfo, path: Path, archive_size: int) -> int:
-    """Where a stored member's bytes begin: after its local header, which must name it as the directory does."""
-    head = os.pread(fd, 30, info.header_offset)
+    """Where a stored member's bytes begin: after its local header, which must name it as the directory does
+    (zipfile's own check when it opens a member)."""
+    try:
+        head = os.pread(fd, 30, info.header_offset)
+        local_name = os.pread(fd, struct.unpack_from("<H", head, 26)[0], info.header_offset + 30) if (
+            len(head) == 30) else b""
+    except OSError as err:
+        raise InputFileError(f"{path}: cannot read its {info.filename} ({reason(err)})") from None
     if len(head) < 30 or head[:4] != b"PK\x03\x04":
         raise InputFileError(f"{path}: its {info.filename} has no local header where the directory says; corrupt")
     name_length, extra_length = struct.unpack_from("<HH", head, 26)
     start = info.header_offset + 30 + name_length + extra_length
-    if os.pread(fd, name_length, info.header_offset + 30) != info.orig_filename.encode("utf-8", "replace") and (
-            os.pread(fd, name_length, info.header_offset + 30) != info.orig_filename.encode("cp437", "replace")):
+    if local_name not in (info.orig_filename.encode("utf-8", "replace"), info.orig_filename.encode("cp437", "replace")):
         raise InputFileError(f"{path}: its {info.filename}'s local header names another member; corrupt")
     if start + info.compress_size > archive_size:
         raise InputFileError(f"{path}: its {info.filename} ends past the end of the archive; truncated")
