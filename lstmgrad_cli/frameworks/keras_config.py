@@ -102,13 +102,11 @@ def _walk(config: dict, major: int = 3, prefix: str = "", names: tuple = (), dep
             backward = inner.get("backward_layer") or wrapped
             other = next((w["class_name"] for w in (wrapped, backward) if not invalid and w["class_name"] not in
                           LSTMS[major]), None)
-            if other is not None:
-                yield Found(group, path, wrapped, layer, None, f"{cut(group)} is a Bidirectional of a {cut(other)} "
-                                                               "layer, not of an LSTM: lstmgrad computes LSTM layers")
-                continue
-            yield Found(group, path, wrapped, layer, None, invalid=invalid)
-            yield Found(f"{group}/forward_layer", path, wrapped, layer, False, invalid=invalid)
-            yield Found(f"{group}/backward_layer", path, backward, layer, True, invalid=invalid)
+            refused = (f"{cut(group)} is a Bidirectional of a {cut(other)} layer, not of an LSTM: lstmgrad computes "
+                       "LSTM layers") if other is not None else ""
+            yield Found(group, path, wrapped, layer, None, refused, invalid)
+            yield Found(f"{group}/forward_layer", path, wrapped, layer, False, refused, invalid)
+            yield Found(f"{group}/backward_layer", path, backward, layer, True, refused, invalid)
         elif kind in ("LSTM", "CuDNNLSTM"):
             yield Found(group, path, layer, None, False, invalid=invalid_layer(layer, major))
         elif kind == "RNN":
@@ -218,9 +216,7 @@ def invalid_wrapper(layer: dict, major: int) -> str:
     if invalid:
         return invalid
     merge = config.get("merge_mode", "concat")
-    if merge is None:
-        return f"{what} has merge_mode=null (its two outputs apart, a list): lstmgrad computes {', '.join(MERGES)}"
-    if merge not in MERGES:
+    if merge is not None and merge not in MERGES:  # (None: the two outputs apart, computed as concat)
         return f"{what} has merge_mode={_value(merge)}, which Keras refuses ({', '.join(MERGES)} or null)"
     for key in ("layer", "backward_layer"):
         wrapped = config.get(key)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..messages import cut
 from .keras_config import InvalidConfigError, layer_options, other_recurrent
 
 KERAS_WALK_GROUPS = 10_000  # groups a weights file is searched through for LSTM layers, at most
 KERAS_WALK_LINKS = 200_000  # links looked at in those groups, at most (each group's own count is io.hdf5's bound)
+MAX_NAME_BYTES = 4096  # a layer's name attribute longer than this is left unread (the group's name is shown)
 
 
 def keras_layers(path) -> list[dict]:
@@ -31,7 +33,7 @@ def keras_layers(path) -> list[dict]:
             if layer is not None:
                 layers.append(layer)
                 continue
-            keys = hdf5.group_keys(group, path, f"group {name!r}" if name else "its root group")
+            keys = hdf5.group_keys(group, path, f"group {cut(repr(name))}" if name else "its root group")
             links += len(keys)
             if links > KERAS_WALK_LINKS:
                 raise InputFileError(f"{path}: its groups hold more than {KERAS_WALK_LINKS} links (a model's layers "
@@ -80,8 +82,6 @@ def _name_of(group, path) -> bytes | None:
     except InputFileError:
         return None
 
-
-MAX_NAME_BYTES = 4096
 
 
 def _hard_child(group, name: str, h5py):
