@@ -498,3 +498,23 @@ def test_lengths_past_any_integer_are_refused_without_numpys_warning(tmp_path, r
                                   str(tmp_path / "g.npz")])
     assert result.exit_code == 1 and result.stderr.count("\n") == 1 and "1e+20" in result.stderr, result.stderr
     assert not [w for w in recwarn if "cast" in str(w.message)]
+
+
+def test_two_spellings_of_one_tensor_are_refused(runner, tmp_path):
+    """A name twice after normalisation, whichever way a reader spells it: a Keras weight under two of its
+    aliases, a scalar parameter as a dataset and an attribute of one group."""
+    weights = tmp_path / "w.weights.h5"
+    shutil.copyfile(TWO, weights)
+    with h5py.File(weights, "r+") as fh:
+        fh["layers/lstm_1/lstm_cell/kernel"] = np.zeros(fh["layers/lstm_1/cell/vars/0"].shape, np.float32)
+    result = runner.invoke(main, ["seq", str(KERAS / "keras_two_layers.in.npz"), "--weights", str(weights),
+                                  "--weights-group", "layers/lstm_1", "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 1 and "both cell/vars/0 and lstm_cell/kernel are the layer's kernel" in result.stderr
+    with np.load(FIXTURES / "seq_v2_peep.in.npz") as data:
+        tensors = {k: data[k] for k in data.files}
+    with h5py.File(tmp_path / "in.h5", "w") as fh:
+        for key, value in tensors.items():
+            fh[key] = value
+        fh.attrs["seq_len_max"] = tensors["seq_len_max"]
+    result = runner.invoke(main, ["seq", str(tmp_path / "in.h5"), "-o", str(tmp_path / "g.h5")])
+    assert result.exit_code == 1 and "seq_len_max is both a dataset and an attribute" in result.stderr, result.output

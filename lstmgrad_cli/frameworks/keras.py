@@ -82,18 +82,26 @@ def tensors_of(held: dict) -> dict:
     Bidirectional's as forward_kernel, ..., backward_bias."""
     out = {n: held[n] for n in STATE_NAMES if n in held}
     for name, aliases in ALIASES.items():
-        value = next((held[a] for a in aliases if a in held), None)
-        if value is not None:
-            out[name] = value
+        found = _one(held, [a for a in aliases if a in held], name)
+        if found is not None:
+            out[name] = found
         for direction in WRAPPED:
             key = f"{direction}_{name}"
-            value = held.get(key)
-            if value is None:  # under the layer's group, whatever it is called
-                value = next((v for k, v in held.items() if "/" in k and direction_of(k.split("/", 1)[0]) == direction
-                              and k.split("/", 1)[1] in aliases), None)
-            if value is not None:
-                out[key] = value
+            spellings = [key] if key in held else []  # and under the layer's group, whatever it is called
+            spellings += [k for k in held if "/" in k and direction_of(k.split("/", 1)[0]) == direction
+                          and k.split("/", 1)[1] in aliases]
+            found = _one(held, spellings, key)
+            if found is not None:
+                out[key] = found
     return out
+
+
+def _one(held: dict, spellings: list[str], name: str):
+    """The one tensor spelt any of ``spellings`` (None without one); two spellings of one tensor are refused."""
+    if len(spellings) > 1:
+        raise InvalidArgumentError(f"both {cut(spellings[0])} and {cut(spellings[1])} are the layer's {name}: keep "
+                                   "one")
+    return held[spellings[0]] if spellings else None
 
 
 @dataclass(frozen=True)

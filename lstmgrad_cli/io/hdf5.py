@@ -256,6 +256,9 @@ def read_open(fh, loaded: LoadedFile, names, scalars, group, h5py, lazy=frozense
         key = key_for(name, keys, path)
         if name in scalars:
             if key is not None:
+                if key_for(name, attribute_names(node, path), path) is not None:
+                    raise InputFileError(f"{path}: {name} is both a dataset and an attribute of "
+                                         f"{'group ' + repr(group) if group else 'the root group'}; keep one")
                 return declare_dataset(fh, node, name, key, path, h5py)
             for owner in (node, fh) if group else (node,):
                 akey = key_for(name, attribute_names(owner, path), path)
