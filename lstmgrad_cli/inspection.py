@@ -106,9 +106,11 @@ class InspectReport:
         self.problems.append(Problem("warning", tensor, message))
 
 
-def _read(path: Path, fmt: str, names, scalars, group: str | None, collect_errors: bool = False) -> io.LoadedFile:
+def _read(path: Path, fmt: str, names, scalars, group: str | None, collect_errors: bool = False,
+          headers=()) -> io.LoadedFile:
     """``io.read_inputs`` of an input whose format is known (``npydir.input_format``, which knows the group)."""
-    with io.open_inputs(path, names, scalars, group, collect_errors=collect_errors, input_format=fmt) as loaded:
+    with io.open_inputs(path, names, scalars, group, collect_errors=collect_errors, input_format=fmt,
+                        headers=headers) as loaded:
         return loaded
 
 
@@ -130,8 +132,7 @@ def _read_all(path: Path, fmt: str, group: str | None, report: InspectReport) ->
     report.not_read = others[OTHERS_SHOWN:]
     shown = others[:OTHERS_SHOWN]
     useful = [k for k in keys if _useful(k)]
-    with io.open_inputs(path, useful, (), group, collect_errors=True, input_format=fmt, headers=shown) as loaded:
-        pass
+    loaded = _read(path, fmt, useful, (), group, collect_errors=True, headers=shown)
     for key, (shape, dtype) in loaded.headers.items():
         report.tensors.append(TensorInfo(key, None, list(shape), str(dtype)))
     for key, err in loaded.errors.items():
