@@ -184,6 +184,18 @@ def weights_with_dangling_links(path: Path, source: Path, count: int = 1_000_000
     return path
 
 
+def weights_with_empty_heap_object(path: Path, source: Path, which: int = 3) -> Path:
+    """The Keras weights file ``source`` whose global heap (where the layers' name attributes are) has its object
+    ``which`` of size 0: HDF5 then loops forever reading the names after it (a fuzzed file found it)."""
+    data = bytearray(source.read_bytes())
+    at = data.index(b"GCOL") + 16  # ("GCOL", version, 3 reserved, the collection's size; then its objects)
+    for _ in range(which - 1):  # each: index, reference count, reserved, size (8 bytes), data padded to 8 bytes
+        at += 16 + (int.from_bytes(data[at + 8:at + 16], "little") + 7) // 8 * 8
+    data[at + 8:at + 16] = bytes(8)
+    path.write_bytes(bytes(data))
+    return path
+
+
 # -- state_dicts -----------------------------------------------------------------------------------------
 
 def torch_module() -> tuple[dict, dict]:

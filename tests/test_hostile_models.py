@@ -252,6 +252,20 @@ def test_a_crafted_model_file_is_refused_in_one_line_or_computed_right(outcomes,
         k: v for k, v in fingerprint(folder).items() if "/out" not in k and "/tmp-" not in k}
 
 
+def test_a_heap_object_of_size_0_is_walked_past(tmp_path):
+    """A weights file whose global heap has an object of size 0 before the layers' names: HDF5 reading a name
+    after it loops forever, beyond SIGTERM (the interpreter never gets the signal); lstmgrad reads the names from
+    the heap itself, in a bounded walk.  inspect lists the layers, seq without a group names them."""
+    weights = hm.weights_with_empty_heap_object(tmp_path / "w.weights.h5", TWO)
+    code, stdout, stderr, peak = run_measured(["inspect", str(weights), "--json"], tmp_path)
+    assert code == 0 and peak < PEAK_MB, stderr
+    assert [layer["group"] for layer in json.loads(stdout)["result"]["framework_layers"]] == ["layers/lstm",
+                                                                                                "layers/lstm_1"]
+    code, _, stderr, _ = run_measured(["seq", str(KERAS / "keras_two_layers.in.npz"), "--weights", str(weights), "-o",
+                                       str(tmp_path / "g.npz")], tmp_path)
+    assert code == 1 and "holds LSTM layers at layers/lstm, layers/lstm_1" in stderr, stderr
+
+
 def test_a_padded_weights_member_serves_a_batch_without_a_copy(tmp_path):
     """The archive whose model.weights.h5 is followed by 2 GiB of deflated zeros, as --weights of three inputs run
     by two workers: each computed right, no file written past FILE_LIMIT (no copy of the member), nothing left."""

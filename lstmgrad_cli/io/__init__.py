@@ -221,6 +221,10 @@ def read_metadata(path: str | os.PathLike) -> dict:
             if size is None or size > MAX_METADATA_BYTES:
                 raise InputFileError(f"{path}: its {cut(key)} attribute is more than lstmgrad's provenance can be; "
                                      "refused before reading it")
+            if fh.attrs.get_id(key).dtype.hasobject:  # a string: read from the heap, not by HDF5
+                text = hdf5.string_attribute(fh, path, key, MAX_METADATA_BYTES, "lstmgrad's provenance") or b""
+                older[key] = text.decode("utf-8", "replace")
+                continue
             value = fh.attrs[key]
             older[key] = value.item() if hasattr(value, "item") else value
         return older

@@ -384,6 +384,9 @@ def declare_attribute(owner, name: str, akey: str, path: Path) -> Declared:
 
     def read():
         try:
+            strings = vlen_strings(owner, akey, path, LARGE) if attrs.get_id(akey).dtype.hasobject else None
+            if strings is not None:  # (read from the heap here: HDF5 can loop forever on a corrupt one)
+                return np.asarray(strings[0].decode("utf-8", "replace"))
             return native(np.asarray(attrs[akey]))
         except MemoryError:
             raise InputFileError(f"{path}: attribute {akey} does not fit in memory") from None
@@ -437,8 +440,9 @@ MAX_HEADER_CHUNKS = 64  # object header chunks followed (continuations) looking 
 
 def string_attribute(node, path, name: str, limit: int, what: str) -> bytes | None:
     """The string attribute ``name`` of ``node`` (None if it has none), read once its length is known to be at most
-    ``limit`` (a fixed-length string's type says it; a variable-length one's attribute message does, ``attribute_
-    bytes``); ``what`` says in messages what it should be ("a model configuration")."""
+    ``limit`` (a fixed-length string's type says it; a variable-length one's attribute message does, and its bytes
+    are then read from the global heap here: ``vlen_strings``); ``what`` says in messages what it should be ("a
+    model configuration")."""
     import h5py  # noqa: PLC0415
 
     if name not in node.attrs:
@@ -446,6 +450,9 @@ def string_attribute(node, path, name: str, limit: int, what: str) -> bytes | No
     attr = node.attrs.get_id(name)
     if h5py.check_string_dtype(attr.dtype) is None or attr.shape is None or math.prod(attr.shape) != 1:
         raise InputFileError(f"{path}: its {name} attribute is not a string")
+    strings = vlen_strings(node, name, path, limit) if attr.dtype.hasobject else None
+    if strings is not None:
+        return strings[0]
     length = attribute_bytes(node, name, path)
     if length is None:  # (where its length is not found, the string cannot be longer than the file)
         size = _size(path)
@@ -474,14 +481,73 @@ def attribute_bytes(node, name: str, path) -> int | None:
         return count * attr.dtype.itemsize
     if h5py.check_string_dtype(attr.dtype) is None:
         return None
+    refs = _heap_refs(node, name, path)
+    return None if refs is None else sum(length for length, _, _ in refs)
+
+
+def vlen_strings(node, name: str, path, limit: int) -> list[bytes] | None:
+    """The strings of the variable-length string attribute ``name``, read from the global heap where its attribute
+    message says they are, in a walk bounded by the heap collection's own size, and only when they hold at most
+    ``limit`` bytes in all: what HDF5 would read, without HDF5 (which loops forever on a heap object of size 0).
+    None where the message is not found; InputFileError for a heap that does not hold what the message says."""
+    refs = _heap_refs(node, name, path)
+    if refs is None or sum(length for length, _, _ in refs) > limit:
+        return None
+    offsets, lengths = node.file.id.get_create_plist().get_sizes()
+    strings = []
+    with _raw_bytes(path) as read:
+        base = _base(read)
+        for length, collection, index in refs:
+            data = _heap_object(lambda at, n: read(base + at, n), collection, index, lengths)
+            if data is None or len(data) < length:
+                raise InputFileError(f"{path}: its {name} attribute's string is not in the file's global heap where "
+                                     "its attribute message says; corrupt")
+            strings.append(data[:length])
+    return strings
+
+
+MAX_HEAP_OBJECTS = 1 << 20  # objects looked at in one global heap collection, at most
+
+
+def _heap_object(read, collection: int, index: int, lengths: int) -> bytes | None:
+    """Object ``index`` of the global heap collection at ``collection`` ("GCOL", version, its size, then objects:
+    index, reference count, reserved, size, data padded to 8 bytes); None when it is not there."""
+    head = read(collection, 8 + lengths)
+    if len(head) < 8 + lengths or head[:4] != b"GCOL":
+        return None
+    end = collection + int.from_bytes(head[8:8 + lengths], "little")
+    at = collection + 8 + lengths
+    for _ in range(MAX_HEAP_OBJECTS):
+        if at + 8 + lengths > end:
+            return None
+        header = read(at, 8 + lengths)
+        found, size = struct.unpack_from("<H", header, 0)[0], int.from_bytes(header[8:8 + lengths], "little")
+        if found == 0 or at + 8 + lengths + size > end:  # (object 0 is the collection's free space)
+            return None
+        if found == index:
+            return read(at + 8 + lengths, size)
+        at += 8 + lengths + (size + 7) // 8 * 8
+    return None
+
+
+def _heap_refs(node, name: str, path) -> list[tuple[int, int, int]] | None:
+    """(length, heap collection address, object index) of each string of a variable-length string attribute, from
+    its attribute message in the object header of ``node``; None where it is not found."""
+    import h5py  # noqa: PLC0415
+
     try:
         offsets, lengths = node.file.id.get_create_plist().get_sizes()
         address = h5py.h5o.get_info(node.id).addr
         with _raw_bytes(path) as read:
-            base = next((o for o in HDF5_OFFSETS if read(o, 8) == HDF5_MAGIC), 0)
-            return _message_length(lambda at, n: read(base + at, n), address, offsets, lengths, name.encode())
+            base = _base(read)
+            return _message_refs(lambda at, n: read(base + at, n), address, offsets, lengths, name.encode())
     except (OSError, ValueError, IndexError, struct.error, KeyError):
         return None
+
+
+def _base(read) -> int:
+    """Where the file's HDF5 superblock, and so its address 0, is (after a user block)."""
+    return next((o for o in HDF5_OFFSETS if read(o, 8) == HDF5_MAGIC), 0)
 
 
 @contextlib.contextmanager
@@ -503,9 +569,9 @@ def _size(path) -> int:
     return os.path.getsize(path)
 
 
-def _message_length(read, address: int, offsets: int, lengths: int, name: bytes) -> int | None:
-    """The string lengths of attribute ``name``'s message in the object header at ``address`` (versions 1 and 2,
-    its continuation chunks too); None when it is not there."""
+def _message_refs(read, address: int, offsets: int, lengths: int, name: bytes) -> list | None:
+    """``_heap_refs`` of attribute ``name``'s message in the object header at ``address`` (versions 1 and 2, its
+    continuation chunks too); None when it is not there."""
     head = read(address, 16)
     chunks = []
     if head[:4] == b"OHDR":  # version 2: "OHDR", version, flags, [times], [phase change], size of chunk 0
@@ -539,15 +605,16 @@ def _message_length(read, address: int, offsets: int, lengths: int, name: bytes)
                 span = int.from_bytes(body[offsets:offsets + lengths], "little")
                 chunks.append((where + 4, span - 8, 2, flags) if version == 2 else (where, span, 1, 0))
             elif kind == 0x0C:
-                found = _string_lengths(body, name, offsets)
+                found = _string_refs(body, name, offsets)
                 if found is not None:
                     return found
     return None
 
 
-def _string_lengths(body: bytes, name: bytes, offsets: int) -> int | None:
-    """The total length of the strings of a variable-length string attribute message named ``name`` (None: another
-    attribute).  Its data is, for each element, the string's length and where the global heap keeps it."""
+def _string_refs(body: bytes, name: bytes, offsets: int) -> list | None:
+    """The (length, collection, index) of each string of a variable-length string attribute message named ``name``
+    (None: another attribute).  Its data is, for each element, the string's length and where the global heap keeps
+    it: the collection's address and the object's index."""
     version = body[0]
     name_size, type_size, space_size = struct.unpack_from("<HHH", body, 2)
     at = 8 if version in (1, 2) else 9
@@ -566,7 +633,11 @@ def _string_lengths(body: bytes, name: bytes, offsets: int) -> int | None:
     count = 0 if space[0] == 2 and space[3] == 2 else math.prod(  # (a null dataspace holds nothing)
         int.from_bytes(space[dims_at + k * 8:dims_at + (k + 1) * 8], "little") for k in range(rank))
     step = 4 + offsets + 4
-    return sum(struct.unpack_from("<I", body, at + k * step)[0] for k in range(count))
+    if count > MAX_HEAP_OBJECTS or at + count * step > len(body):
+        return None
+    return [(struct.unpack_from("<I", body, at + k * step)[0],
+             int.from_bytes(body[at + k * step + 4:at + k * step + 4 + offsets], "little"),
+             struct.unpack_from("<I", body, at + k * step + 4 + offsets)[0]) for k in range(count)]
 
 
 FORMAT = Format("hdf5", "an HDF5 file", False, sniff, open_hdf5_inputs, "hdf5")
