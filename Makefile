@@ -67,7 +67,7 @@ gpu-pylibs:
 fuzz: $(STAMP)
 	LSTMGRAD_FUZZ_EXAMPLES=$${LSTMGRAD_FUZZ_EXAMPLES:-20000} $(PY) -m pytest -p no:cacheprovider tests/test_fuzz.py \
 		tests/test_hostile_files.py tests/test_tfdbg_hostile.py tests/test_hostile_safetensors.py \
-		--hypothesis-show-statistics -q
+		tests/test_hostile_models.py --hypothesis-show-statistics -q
 
 # Ctrl-C, SIGTERM and SIGKILL at random moments of real batches, 50 rounds per case (`make test` runs two).
 signals: $(STAMP)

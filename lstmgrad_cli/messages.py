@@ -141,6 +141,17 @@ def one_line(text, names: Iterable[object] = ()) -> Message | str:
     return " ".join(escape_names(str(text), names).split())
 
 
+TYPED = 1000  # characters of a name a message asks the user to type (a --weights-group): longer ones are cut too
+
+
+def cut(text: str, width: int = 60) -> str:
+    """``text`` (a name from a file, for a message) on one line and at most about ``width`` characters: control
+    characters escaped, and a longer one cut, saying so: ``mmmm...(100013 characters)``.  A name the user is asked
+    to type is cut at ``TYPED`` (no real name is that long; a crafted one would not fit a command line)."""
+    text = text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= width else f"{text[:width]}...({len(text)} characters)"
+
+
 def escape_names(text: str, names: Iterable[str]) -> str:
     """``text`` with each of ``names`` in it written with its control characters escaped as Python writes them
     (``a\\nb.npz``), the longest first: as the command line's tables show file names."""

@@ -27,11 +27,14 @@ HANG_SECONDS = 60
 # A process forked from a large one is charged that one's resident size: on exec, Linux folds the forked copy's
 # high-water mark into the child's ru_maxrss (pytest here holds 170 MB and more by this module).  So each command is
 # started by a small launcher process, whose own size (~14 MB) is what its child starts from; it runs the command
-# under the address-space limit and HANG_SECONDS, and sends back its exit status and peak through a pipe.
+# under the address-space limit and HANG_SECONDS (and a limit on the size of any file it writes, when given), and
+# sends back its exit status and peak through a pipe.
 LAUNCHER = r"""
 import os, resource, subprocess, sys, threading
-fd, limit, seconds, argv = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
+fd, limit, seconds, fsize, argv = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+if fsize:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
 timer = threading.Timer(seconds, proc.kill)
 timer.start()
@@ -41,13 +44,15 @@ os.write(fd, f"{os.waitstatus_to_exitcode(status)} {usage.ru_maxrss}".encode())
 """
 
 
-def measure(argv: list[str], cwd: Path) -> tuple[int, str, str, float]:
-    """(exit code, stdout, stderr, peak RSS in MB) of the command ARGV, killed after HANG_SECONDS."""
-    env = {**os.environ, "NO_COLOR": "1"}
+def measure(argv: list[str], cwd: Path, file_size: int = 0, env: dict | None = None) -> tuple[int, str, str, float]:
+    """(exit code, stdout, stderr, peak RSS in MB) of the command ARGV, killed after HANG_SECONDS; with
+    ``file_size``, no file it writes may grow past that many bytes (writing past it fails: "File too large")."""
+    env = {**os.environ, "NO_COLOR": "1", **(env or {})}
     env.pop("LSTMGRAD_MAX_TENSOR_BYTES", None)  # the default budget: half of this machine's memory
     report, report_w = os.pipe()
     try:
-        launcher = [sys.executable, "-c", LAUNCHER, str(report_w), str(ADDRESS_SPACE), str(HANG_SECONDS), *argv]
+        launcher = [sys.executable, "-c", LAUNCHER, str(report_w), str(ADDRESS_SPACE), str(HANG_SECONDS),
+                    str(file_size), *argv]
         proc = subprocess.run(launcher, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
                               pass_fds=(report_w,), timeout=HANG_SECONDS + 30)
         os.close(report_w)
@@ -61,9 +66,9 @@ def measure(argv: list[str], cwd: Path) -> tuple[int, str, str, float]:
     return int(code), proc.stdout.decode(), proc.stderr.decode(), int(maxrss_kb) / 1024
 
 
-def run_measured(args: list[str], cwd: Path) -> tuple[int, str, str, float]:
+def run_measured(args: list[str], cwd: Path, **limits) -> tuple[int, str, str, float]:
     """:func:`measure` of ``python -m lstmgrad_cli ARGS``."""
-    return measure([sys.executable, "-m", "lstmgrad_cli", *args], cwd)
+    return measure([sys.executable, "-m", "lstmgrad_cli", *args], cwd, **limits)
 
 
 def fingerprint(path: Path) -> dict:

@@ -498,10 +498,11 @@ def test_summary_lines_are_not_wrapped_when_piped(runner, tmp_path):
 ALLOCATION_LOOP = """
 import resource, sys
 import numpy as np
-from lstmgrad_cli.execution.allocator import keep_heap_top
 if sys.argv[1] == "keep":
+    from lstmgrad_cli.execution.allocator import keep_heap_top
     assert keep_heap_top()
-else:  # glibc's own thresholds (128 KiB), which a block freed while importing may have slid up, by chance of layout
+else:  # glibc's own thresholds (128 KiB), which a block freed while importing may have slid up, by chance of layout;
+    # and no more imports than numpy: a hole an import leaves in the heap can take the loop's blocks below its top
     import ctypes
     mallopt = ctypes.CDLL(None).mallopt
     assert mallopt(-1, 128 * 1024) and mallopt(-3, 128 * 1024)  # M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
@@ -520,7 +521,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 @pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_keeping_the_heap_top_stops_a_page_fault_per_allocation_and_the_command_line_does_it(runner, monkeypatch):
     """glibc gives the top of the heap back and faults it in again per allocation; lstmgrad's own processes keep
-    it (execution/execution/allocator.py). Page faults counted in real subprocesses: a count, not a time."""
+    it (execution/allocator.py). Page faults counted in real subprocesses: a count, not a time."""
     from lstmgrad_cli import cli
 
     def faults(mode, sizes):

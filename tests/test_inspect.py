@@ -9,6 +9,7 @@ import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import load_case
 
 from lstmgrad_cli.cli import main
 
@@ -148,13 +149,28 @@ def test_key_names_are_never_markup_or_terminal_control(tmp_path):
 
 
 def test_inspect_reads_the_file_once_under_one_memory_budget(tmp_path, monkeypatch):
-    tensors = {f"t{k}": np.zeros(100_000, np.float32) for k in range(3)}  # 400 kB each
+    tensors = {name: np.zeros(100_000, np.float32) for name in ("i", "f", "o")}  # 400 kB each, read by seq
     src = tmp_path / "three.npz"
     np.savez(src, **tensors)
     monkeypatch.setenv("LSTMGRAD_MAX_TENSOR_BYTES", "1M")  # two fit, the third exceeds the file's budget
     doc = json.loads(CliRunner().invoke(main, ["inspect", str(src), "--json"]).stdout)
     unreadable = [t["key"] for t in doc["result"]["tensors"] if t["role"] == "unreadable"]
-    assert unreadable == ["t2"]
+    assert unreadable == ["o"]
+
+
+def test_entries_no_command_reads_are_shown_by_their_header_only(tmp_path, monkeypatch):
+    """An entry seq would not read is shown with its shape and dtype, never read (issue 41: a 1.6 GB unused member
+    took 8 GB to show its minimum): under a budget it could not fit, it is still listed, without statistics."""
+    tensors = {**load_case("seq_v2_peep")[0], "junk": np.ones((1000, 500), np.float32)}  # 2 MB
+    src = tmp_path / "with-junk.npz"
+    np.savez(src, **tensors)
+    monkeypatch.setenv("LSTMGRAD_MAX_TENSOR_BYTES", "1M")
+    result = CliRunner().invoke(main, ["inspect", str(src), "--json"])
+    doc = json.loads(result.stdout)["result"]
+    junk = next(t for t in doc["tensors"] if t["key"] == "junk")
+    assert junk["shape"] == [1000, 500] and junk["dtype"] == "float32" and junk["role"] == "unused"
+    assert junk["min"] is None and junk["max"] is None and junk["finite"] is None
+    assert doc["ok"] and [t["key"] for t in doc["tensors"]] == list(tensors)  # (the file's order)
 
 
 # -- NaN/Inf: inspect finds the layout as seq does (detect.py leaves non-finite entries out) -----------------------

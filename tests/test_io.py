@@ -394,7 +394,7 @@ def test_describe_keys_is_safe_for_one_line_messages():
     keys = ["x", "\x1b[2J\x1b[31mred", "line\nbreak", "k" * 5000, *[f"n{i}" for i in range(30)]]
     text = io.describe_keys(keys)
     assert text.isprintable() and "\x1b" not in text and "\n" not in text
-    assert "\\x1b[2J" in text and "line\\nbreak" in text and "k" * 57 + "..." in text
+    assert "\\x1b[2J" in text and "line\\nbreak" in text and "k" * 60 + "...(5000 characters)" in text
     assert text.endswith(" and 14 more") and len(text) < 600
     assert io.describe_keys([]) == "nothing"
 

@@ -129,6 +129,8 @@ def seq_len_max_stopped(arrays: dict, T: int) -> int | None:
     activations do not fit over all T steps but do fit before them.  None: nothing says it is not T.
     ``arrays`` may hold lazy time-major tensors: only the steps looked at are read."""
     cs, h = arrays["cs"], arrays["h"]
+    if not cs.size:  # no example or no unit: no step holds anything to say so (and none to look at, T times)
+        return None
     steps = T
     while steps > 0 and not np.any(cs[steps - 1]) and not np.any(h[steps - 1]):
         steps -= 1

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import InvalidArgumentError, LstmGradError
-from ..messages import Command, Message, Param, message_of
+from ..messages import TYPED, Command, Message, Param, cut, message_of
 from . import cells, keras, keras_config, pytorch, unused, weights_files
 from .common import FrameworkOptions, Plan, check_applicable
 from .keras import KerasLayer
@@ -293,8 +293,8 @@ def _refuse_model_state_dict(state_dict, cell: bool = False) -> None:
     if prefixes:
         raise InvalidArgumentError(
             f"state_dict holds no nn.LSTM weights of its own (weight_ih_l0, ...); it keeps nn.LSTM modules at "
-            f"{', '.join(prefixes)}: give that module's state_dict (model.{prefixes[0]}.state_dict()), or its keys "
-            f"without the prefix")
+            f"{', '.join(cut(p, TYPED) for p in prefixes[:6])}: give that module's state_dict "
+            f"(model.{cut(prefixes[0], TYPED)}.state_dict()), or its keys without the prefix")
     cells = pytorch.cells_in(keys)
     if cells:
         raise InvalidArgumentError("; ".join(cells))

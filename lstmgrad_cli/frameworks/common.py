@@ -217,6 +217,16 @@ def shaped(name: str, a, shape: tuple, label: str) -> np.ndarray:
     return a
 
 
+def nonempty(x_shape: tuple, framework: str) -> None:
+    """A module's input must hold examples and features: PyTorch refuses input_size 0, Keras an input of no
+    features, and without examples the steps T declares would be run on nothing."""
+    T, B, I = x_shape  # noqa: E741
+    if B == 0 or I == 0:
+        what = "no examples (B = 0)" if B == 0 else "no features (input size 0)"
+        raise InvalidArgumentError(f"x holds {what} over {T} time steps: nothing a {framework} LSTM computes "
+                                   f"(x is [T, B, I] = {[T, B, I]} time-major)")
+
+
 def cells(name: str, gates: int, units: int, framework: str) -> int:
     """The cell size C: ``units``, when the recurrent weights have 4C gate rows or columns (i, f, c, o)."""
     if gates != 4 * units or units == 0:
@@ -262,6 +272,8 @@ def as_lengths(lengths, B: int, T: int) -> np.ndarray:
         raise InvalidArgumentError(f"lengths has shape {list(n.shape)}, expected [B] = [{B}] (each example's "
                                    "number of steps)")
     if n.dtype.kind == "f" and np.isfinite(n).all() and (n == np.round(n)).all():
+        if B and (n.min() < 0 or n.max() > T):  # (before the cast: 1e20 has no int64)
+            raise InvalidArgumentError(f"lengths must be in [0, T] = [0, {T}], found {n.min():g}..{n.max():g}")
         n = n.astype(np.int64)
     if n.dtype.kind not in "iu":
         raise InvalidArgumentError(f"lengths must be integers, found dtype {n.dtype}")

@@ -28,8 +28,19 @@ from ..layers import activations
 from ..layers.modules import MERGE_MODES, Module
 from ..layers.recurrence import DirectionGrads, DirectionWeights
 from ..layers.schedule import Schedule
-from ..messages import Message, Param
-from .common import FrameworkOptions, Plan, as_bool_mask, cells, check_applicable, dtyped, rank, shaped, states
+from ..messages import Message, Param, cut
+from .common import (
+    FrameworkOptions,
+    Plan,
+    as_bool_mask,
+    cells,
+    check_applicable,
+    dtyped,
+    nonempty,
+    rank,
+    shaped,
+    states,
+)
 from .keras_masks import MaskSource, Reaching
 
 PARAMETERS = ("kernel", "recurrent_kernel", "bias")
@@ -72,18 +83,26 @@ def tensors_of(held: dict) -> dict:
     Bidirectional's as forward_kernel, ..., backward_bias."""
     out = {n: held[n] for n in STATE_NAMES if n in held}
     for name, aliases in ALIASES.items():
-        value = next((held[a] for a in aliases if a in held), None)
-        if value is not None:
-            out[name] = value
+        found = _one(held, [a for a in aliases if a in held], name)
+        if found is not None:
+            out[name] = found
         for direction in WRAPPED:
             key = f"{direction}_{name}"
-            value = held.get(key)
-            if value is None:  # under the layer's group, whatever it is called
-                value = next((v for k, v in held.items() if "/" in k and direction_of(k.split("/", 1)[0]) == direction
-                              and k.split("/", 1)[1] in aliases), None)
-            if value is not None:
-                out[key] = value
+            spellings = [key] if key in held else []  # and under the layer's group, whatever it is called
+            spellings += [k for k in held if "/" in k and direction_of(k.split("/", 1)[0]) == direction
+                          and k.split("/", 1)[1] in aliases]
+            found = _one(held, spellings, key)
+            if found is not None:
+                out[key] = found
     return out
+
+
+def _one(held: dict, spellings: list[str], name: str):
+    """The one tensor spelt any of ``spellings`` (None without one); two spellings of one tensor are refused."""
+    if len(spellings) > 1:
+        raise InvalidArgumentError(f"both {cut(spellings[0])} and {cut(spellings[1])} are the layer's {name}: keep "
+                                   "one")
+    return held[spellings[0]] if spellings else None
 
 
 @dataclass(frozen=True)
@@ -115,10 +134,11 @@ class KerasLayer:
         inside a Bidirectional's config ``wrapper`` (its backward layer: ``backward``).  Options whose maths is not
         implemented are refused by name."""
         cfg = config.get("config", config) if isinstance(config, dict) else {}
-        name = cfg.get("name", "the layer")
+        name = cut(repr(cfg.get("name", "the layer")))
         kind = config.get("class_name", "LSTM") if isinstance(config, dict) else "LSTM"
         if kind not in ("LSTM", "CuDNNLSTM"):
-            raise InvalidArgumentError(f"layer {name!r} is a {kind}, not an LSTM: lstmgrad computes LSTM layers")
+            raise InvalidArgumentError(f"layer {name} is a {cut(str(kind))}, not an LSTM: lstmgrad computes LSTM "
+                                       "layers")
         notes = []
         for option in ("dropout", "recurrent_dropout"):
             rate = float(cfg.get(option) or 0)
@@ -126,7 +146,7 @@ class KerasLayer:
                 raise InvalidArgumentError(Message.format(
                     "layer {} has {}={}: in training its random masks change the gradient, and lstmgrad cannot know "
                     "them; if the gradient was taken in inference (training=False, where dropout does nothing), say "
-                    "so with {}", repr(name), option, f"{rate:g}", Param("inference", True)))
+                    "so with {}", name, option, f"{rate:g}", Param("inference", True)))
             if rate > 0:
                 notes.append(Message.format("{}={} taken as inactive ({})", option, f"{rate:g}",
                                             Param("inference", True)))
@@ -141,18 +161,18 @@ class KerasLayer:
             wrapped = wcfg.get("layer", {})
             wrapped = wrapped.get("config", wrapped) if isinstance(wrapped, dict) else {}
             if wrapped.get("go_backwards"):  # its backward layer then runs forwards, and Keras flips its outputs
-                raise InvalidArgumentError(f"the Bidirectional {wcfg.get('name', '')!r} wraps a layer made with "
-                                           "go_backwards=True (its backward layer runs forwards in time): lstmgrad "
-                                           "computes Bidirectionals whose forward layer runs forwards")
+                raise InvalidArgumentError(f"the Bidirectional {cut(repr(wcfg.get('name', '')))} wraps a layer made "
+                                           "with go_backwards=True (its backward layer runs forwards in time): "
+                                           "lstmgrad computes Bidirectionals whose forward layer runs forwards")
             go_backwards = False  # the wrapper runs its backward layer backwards: that is ``reverse``
         zero_output = cfg.get("zero_output_for_mask")
         policy = policy_name((wrapper.get("config", wrapper) if wrapper is not None else cfg).get("dtype"))
         if "bfloat16" in policy:
-            raise InvalidArgumentError(f"layer {name!r} computes in bfloat16 (its dtype policy is {policy}), a dtype "
-                                       "numpy has not: lstmgrad does not compute it")
+            raise InvalidArgumentError(f"layer {name} computes in bfloat16 (its dtype policy is {cut(policy)}), a "
+                                       "dtype numpy has not: lstmgrad does not compute it")
         if policy not in POLICIES:
-            raise InvalidArgumentError(f"layer {name!r} has the dtype policy {policy!r}, which lstmgrad does not "
-                                       f"compute (it computes {', '.join(p for p in POLICIES if p[:1].isalpha())})")
+            raise InvalidArgumentError(f"layer {name} has the dtype policy {cut(repr(policy))}, which lstmgrad does "
+                                       f"not compute (it computes {', '.join(p for p in POLICIES if p[:1].isalpha())})")
         return cls(act, gate, cfg.get("use_bias"), go_backwards, backward,
                    None if zero_output is None else bool(zero_output), wrapper is not None,
                    bool(cfg.get("unroll", False)), cfg.get("return_sequences"), merge, source, tuple(notes),
@@ -262,6 +282,7 @@ def plan(tensors: dict, options: FrameworkOptions, layer: KerasLayer | None = No
     x = rank("x", arrays["x"], 3, "[B, T, I]" if batch_major else "[T, B, I]")
     x = np.swapaxes(x, 0, 1) if batch_major else x
     T, B, I = x.shape  # noqa: E741
+    nonempty(x.shape, "Keras")
     directions = [_direction(arrays, p, I, layer, x.dtype) for p in prefixes]
     C = directions[0].C
     if bidirectional and directions[1].C != C:

@@ -28,10 +28,14 @@ from ..errors import InvalidArgumentError
 from ..layers.modules import Module
 from ..layers.recurrence import DirectionGrads, DirectionWeights
 from ..layers.schedule import Schedule
-from ..messages import Command, Message, Param
-from .common import FrameworkOptions, Plan, as_lengths, cells, check_applicable, dtyped, rank, shaped
+from ..messages import TYPED, Command, Message, Param, cut
+from .common import FrameworkOptions, Plan, as_lengths, cells, check_applicable, dtyped, nonempty, rank, shaped
 
-WEIGHT = re.compile(r"^weight_ih_l(\d+)(_reverse)?$")
+WEIGHT = re.compile(r"\Aweight_ih_l(0|[1-9][0-9]*)(_reverse)?\Z")  # ASCII digits, as nn.LSTM numbers its layers
+# A name that looks like a parameter's but is not spelt as nn.LSTM spells it (a leading zero, another script's
+# digits): read as one, it would be a second name for the same parameter.
+_LOOSE = re.compile(r"\A(?:weight_ih|weight_hh|weight_hr|bias_ih|bias_hh)_l(\d+)(?:_reverse)?\Z")
+_STRICT = re.compile(r"\A(?:weight_ih|weight_hh|weight_hr|bias_ih|bias_hh)_l(?:0|[1-9][0-9]*)(?:_reverse)?\Z")
 PARAMETERS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 STATE_NAMES = ("x", "h0", "c0", "h_grad", "hn_grad", "cn_grad", "lengths")
 # A state_dict does not say whether the module was made with dropout > 0, nor which units a training pass dropped.
@@ -54,6 +58,41 @@ def layers_in(keys) -> list[str]:
     return sorted({f"_l{m.group(1)}{m.group(2) or ''}" for k in keys for m in [WEIGHT.match(k)] if m})
 
 
+def misnamed(keys) -> list[str]:
+    """Why names among a state_dict's ``keys`` (behind any module prefix) cannot be an nn.LSTM's, in words: a
+    layer number nn.LSTM does not write (``weight_ih_l00`` beside ``weight_ih_l0``, ``weight_ih_l\u0669``: read
+    as numbers, two names of one parameter); [] when none."""
+    return [f"{cut(key)} is not an nn.LSTM parameter's name: its layer number is not written as nn.LSTM writes them "
+            "(0, 1, 2, ... in ASCII digits, no leading zero)" for key in keys
+            if _LOOSE.match(key.rpartition(".")[2]) and not _STRICT.match(key.rpartition(".")[2])]
+
+
+def gaps(keys) -> list[str]:
+    """Why the layers named among ``keys`` are not a whole nn.LSTM: a layer number past the layers there are
+    (``weight_ih_l999999999`` beside ``weight_ih_l0``: a module numbers its layers 0, 1, ..., each with its
+    weight_ih, so every number is below the count of weight_ih names, what bounds the layers read from names);
+    [] when none.  (One layer's weights alone, for ``layer``, may be any one.)"""
+    problems, numbers = [], {}
+    for key in keys:
+        prefix, _, name = key.rpartition(".")
+        match = WEIGHT.match(name)
+        if match:
+            numbers.setdefault((prefix, match.group(2) or ""), []).append(match.group(1))
+    for (prefix, sfx), found in numbers.items():
+        largest = max(found, key=layer_number)
+        if layer_number(largest) >= len(found):
+            first = min(set(range(len(found) + 1)) - {layer_number(n) for n in found})
+            where = f"{cut(prefix)}." if prefix else ""
+            problems.append(f"{where}weight_ih_l{cut(largest, 20)}{sfx} is there without {where}weight_ih_l{first}"
+                            f"{sfx}: an nn.LSTM numbers its layers 0, 1, 2, ... ({len(found)} weight_ih{sfx} here)")
+    return problems
+
+
+def layer_number(digits: str) -> int:
+    """A layer number as a name writes it (ASCII digits), at most 10**18 (more layers than any file holds)."""
+    return int(digits) if len(digits) <= 18 else 10**18
+
+
 def parameter_names(keys) -> list[str]:
     """Every nn.LSTM parameter name of the layers and directions found among ``keys`` (for reading them)."""
     found = []
@@ -69,7 +108,7 @@ def state_dict_layers(keys) -> list[dict]:
         prefix, _, name = key.rpartition(".")
         match = WEIGHT.match(name)
         if match:
-            found.append({"prefix": prefix, "layer": int(match.group(1)), "reverse": bool(match.group(2)),
+            found.append({"prefix": prefix, "layer": layer_number(match.group(1)), "reverse": bool(match.group(2)),
                           "projection": f"{prefix + '.' if prefix else ''}weight_hr_l{match.group(1)}"
                                         f"{match.group(2) or ''}" in keys})
     return sorted(found, key=lambda d: (d["prefix"], d["layer"], d["reverse"]))
@@ -86,8 +125,8 @@ def cells_in(keys) -> list[str]:
                        f"{k.rpartition('.')[0]}.weight_hh" in keys})
     return [Message.format("{} holds an nn.LSTMCell's weights (one step, called in a Python loop), not an nn.LSTM's: "
                            "{} computes a step of it with {} ({}); for a whole sequence copy them into an "
-                           "nn.LSTM (weight_ih_l0 = cell.weight_ih, ...)", p, Command("cell"),
-                           Param("weights_group", p), CELL_STEP)
+                           "nn.LSTM (weight_ih_l0 = cell.weight_ih, ...)", cut(p), Command("cell"),
+                           Param("weights_group", cut(p, TYPED)), CELL_STEP)
             for p in prefixes]
 
 
@@ -161,12 +200,20 @@ def plan(tensors: dict, options: FrameworkOptions) -> TorchPlan:
     """Check a PyTorch user's tensors and build what computes their gradients."""
     check_applicable("torch", options)
     _refuse_other_modules(tensors)
+    problems = misnamed(tensors)
+    if problems:
+        raise InvalidArgumentError(problems[0])
     found = layers_in(tensors)
     single = options.layer is not None or options.reverse
     if single:
         chosen = [(options.layer or 0, options.reverse)]
     else:
-        count = 1 + max((int(s[2:].split("_")[0]) for s in found), default=0)
+        # the layers the names number, up to the first one missing where a number is past the layers there are
+        # (weight_ih_l999999999 beside weight_ih_l0 is not a billion layers to make, but weight_ih_l1 missing)
+        numbers = {layer_number(s[2:].split("_")[0]) for s in found}
+        count = 1 + max(numbers, default=0)
+        if count > len(numbers):
+            count = 1 + min(set(range(len(numbers) + 1)) - numbers)
         D = 2 if any(s.endswith("_reverse") for s in found) else 1
         chosen = [(k, bool(d)) for k in range(count) for d in range(D)]
     missing = [n for n in ("x", *(names(*c)[p] for c in chosen for p in ("weight_ih", "weight_hh")))
@@ -208,6 +255,7 @@ def plan(tensors: dict, options: FrameworkOptions) -> TorchPlan:
         x = rank("x", arrays["x"], 3, f"{layout.x} (or unbatched [T, I])")
         x = np.swapaxes(x, 0, 1) if options.batch_first else x
     T, B, I = x.shape  # noqa: E741
+    nonempty(x.shape, "PyTorch")
     layers = len(chosen) // D
     C, H = _sizes(arrays, chosen[0], layout)
     module_layers = [[_direction(arrays, chosen, k, d, D, I, C, H, single, x.dtype) for d in range(D)]
@@ -316,9 +364,10 @@ def _direction(arrays: dict, chosen, k: int, d: int, D: int, I: int, C: int, H: 
 
 def _selecting(found_suffix: str) -> Message:
     """"_l1_reverse (--layer 1 --reverse)": a layer-direction the file holds, and how to ask for it."""
-    layer = int(found_suffix[2:].split("_")[0])
-    flags = (Param("layer", layer), *((" ", Param("reverse", True)) if found_suffix.endswith("reverse") else ()))
-    return Message(f"{found_suffix} (", *flags, ")")
+    layer = found_suffix[2:].split("_")[0]
+    flags = (Param("layer", int(layer) if len(layer) <= 18 else cut(layer, 20)),
+             *((" ", Param("reverse", True)) if found_suffix.endswith("reverse") else ()))
+    return Message(f"{cut(found_suffix, 30)} (", *flags, ")")
 
 
 def _schedule(T: int, B: int, lengths, reverse: bool) -> Schedule:

@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InvalidArgumentError
-from .keras_config import layer_options, other_recurrent
+from ..messages import cut
+from .keras_config import InvalidConfigError, layer_options, other_recurrent
 
 KERAS_WALK_GROUPS = 10_000  # groups a weights file is searched through for LSTM layers, at most
+KERAS_WALK_LINKS = 200_000  # links looked at in those groups, at most (each group's own count is io.hdf5's bound)
+MAX_NAME_BYTES = 4096  # a layer's name attribute longer than this is left unread (the group's name is shown)
 
 
 def keras_layers(path) -> list[dict]:
@@ -16,25 +19,32 @@ def keras_layers(path) -> list[dict]:
     layer's weights at ``<group>/cell/vars/0, 1, 2``, under ``layers/`` and inside nested models and wrappers
     (``layers/bidirectional/backward_layer``); an older tf.keras or legacy ``.h5`` file at
     ``<group>/lstm_cell/kernel[:0]``.  Only datasets' shapes are read; only hard links are followed, and at most
-    ``KERAS_WALK_GROUPS`` groups are looked at."""
+    ``KERAS_WALK_GROUPS`` groups and ``KERAS_WALK_LINKS`` links are looked at (a group's links are counted before
+    they are listed)."""
+    from ..errors import InputFileError  # noqa: PLC0415
     from ..io import hdf5  # noqa: PLC0415 - h5py is imported when an HDF5 file is actually read
 
     layers = []
     with hdf5.open_hdf5(path) as (fh, h5py), hdf5.hdf5_errors(path):
-        pending, seen = [("", fh)], 0
+        pending, seen, links = [("", fh)], 0, 0
         while pending and seen < KERAS_WALK_GROUPS:
             name, group = pending.pop()
             seen += 1
-            layer = _keras_lstm(name, group, h5py)
+            layer = _keras_lstm(name, group, h5py, path)
             if layer is not None:
                 layers.append(layer)
                 continue
-            children = [(f"{name}/{k}" if name else k, _hard_child(group, k, h5py)) for k in group.keys()]
+            keys = hdf5.group_keys(group, path, f"group {cut(repr(name))}" if name else "its root group")
+            links += len(keys)
+            if links > KERAS_WALK_LINKS:
+                raise InputFileError(f"{path}: its groups hold more than {KERAS_WALK_LINKS} links (a model's layers "
+                                     "are thousands at most); refused")
+            children = [(f"{name}/{k}" if name else k, _hard_child(group, k, h5py)) for k in keys]
             pending.extend(reversed([(n, g) for n, g in children if isinstance(g, h5py.Group)]))
     return layers
 
 
-def _keras_lstm(name: str, group, h5py) -> dict | None:
+def _keras_lstm(name: str, group, h5py, path) -> dict | None:
     """The LSTM layer whose weights ``group`` holds (Keras 3 or older tf.keras layout), else None; an LSTMCell of a
     StackedRNNCells (``<rnn>/cell/cells/lstm_cell[_N]/vars``) is listed with ``"stacked": True``."""
     cell = _hard_path(group, ("cell", "vars"), h5py)
@@ -54,28 +64,29 @@ def _keras_lstm(name: str, group, h5py) -> dict | None:
     (I, G), (C, G2) = shapes[0], shapes[1]  # noqa: E741
     if G != G2 or G != 4 * C:
         return None  # a GRU or another cell: not an LSTM's weights
-    return {"group": name, "name": _own_name(group, h5py) or name.rsplit("/", 1)[-1], "kernel": [I, G],
+    return {"group": name, "name": _own_name(group, h5py, path) or name.rsplit("/", 1)[-1], "kernel": [I, G],
             "recurrent_kernel": [C, G], "bias": list(shapes[2]) if shapes[2] is not None else None, "input_size": I,
-            "units": C, "stacked": stacked, "parent_name": _own_name(group.parent, h5py) if "/" in name else ""}
+            "units": C, "stacked": stacked, "parent_name": _own_name(group.parent, h5py, path) if "/" in name else ""}
 
 
-def _own_name(group, h5py) -> str:
+def _own_name(group, h5py, path) -> str:
     """A Keras 3 layer's own name (its group's ``vars/`` name attribute), "" where there is none."""
     own = _hard_path(group, ("vars",), h5py)
-    label = own.attrs.get("name") if own is not None else None
-    label = label.decode("utf-8", "replace") if isinstance(label, bytes) else label
-    return label[:200] if isinstance(label, str) else ""
+    label = _name_of(own, path) if own is not None else None
+    return label.decode("utf-8", "replace") if label else ""
 
 
 def keras_cells(path) -> list[str]:
     """The groups of a Keras weights file that hold an LSTM cell's weights as ``vars/0, 1, 2`` (kernel [I, 4C],
     recurrent_kernel [C, 4C], bias): an LSTMCell a subclassed model keeps as an attribute (``decoder_cell``), and the
-    ``cell`` of each LSTM layer (``layers/lstm/cell``), for one step of it.  Walked as ``keras_layers`` walks."""
+    ``cell`` of each LSTM layer (``layers/lstm/cell``), for one step of it.  Walked as ``keras_layers`` walks, in the
+    same bounds."""
+    from ..errors import InputFileError  # noqa: PLC0415
     from ..io import hdf5  # noqa: PLC0415 - h5py is imported when an HDF5 file is actually read
 
     found = []
     with hdf5.open_hdf5(path) as (fh, h5py), hdf5.hdf5_errors(path):
-        pending, seen = [("", fh)], 0
+        pending, seen, links = [("", fh)], 0, 0
         while pending and seen < KERAS_WALK_GROUPS:
             name, group = pending.pop()
             seen += 1
@@ -84,10 +95,28 @@ def keras_cells(path) -> list[str]:
             if None not in shapes and all(len(s) == 2 for s in shapes) and shapes[0][1] == shapes[1][1] == \
                     4 * shapes[1][0]:
                 found.append(name)
-            children = [(f"{name}/{k}" if name else k, _hard_child(group, k, h5py)) for k in group.keys()]
+            keys = hdf5.group_keys(group, path, f"group {cut(repr(name))}" if name else "its root group")
+            links += len(keys)
+            if links > KERAS_WALK_LINKS:
+                raise InputFileError(f"{path}: its groups hold more than {KERAS_WALK_LINKS} links (a model's layers "
+                                     "are thousands at most); refused")
+            children = [(f"{name}/{k}" if name else k, _hard_child(group, k, h5py)) for k in keys]
             pending.extend(reversed([(n, g) for n, g in children if isinstance(g, h5py.Group) and n.rpartition("/")[2]
                                      != "vars"]))
     return found
+
+
+def _name_of(group, path) -> bytes | None:
+    """The layer's own name Keras keeps in the ``name`` attribute of its vars group; None when there is none (or
+    one longer than a name, left unread)."""
+    from ..errors import InputFileError  # noqa: PLC0415
+    from ..io import hdf5  # noqa: PLC0415
+
+    try:
+        return hdf5.string_attribute(group, path, "name", MAX_NAME_BYTES, "a layer's name")
+    except InputFileError:
+        return None
+
 
 
 def _hard_child(group, name: str, h5py):
@@ -118,7 +147,7 @@ def keras_model_layers(path, fmt: str, inference: bool = False) -> tuple[list[di
     from ..messages import message_of  # noqa: PLC0415
 
     if fmt == "keras":
-        with keras_archive.model_weights(path) as (weights, config, version, _relabel):
+        with keras_archive.model_weights(path) as (weights, config, version):
             layers = keras_layers(weights)
         source = f"{Path(path).name} config.json"
     else:
@@ -135,6 +164,7 @@ def keras_model_layers(path, fmt: str, inference: bool = False) -> tuple[list[di
                                     inference=inference)
         except LstmGradError as err:
             layer["refused"] = message_of(err)
+            layer["invalid"] = isinstance(err, InvalidConfigError)  # (Keras itself would refuse the model)
             continue
         layer["options"] = {"activation": options.activation, "recurrent_activation": options.recurrent_activation,
                             # (as the configuration says: a Bidirectional's backward layer runs backwards)
@@ -151,10 +181,10 @@ def keras_other_recurrent(path, fmt: str) -> list[str]:
     from ..io import keras_archive  # noqa: PLC0415
 
     if fmt == "keras":
-        with keras_archive.model_weights(path) as (_weights, config, _version, _relabel):
-            return other_recurrent(config)
+        with keras_archive.model_weights(path) as (_weights, config, version):
+            return other_recurrent(config, keras_archive.keras_major(version))
     found = keras_archive.hdf5_model_config(path)
-    return other_recurrent(found[0]) if found is not None else []
+    return other_recurrent(found[0], keras_archive.keras_major(found[1])) if found is not None else []
 
 
 def resolve_group(path, group: str | None) -> tuple[str | None, str]:
@@ -175,16 +205,18 @@ def resolve_group(path, group: str | None) -> tuple[str | None, str]:
         if len(units) != 1 or not units[0]["group"]:
             return None, ""
         what = "Bidirectional" if units[0].get("bidirectional") else "LSTM layer"
-        return units[0]["group"], f"the model's one {what}, {units[0]['name']!r}: group {units[0]['group']}"
+        return units[0]["group"], f"the model's one {what}, {cut(units[0]['name'])!r}: group {cut(units[0]['group'])}"
     wanted = group.strip("/")
     if not layers or any(layer["group"] == wanted or layer["group"].startswith(f"{wanted}/") for layer in layers):
         return group, ""
     named = [layer for layer in layers if layer["name"] == wanted and not layer.get("stacked")]
     named = [layer for layer in named if layer.get("bidirectional")] or named  # (a wrapper before its layers)
     if len(named) == 1:
-        return named[0]["group"], f"layer {wanted!r}: group {named[0]['group']}"
-    listed = ", ".join(f"{layer['name']!r} at {layer['group']}" for layer in layers[:12] if not layer.get("stacked"))
-    raise InvalidArgumentError(f"{path} has no LSTM layer named {wanted!r}{' (several are)' if named else ''}, nor "
+        return named[0]["group"], f"layer {cut(wanted)!r}: group {cut(named[0]['group'])}"
+    listed = ", ".join(f"{cut(layer['name'])!r} at {cut(layer['group'])}" for layer in layers[:12]
+                       if not layer.get("stacked"))
+    several = " (several are)" if named else ""
+    raise InvalidArgumentError(f"{path} has no LSTM layer named {cut(wanted)!r}{several}, nor "
                                f"a group of that name holding one: its LSTM layers are {listed}"
                                + (", ..." if len(layers) > 12 else ""))
 

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import InputFileError
+from ..messages import cut
 from . import hdf5, keras_archive, npydir, npz, safetensors, tfdbg
 from ._common import (
     HEAD_BYTES,
@@ -132,6 +133,8 @@ def sniff_format(path: str | os.PathLike) -> str:
             head = fh.read(HEAD_BYTES)
     for fmt in FORMATS.values():
         if not fmt.directory and fmt.sniff(head):
+            if fmt.name == "npz" and keras_archive.holds_model(path, head):  # a Keras archive whose first member is
+                return "keras"  # not one of its three (assets/...): its directory says what it is
             return fmt.name
     if not head:
         raise InputFileError(f"{path}: file is empty (0 bytes); {expected}")
@@ -153,7 +156,8 @@ def default_output(input_path: Path, input_format: str) -> Path:
 
 
 def read_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable[str] = (),
-                group: str | None = None, collect_errors: bool = False, kind: str | None = None) -> LoadedFile:
+                group: str | None = None, collect_errors: bool = False, kind: str | None = None,
+                headers: Iterable[str] = ()) -> LoadedFile:
     """Read the tensors ``names`` (and scalar parameters ``scalars``) from an input of any format.
 
     Names are TF's snake_case argument names; camelCase aliases are accepted.  Missing tensors are
@@ -162,15 +166,17 @@ def read_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable
     ``collect_errors`` a tensor that cannot be read is recorded in ``errors`` and the rest are read
     (one open file, one memory budget: what ``lstmgrad inspect`` needs).  Every tensor is declared and checked
     before any is read (declared.py); ``kind`` ("seq" or "cell"), when the caller knows it, words rank errors.
+    The entries ``headers`` are declared and never read: their (shape, dtype) are in ``LoadedFile.headers``.
     """
-    with open_inputs(path, names, scalars, group, collect_errors=collect_errors, kind=kind) as loaded:
+    with open_inputs(path, names, scalars, group, collect_errors=collect_errors, kind=kind, headers=headers) as loaded:
         return loaded
 
 
 @contextlib.contextmanager
 def open_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable[str] = (), group: str | None = None,
                 lazy: Iterable[str] = (), collect_errors: bool = False,
-                input_format: str | None = None, kind: str | None = None) -> Iterator[LoadedFile]:
+                input_format: str | None = None, kind: str | None = None,
+                headers: Iterable[str] = ()) -> Iterator[LoadedFile]:
     """``read_inputs`` that may leave tensors on disk while the block runs (``input_format``: what
     ``npydir.input_format`` said of ``path`` and ``group``, when the caller has asked it already).
 
@@ -179,10 +185,14 @@ def open_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable
     do not count against the memory limit, which is what lets an input larger than memory be
     processed.  Other formats, and big-endian HDF5 data, are always read into memory.
     """
-    path = Path(path)
+    path, names = Path(path), list(names)
     fmt = FORMATS[input_format or npydir.input_format(path, group)]  # (the group may make a directory one input)
-    with fmt.open(path, list(names), list(scalars), group, frozenset(lazy), collect_errors, kind) as loaded:
+    with fmt.open(path, list(names), list(scalars), group, frozenset(lazy), collect_errors, kind,
+                  headers=[h for h in headers if h not in names]) as loaded:
         yield loaded
+
+
+MAX_METADATA_BYTES = 1 << 20  # an lstmgrad output's provenance: a few hundred bytes
 
 
 def read_metadata(path: str | os.PathLike) -> dict:
@@ -198,10 +208,23 @@ def read_metadata(path: str | os.PathLike) -> dict:
         except ValueError:
             raise InputFileError(f"{path}: its {METADATA_KEY} entry is not valid JSON") from None
     with hdf5.open_hdf5(path) as (fh, _h5py), hdf5.hdf5_errors(path):
-        if METADATA_KEY in fh.attrs:
-            text = fh.attrs[METADATA_KEY]
+        names = hdf5.attribute_names(fh, path)
+        if METADATA_KEY in names:
+            text = hdf5.string_attribute(fh, path, METADATA_KEY, MAX_METADATA_BYTES, "lstmgrad's provenance")
             try:
-                return json.loads(text.decode("utf-8") if isinstance(text, bytes) else str(text))
+                return json.loads(text.decode("utf-8", "replace"))
             except ValueError:
                 raise InputFileError(f"{path}: its {METADATA_KEY} attribute is not valid JSON") from None
-        return {k: (v.item() if hasattr(v, "item") else v) for k, v in fh.attrs.items()}  # an older output
+        older = {}  # an older output: one attribute each, every one small (measured before it is read)
+        for key in names:
+            size = hdf5.attribute_bytes(fh, key, path)
+            if size is None or size > MAX_METADATA_BYTES:
+                raise InputFileError(f"{path}: its {cut(key)} attribute is more than lstmgrad's provenance can be; "
+                                     "refused before reading it")
+            if fh.attrs.get_id(key).dtype.hasobject:  # a string: read from the heap, not by HDF5
+                text = hdf5.string_attribute(fh, path, key, MAX_METADATA_BYTES, "lstmgrad's provenance") or b""
+                older[key] = text.decode("utf-8", "replace")
+                continue
+            value = fh.attrs[key]
+            older[key] = value.item() if hasattr(value, "item") else value
+        return older

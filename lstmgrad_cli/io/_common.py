@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 import os
 import re
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputFileError, LstmGradError
+from ..messages import cut
 
 METADATA_KEY = "__lstmgrad__"
 MAX_BYTES_ENV = "LSTMGRAD_MAX_TENSOR_BYTES"
@@ -36,6 +38,8 @@ class LoadedFile:
     keys: list[str] = field(default_factory=list)  # every entry of the group, as stored
     errors: dict[str, InputFileError] = field(default_factory=dict)  # with collect_errors: tensor -> why unreadable
     info: dict = field(default_factory=dict)  # what a container format knows besides tensors (tfdbg2: the op run)
+    header_only: frozenset = frozenset()  # names to declare and never read (``headers``: inspect's unused entries)
+    headers: dict[str, tuple[tuple, np.dtype]] = field(default_factory=dict)  # their (shape, dtype), as declared
 
 
 def file_kind(mode: int) -> str:
@@ -82,16 +86,13 @@ def key_for(name: str, keys: Iterable[str], path: Path) -> str | None:
 
 
 def describe_keys(keys: Iterable[str], limit: int = 20, width: int = 60) -> str:
-    """Key names for a one-line message: control characters escaped, long names cut, long lists counted.
+    """Key names for a one-line message: control characters escaped, long names cut (saying so), long lists counted.
 
     Key names come from the file, so they may hold terminal escape sequences, newlines or thousands
     of characters; messages that list them should use this rather than joining them raw.
     """
     keys = list(keys)
-    shown = []
-    for key in keys[:limit]:
-        text = key if key.isprintable() else repr(key)[1:-1]
-        shown.append(text if len(text) <= width else f"{text[:width - 3]}...")
+    shown = [cut(key, width) for key in keys[:limit]]
     more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
     return (", ".join(shown) + more) or "nothing"
 
@@ -246,6 +247,63 @@ def reason(err: BaseException) -> str:
     text = " ".join(str(err).split()) or type(err).__name__
     return text if len(text) <= 300 else text[:300] + "..."
 
+
+
+
+# -- JSON documents inside files ------------------------------------------------------------------------
+
+def json_extent(text: bytes, chunk: int = 1 << 18) -> tuple[int, int]:
+    """(deepest nesting, values) of a JSON text, counted before a parser builds anything: in linear time and a few
+    MB whatever the text (a chunk at a time), from the brackets, commas and colons outside strings (a quote after an
+    odd run of backslashes does not end a string).  Values: one, and one more for each comma, each colon (an
+    object's value; its key is its comma's or its first) and each container not empty (its first element).  In
+    text that is not JSON the numbers are only estimates."""
+    depth = deepest = separators = 0
+    inside = False  # in a string where the previous chunk ended
+    run = 0  # backslashes the previous chunk ended with
+    last = 0  # the last character outside strings and whitespace the previous chunk ended with
+    for lo in range(0, len(text), chunk):
+        u8 = np.frombuffer(text, np.uint8, count=min(chunk, len(text) - lo), offset=lo)
+        at = np.arange(len(u8))
+        other = np.maximum.accumulate(np.where(u8 == 92, -1, at))  # the last non-backslash at or before each
+        before = np.empty(len(u8), np.int64)  # backslashes just before each character
+        before[0] = run
+        before[1:] = np.where(other[:-1] >= 0, at[:-1] - other[:-1], at[:-1] + 1 + run)
+        quotes = np.cumsum((u8 == 34) & (before % 2 == 0)) + inside  # real quotes so far: odd inside a string
+        outside = quotes % 2 == 0
+        opens = ((u8 == 91) | (u8 == 123)) & outside
+        closes = ((u8 == 93) | (u8 == 125)) & outside
+        levels = depth + np.cumsum(opens.astype(np.int64) - closes)
+        deepest = max(deepest, int(levels.max(initial=0)))
+        depth = int(levels[-1])
+        separators += int(np.count_nonzero(opens)) + int(np.count_nonzero(((u8 == 44) | (u8 == 58)) & outside))
+        significant = u8[outside & ~np.isin(u8, _JSON_SPACE) | (u8 == 34)]  # (a closing quote is outside)
+        pairs = np.concatenate(([last], significant))
+        separators -= int(np.count_nonzero(np.isin(pairs[:-1], _JSON_OPENS) & np.isin(pairs[1:], _JSON_CLOSES)))
+        last = int(pairs[-1])
+        inside = bool(quotes[-1] % 2)
+        run = len(u8) - 1 - int(other[-1]) if other[-1] >= 0 else run + len(u8)
+    return deepest, separators + 1
+
+
+_JSON_SPACE = np.frombuffer(b" \t\r\n", np.uint8)
+_JSON_OPENS, _JSON_CLOSES = np.frombuffer(b"[{", np.uint8), np.frombuffer(b"]}", np.uint8)
+
+
+def json_document(text: bytes, label: str, max_depth: int, max_values: int):
+    """The JSON document ``text`` (UTF-8), refused (``"{label} nests ..."``, ``"{label} holds ..."``) before it is
+    parsed when it nests deeper than ``max_depth`` (the parser recurses once a level) or holds more than
+    ``max_values`` values (what bounds the memory parsing takes: a value is 50 to 100 bytes once parsed, however
+    short its text: ``[[], [], ...]``)."""
+    deepest, values = json_extent(text)
+    if deepest > max_depth:
+        raise InputFileError(f"{label} nests {deepest} levels deep (at most {max_depth}); refused before parsing")
+    if values > max_values:
+        raise InputFileError(f"{label} holds {values} JSON values (at most {max_values}); refused before parsing")
+    try:
+        return json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise InputFileError(f"{label} is not valid JSON ({reason(err)})") from None
 
 
 @dataclass(frozen=True)

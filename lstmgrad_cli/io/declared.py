@@ -62,10 +62,14 @@ def checked(loaded: LoadedFile, budget: Budget, names: Iterable[str], scalars: I
     ``read_checked`` then reads them in order, so that the first refusal in the order of the names is the one
     said (a tensor that passed is read before a later one's refusal is raised)."""
     out: dict[str, Declared | InputFileError] = {}
-    for name in [*names, *scalars]:
+    for name in [*names, *scalars, *loaded.header_only]:
         try:
             declared = declare(name)
             if declared is None:
+                continue
+            if name in loaded.header_only:  # declared, never read: its shape must still be one an array can have
+                budget.check_shape(declared.key, declared.shape, declared.dtype.itemsize)
+                loaded.headers[name] = (declared.shape, declared.dtype)
                 continue
             if declared.lazy:
                 budget.check_slice(declared.key, declared.shape, declared.dtype)
@@ -108,7 +112,8 @@ def store(loaded: LoadedFile, declared: Declared, value, scalars) -> None:
 _FRAMEWORK_RANKS = {"h0": (2, 3), "c0": (2, 3), "hn_grad": (2, 3), "cn_grad": (2, 3),  # [B, C] or [L*D, B, C]
                     "lengths": (1,), "mask": (2,)}
 _KERAS_NAME = re.compile(r"^(?:.*/)?(?P<what>kernel|recurrent_kernel|bias)(?::0)?$|^(?:.*/)?cell/vars/(?P<n>[012])$")
-_TORCH_NAME = re.compile(r"^(?P<what>weight_ih|weight_hh|weight_hr|bias_ih|bias_hh)_l(?P<layer>\d+)(?P<rev>_reverse)?$")
+_TORCH_NAME = re.compile(r"\A(?P<what>weight_ih|weight_hh|weight_hr|bias_ih|bias_hh)_l(?P<layer>0|[1-9][0-9]*)"
+                         r"(?P<rev>_reverse)?\Z")
 
 
 def _keras_role(name: str) -> str | None:

@@ -14,6 +14,7 @@ import os
 from pathlib import Path, PurePosixPath
 
 from ..errors import InputFileError
+from ..messages import cut
 from ._common import Format, LoadedFile, open_regular, reason, worded
 from .npy import NpyStream, read_npy_tensors
 from .tfdbg import sniff as _is_dump
@@ -59,12 +60,12 @@ def input_format(path: str | os.PathLike, group: str | None = None) -> str:
 
 
 @contextlib.contextmanager
-def open_npy_dir(path: Path, names, scalars, group=None, lazy=(), collect_errors=False, kind=None):
-    yield read_npy_dir(path, list(names), list(scalars), group, collect_errors, kind)
+def open_npy_dir(path: Path, names, scalars, group=None, lazy=(), collect_errors=False, kind=None, headers=()):
+    yield read_npy_dir(path, list(names), list(scalars), group, collect_errors, kind, headers)
 
 
-def read_npy_dir(path: Path, names, scalars, group=None, collect_errors=False, kind=None) -> LoadedFile:
-    loaded = LoadedFile(path, "npy-dir")
+def read_npy_dir(path: Path, names, scalars, group=None, collect_errors=False, kind=None, headers=()) -> LoadedFile:
+    loaded = LoadedFile(path, "npy-dir", header_only=frozenset(headers))
     folder = path / _group_path(path, group) if group else path
     try:
         entries = sorted(os.listdir(folder))
@@ -74,7 +75,13 @@ def read_npy_dir(path: Path, names, scalars, group=None, collect_errors=False, k
         raise InputFileError(f"{path}: group {group!r} is not a directory") from None
     except OSError as err:
         raise InputFileError(f"{path}: cannot list {folder}: {err.strerror or reason(err)}") from None
-    files = {e[:-len(SUFFIX)]: e for e in entries if e.lower().endswith(SUFFIX)}
+    files: dict[str, str] = {}
+    for entry in entries:
+        if entry.lower().endswith(SUFFIX):
+            key = entry[:-len(SUFFIX)]
+            if key in files:  # x.npy and x.NPY: one tensor twice
+                raise InputFileError(f"{path}: both {cut(files[key])} and {cut(entry)} hold {cut(key)}; keep one")
+            files[key] = entry
     loaded.keys = list(files)
 
     def open_stream(key: str, opened: contextlib.ExitStack):

@@ -40,13 +40,13 @@ def sniff(head: bytes) -> bool:
 
 
 @contextlib.contextmanager
-def open_npz(path: Path, names, scalars, group=None, lazy=(), collect_errors=False, kind=None):
+def open_npz(path: Path, names, scalars, group=None, lazy=(), collect_errors=False, kind=None, headers=()):
     """NPZ files are always read into memory (``lazy`` does not apply)."""
-    yield read_npz(path, list(names), list(scalars), group, collect_errors, kind)
+    yield read_npz(path, list(names), list(scalars), group, collect_errors, kind, headers)
 
 
-def read_npz(path: Path, names, scalars, group, collect_errors=False, kind=None) -> LoadedFile:
-    loaded = LoadedFile(path, "npz")
+def read_npz(path: Path, names, scalars, group, collect_errors=False, kind=None, headers=()) -> LoadedFile:
+    loaded = LoadedFile(path, "npz", header_only=frozenset(headers))
     prefix = f"{group.strip('/')}/" if group else ""
     with worded(path, NPZ_ERRORS, lambda err: f"corrupt or truncated NPZ file ({reason(err)})",
                 "corrupt NPZ file (its zip directory does not fit in memory)"), \
@@ -133,7 +133,7 @@ def _open_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, path
     if info.compress_size > archive_size:
         raise InputFileError(f"{path}: {key} declares {info.compress_size} bytes of packed data, more than the "
                              f"{archive_size}-byte archive holds; corrupt or truncated")
-    bound = _unpacked_bound(info)
+    bound = unpacked_bound(info)
     if bound is not None and info.file_size > bound:
         raise InputFileError(f"{path}: {key} declares {info.file_size} bytes unpacked from {info.compress_size} "
                              f"packed, more than {_METHODS[info.compress_type][0]} can hold; corrupt (a zip bomb?)")
@@ -145,7 +145,7 @@ def _open_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, path
 _METHODS = {zipfile.ZIP_STORED: ("a stored member", 1, 0), zipfile.ZIP_DEFLATED: ("deflate", 1032, 64)}
 
 
-def _unpacked_bound(info: zipfile.ZipInfo) -> int | None:
+def unpacked_bound(info: zipfile.ZipInfo) -> int | None:
     """The most bytes a member of this method and packed size can unpack to (None: a method without a bound here;
     deflate's longest match, 258 bytes, costs at least 2 bits: 1032 to 1)."""
     if info.compress_type not in _METHODS:

@@ -2,7 +2,7 @@
 
 A file is an 8-byte little-endian header length, a JSON header (``{name: {dtype, shape, data_offsets}}`` and an
 optional ``__metadata__`` of strings), then the raw data.  Before the package reads anything, the header is
-checked here: its length against a bound and the file, its nesting (counted before the JSON is parsed),
+checked here: its length against a bound and the file, its nesting and values (counted before the JSON is parsed),
 every dtype against a whitelist, every shape and offset pair against the data area (inside it, no overlap,
 exactly the shape's size), and the tensors asked for as every reader's are (declared.py: the memory budget,
 ranks, shapes against one another).  A group is a key prefix: a PyTorch
@@ -15,19 +15,20 @@ import contextlib
 import json
 import math
 import os
-import re
 import struct
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputFileError, LstmGradError
-from ._common import METADATA_KEY, Budget, Format, LoadedFile, collecting, key_for, open_regular, reason
+from ..messages import cut
+from ._common import METADATA_KEY, Budget, Format, LoadedFile, collecting, json_extent, key_for, open_regular, reason
 from .declared import Declared, checked
 
 SUFFIX = ".safetensors"
 MAX_HEADER = 16 * 2**20  # thousands of tensors' entries; the package itself allows 100 MiB
 MAX_DEPTH = 8  # a header is {name: {..., "shape": [...], "data_offsets": [...]}}: nothing nests deeper
+MAX_VALUES = 1_200_000  # ~12 a tensor; parsed, each takes 50 to 100 bytes
 DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32,
           "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 
@@ -55,9 +56,12 @@ def read_header(path: Path) -> tuple[dict, dict, int]:
             raw = fh.read(length)
     except OSError as err:
         raise InputFileError(f"{path}: cannot read: {err.strerror or err}") from None
-    depth = nesting(raw)
+    depth, values = json_extent(raw)
     if depth > MAX_DEPTH:  # before parsing: the JSON parser recurses once per level
         raise InputFileError(f"{path}: its safetensors header is not a table of tensors (nested {depth} deep)")
+    if values > MAX_VALUES:
+        raise InputFileError(f"{path}: its safetensors header holds {values} JSON values (at most {MAX_VALUES}: "
+                             f"{MAX_VALUES // 12} tensors); refused before parsing")
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
@@ -87,17 +91,6 @@ def _unique_keys(pairs):
     return dict(pairs)
 
 
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-
-
-def nesting(text: bytes) -> int:
-    """How deep the arrays and objects of a JSON text nest, in linear time and without recursion (brackets inside
-    strings do not count; in text that is not JSON the number is only an upper bound)."""
-    bare = np.frombuffer(_JSON_STRING.sub(b'""', text), dtype=np.uint8)
-    steps = ((bare == ord("[")) | (bare == ord("{"))).astype(np.int64) - ((bare == ord("]")) | (bare == ord("}")))
-    return int(np.cumsum(steps).max(initial=0))
-
-
 def _entry(path: Path, name: str, entry, data_size: int) -> tuple:
     if not isinstance(entry, dict) or set(entry) - {"dtype", "shape", "data_offsets"}:
         raise InputFileError(f"{path}: {name}: not a tensor entry of a safetensors header")
@@ -123,17 +116,24 @@ def _entry(path: Path, name: str, entry, data_size: int) -> tuple:
 
 
 @contextlib.contextmanager
-def open_safetensors(path: Path, names, scalars, group=None, lazy=(), collect_errors=False, kind=None):
-    yield read_safetensors(path, list(names), list(scalars), group, collect_errors, kind)
+def open_safetensors(path: Path, names, scalars, group=None, lazy=(), collect_errors=False, kind=None, headers=()):
+    yield read_safetensors(path, list(names), list(scalars), group, collect_errors, kind, headers)
 
 
-def read_safetensors(path: Path, names, scalars, group=None, collect_errors=False, kind=None) -> LoadedFile:
+def read_safetensors(path: Path, names, scalars, group=None, collect_errors=False, kind=None,
+                     headers=()) -> LoadedFile:
     tensors, metadata, _ = read_header(path)
-    loaded = LoadedFile(path, "safetensors")
+    loaded = LoadedFile(path, "safetensors", header_only=frozenset(headers))
     if group:
         prefix = group.strip("./")
-        keys = {k[len(prefix) + 1:]: k for k in tensors if k.startswith(prefix) and k[len(prefix):len(prefix) + 1]
-                in (".", "/")}
+        keys = {}
+        for k in tensors:
+            if k.startswith(prefix) and k[len(prefix):len(prefix) + 1] in (".", "/"):
+                name = k[len(prefix) + 1:]
+                if name in keys:  # rnn.weight_ih_l0 and rnn/weight_ih_l0: one name under the group, twice
+                    raise InputFileError(f"{path}: both {cut(keys[name])} and {cut(k)} are {cut(name)} under group "
+                                         f"{cut(repr(group))}; keep one")
+                keys[name] = k
         if not keys:
             raise InputFileError(f"{path}: no group {group!r} (no key starts with {prefix + '.'!r} or "
                                  f"{prefix + '/'!r})")

@@ -640,12 +640,12 @@ def mode_error(path, mode: str) -> str:
 # -- the Format entry ------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def open_dump(path: Path, names, scalars, group=None, lazy=(), collect_errors=False, kind=None):
+def open_dump(path: Path, names, scalars, group=None, lazy=(), collect_errors=False, kind=None, headers=()):
     """One execution's tensors under TF's names (``group`` names the execution; a dump of exactly one
     gradient execution needs none).  ``LoadedFile.info`` says which op ran, the forward op, what is missing."""
     index = index_dump(path)
     execution = select(index, group)
-    yield load_execution(index, execution, list(names), list(scalars), collect_errors, kind)
+    yield load_execution(index, execution, list(names), list(scalars), collect_errors, kind, headers)
 
 
 def select_executions(index: DumpIndex, kind: str | None, member: str | None = None, op: str | None = None,
@@ -696,11 +696,11 @@ def select(index: DumpIndex, member: str | None) -> OpExecution:
 
 
 def load_execution(index: DumpIndex, execution: OpExecution, names, scalars, collect_errors=False,
-                   kind: str | None = None) -> LoadedFile:
+                   kind: str | None = None, headers=()) -> LoadedFile:
     path = index.path
     if execution.mode != FULL_TENSOR:
         raise InputFileError(mode_error(path, MODES.get(execution.mode, str(execution.mode))))
-    loaded = LoadedFile(path, "tfdbg2")
+    loaded = LoadedFile(path, "tfdbg2", header_only=frozenset(headers))
     available = {**execution.inputs, **execution.outputs}
     loaded.keys = [n for n, v in available.items() if not isinstance(v, Missing)]
     loaded.info = {"member": execution.member, "op_type": execution.op_type, "kind": execution.kind,

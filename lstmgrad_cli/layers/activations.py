@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..messages import cut
 from ..ops.forward import sigmoid
 
 
@@ -73,12 +74,12 @@ def resolve(name, keras_major: int = 3) -> str:
     if name is None:
         return "linear"
     if not isinstance(name, str):
-        raise InvalidArgumentError(f"activation {name!r} is not a name lstmgrad knows")
+        raise InvalidArgumentError(f"activation {cut(repr(name))} is not a name lstmgrad knows")
     key = name.strip().lower()
     if key == "hard_sigmoid" and keras_major < 3:
         key = "hard_sigmoid_keras2"
     if key not in ACTIVATIONS:
-        raise InvalidArgumentError(f"activation {name!r} is not implemented (lstmgrad computes {_known()})")
+        raise InvalidArgumentError(f"activation {cut(repr(name))} is not implemented (lstmgrad computes {_known()})")
     return key
 
 

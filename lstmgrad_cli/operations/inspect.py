@@ -29,7 +29,7 @@ from ..analysis.decide import Given
 from ..analysis.summary import json_safe
 from ..errors import LstmGradError
 from ..io import npydir
-from ..messages import Command, Message, Param, message_of
+from ..messages import TYPED, Command, Message, Param, cut, message_of
 from ..ops import validation
 from ..problem.reading import load_problem
 from ..spec import CELL_LAYOUT, FORWARD_INPUTS, FORWARD_OPS, GRADIENT_NAMES, OPS
@@ -107,9 +107,11 @@ class InspectReport:
         self.problems.append(Problem("warning", tensor, message))
 
 
-def _read(path: Path, fmt: str, names, scalars, group: str | None, collect_errors: bool = False) -> io.LoadedFile:
+def _read(path: Path, fmt: str, names, scalars, group: str | None, collect_errors: bool = False,
+          headers=()) -> io.LoadedFile:
     """``io.read_inputs`` of an input whose format is known (``npydir.input_format``, which knows the group)."""
-    with io.open_inputs(path, names, scalars, group, collect_errors=collect_errors, input_format=fmt) as loaded:
+    with io.open_inputs(path, names, scalars, group, collect_errors=collect_errors, input_format=fmt,
+                        headers=headers) as loaded:
         return loaded
 
 
@@ -121,15 +123,19 @@ def _useful(key: str) -> bool:
             or last.startswith((*frameworks.pytorch.PARAMETERS, "weight_hr")))
 
 
-def _read_all(path: Path, fmt: str, group: str | None, report: InspectReport) -> dict[str, np.ndarray]:
-    """Every entry of the file (or group) a command may read, and the first OTHERS_SHOWN others, that reads as an
-    array; each unreadable one is reported, and the entries left unread are named in ``report.not_read``."""
+def _read_all(path: Path, fmt: str, group: str | None, report: InspectReport) -> tuple[dict[str, np.ndarray], list]:
+    """Every entry of the file (or group) a command may read, that reads as an array; the first OTHERS_SHOWN others
+    declared only (their shape and dtype, in ``report.tensors``: no command reads their data, so neither does
+    inspect); each unreadable one is reported, and the entries left out are named in ``report.not_read``.  Returns
+    the arrays read and every key in the file's order."""
     keys = [k for k in _read(path, fmt, (), (), group).keys if k != io.METADATA_KEY]
     others = [k for k in keys if not _useful(k)]
     report.not_read = others[OTHERS_SHOWN:]
-    skipped = set(report.not_read)
-    keys = [k for k in keys if k not in skipped]
-    loaded = _read(path, fmt, keys, (), group, collect_errors=True)
+    shown = others[:OTHERS_SHOWN]
+    useful = [k for k in keys if _useful(k)]
+    loaded = _read(path, fmt, useful, (), group, collect_errors=True, headers=shown)
+    for key, (shape, dtype) in loaded.headers.items():
+        report.tensors.append(TensorInfo(key, None, list(shape), str(dtype)))
     for key, err in loaded.errors.items():
         message = str(err).removeprefix(f"{path}: ")
         if "is a group, not a dataset" in message:
@@ -137,7 +143,7 @@ def _read_all(path: Path, fmt: str, group: str | None, report: InspectReport) ->
             continue
         report.tensors.append(TensorInfo(key, _canonical(key), None, None, role="unreadable"))
         report.error(key, f"cannot be read: {message}")
-    return {key: np.asarray(value) for key, value in loaded.tensors.items()}
+    return {key: np.asarray(value) for key, value in loaded.tensors.items()}, keys
 
 
 def _canonical(key: str) -> str | None:
@@ -147,15 +153,22 @@ def _canonical(key: str) -> str | None:
     return ALIASES.get(key)
 
 
+STATS_CHUNK = 1 << 20  # values widened to float64 at a time for a tensor's statistics
+
+
 def _summary(key, name, a: np.ndarray) -> TensorInfo:
     info = TensorInfo(key, name, list(a.shape), str(a.dtype))
     if a.dtype.kind in "fiub" and a.size:
-        wide = a.astype(np.float64)
-        finite = np.isfinite(wide)
-        info.nonfinite = int(a.size - finite.sum())
+        flat, low, high = a.reshape(-1), np.inf, -np.inf
+        for start in range(0, flat.size, STATS_CHUNK):  # (a float64 copy of a chunk, not of the tensor)
+            wide = flat[start:start + STATS_CHUNK].astype(np.float64)
+            finite = wide[np.isfinite(wide)]
+            info.nonfinite += wide.size - finite.size
+            if finite.size:
+                low, high = min(low, float(finite.min())), max(high, float(finite.max()))
         info.finite = info.nonfinite == 0
-        if finite.any():
-            info.min, info.max = float(wide[finite].min()), float(wide[finite].max())
+        if low <= high:
+            info.min, info.max = low, high
     elif a.dtype.kind in "fiub":
         info.finite = True
     return info
@@ -179,7 +192,7 @@ def inspect_file(path, group: str | None = None, *, weights=None, weights_group:
     path = Path(path)
     fmt = npydir.input_format(path, group)
     report = InspectReport(str(path), fmt, group)
-    raw = _read_all(path, fmt, group, report)
+    raw, order = _read_all(path, fmt, group, report)
     try:
         scalars = _read(path, fmt, (), (*SCALARS, io.METADATA_KEY), group).scalars
     except LstmGradError:
@@ -204,10 +217,12 @@ def inspect_file(path, group: str | None = None, *, weights=None, weights_group:
         if name is not None:
             by_name[name] = value
         report.tensors.append(_summary(key, name, value))
+    position = {key: k for k, key in enumerate(order)}  # (the declared-only entries among them, in the file's order)
+    report.tensors.sort(key=lambda t: position.get(t.key, len(order)))
 
     if weights is not None:
         return _with_weights(report, path, group, weights, weights_group, framework)
-    framework = _framework_kind(path, fmt, group, raw, report, bool(framework and framework.inference))
+    framework = _framework_kind(path, fmt, group, raw, order, report, bool(framework and framework.inference))
     if framework:
         return report
     if "x" not in by_name:
@@ -282,17 +297,25 @@ def inspect_file(path, group: str | None = None, *, weights=None, weights_group:
     return report
 
 
-def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectReport, inference: bool = False) -> bool:
+def _framework_kind(path: Path, fmt: str, group, raw: dict, order: list, report: InspectReport,
+                    inference: bool = False) -> bool:
     """A Keras weights file, a PyTorch state_dict, or a Keras/PyTorch layer's tensors: said in notes (and what
-    is wrong with the tensors, as problems); False for anything else."""
+    is wrong with the tensors, as problems); False for anything else.  ``raw``: the entries a command reads, read;
+    ``order``: every entry's key (those only declared too, which the unused check names)."""
     if fmt in ("hdf5", "keras") and group is None:
-        layers, source = frameworks.weights_files.keras_model_layers(path, fmt, inference=inference)
+        try:
+            layers, source = frameworks.weights_files.keras_model_layers(path, fmt, inference=inference)
+        except LstmGradError as err:  # (a model configuration Keras refuses, groups past the bounds, ...)
+            report.kind = "keras-weights"
+            report.error(None, message_of(err))
+            _framework_roles(report, "weights")
+            return True
         if layers:
             report.kind, report.framework_layers = "keras-weights", layers
             for layer in layers:
                 report.notes.append(_keras_layer_note(path, layer, source))
                 if layer.get("refused"):  # (what seq says for its group)
-                    report.error(None, Message.format("{}: {}", layer["group"], layer["refused"]))
+                    report.error(None, Message.format("{}: {}", cut(layer["group"]), layer["refused"]))
                 for bias in ("bias", "backward_bias"):  # (kernel and recurrent_kernel agree, or it is no LSTM's)
                     if layer.get(bias) and layer[bias] != [4 * layer["units"]]:
                         report.error(None, f"{layer['group']}: {bias.replace('_', ' ')} has shape {layer[bias]}, "
@@ -301,20 +324,28 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, report: InspectRepor
             return True
         if fmt == "keras":  # a model without an LSTM layer lstmgrad computes
             report.kind = "keras-weights"
-            for why in frameworks.weights_files.keras_other_recurrent(path, fmt) or ["no LSTM layer"]:
-                report.warn(None, why)
+            try:
+                for why in frameworks.weights_files.keras_other_recurrent(path, fmt) or ["no LSTM layer"]:
+                    report.warn(None, why)
+            except LstmGradError as err:
+                report.error(None, message_of(err))
             _framework_roles(report, "weights")
             return True
-    keys = [k for k in raw if not k.startswith("@")]
+    keys = [k for k in order if not k.startswith("@")]
     torch = frameworks.torch_state_dict_layers(keys)
     if torch and "x" not in raw:
         report.kind, report.framework_layers = "torch-weights", torch
+        for why in frameworks.pytorch.misnamed(keys):
+            report.error(None, why)
+        for why in frameworks.pytorch.gaps(keys):  # (one layer's weights may be computed alone: --layer)
+            report.warn(None, Message.format("{}; the whole module cannot be computed, one layer can ({})", why,
+                                             Param("layer")))
         for prefix in dict.fromkeys(layer["prefix"] for layer in torch):
             recurrent = raw.get(f"{prefix}.weight_hh_l0" if prefix else "weight_hh_l0")
             projection = raw.get(f"{prefix}.weight_hr_l0" if prefix else "weight_hr_l0")
             why = _not_an_lstm(recurrent, projection)
             if why:
-                report.warn(None, f"{prefix or 'the state_dict'}: {why}")
+                report.warn(None, f"{cut(prefix) or 'the state_dict'}: {why}")
                 continue
             report.notes.append(_torch_module_note(path, [t for t in torch if t["prefix"] == prefix], prefix,
                                                    None if projection is None else projection.shape[0]))
@@ -443,10 +474,11 @@ def _not_an_lstm(recurrent, projection) -> str:
 
 def _torch_module_note(path: Path, layers: list[dict], prefix: str, projection: int | None = None) -> Message:
     """What an nn.LSTM of a state_dict is, and the commands for the whole module and for one layer."""
-    count = 1 + max(layer["layer"] for layer in layers)
+    numbers = {layer["layer"] for layer in layers}
+    count = 1 + max(numbers) if max(numbers) < len(numbers) else len(numbers)  # (numbers past them: gaps' warning)
     both = any(layer["reverse"] for layer in layers)
-    where = Message.format(" {}", Param("weights_group", prefix)) if prefix else ""
-    what = (f"PyTorch nn.LSTM{' ' + prefix if prefix else ''}: {count} layer{'s' * (count > 1)}"
+    where = Message.format(" {}", Param("weights_group", cut(prefix, TYPED))) if prefix else ""
+    what = (f"PyTorch nn.LSTM{' ' + cut(prefix) if prefix else ''}: {count} layer{'s' * (count > 1)}"
             f"{', bidirectional' if both else ''}{f', proj_size={projection}' if projection else ''}")
     return Message.format("{}: {} {}{} (the whole module; {} for one layer)", what, Command("seq", "DATA"),
                           Param("weights", path), where, Param("layer"))

@@ -61,7 +61,11 @@ def _seq_grad(layout, seq_len_max, tensors: dict, use_peephole, backend, compute
 def block_lstm_grad_checked(backend: Backend, layout: str, seq_len_max: int, arrays: dict, use_peephole: bool,
                             compute_dtype, chunk_steps=None, *, x_grad_out=None, observe=None) -> BlockLSTMGradOutputs:
     """BlockLSTMGrad(V2) on arrays that ``validation`` has already accepted (no second check), on a backend (the
-    contract: backends/contract.py)."""
+    contract: backends/contract.py).  Without an example or a unit (B or C is 0) every step is empty and every
+    gradient zero or empty: computed as for no step, whatever T declares (time proportional to the data, not to a
+    declared T of nothing)."""
+    if not arrays["x"].shape[1] * (arrays["w"].shape[1] // 4):
+        seq_len_max = 0
     return backend.block_lstm_grad(
         SeqTensors(**arrays), seq_len_max=seq_len_max, use_peephole=use_peephole, layout=layout,
         compute_dtype=compute_dtype, chunk_steps=chunk_steps, x_grad_out=x_grad_out, observe=observe,

@@ -64,7 +64,7 @@ def block_lstm_forward(seq_len_max: int, x, cs_prev, h_prev, w, wci, wcf, wco, b
     cdt = np.dtype(compute_dtype)
     T, B, I = x.shape
     C = w.shape[1] // 4
-    L = seq_len_max
+    L = seq_len_max if B * C else 0  # (no example or no unit: [T, B, C] outputs hold nothing to compute)
     k = gate_slices(C, layout)
     w_c, b_c = w.astype(cdt), b.astype(cdt)
     wci, wcf, wco = (p.astype(cdt) for p in (wci, wcf, wco))

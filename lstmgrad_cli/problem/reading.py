@@ -21,7 +21,7 @@ from .. import frameworks, io, ops
 from ..analysis import decide, detect
 from ..analysis.decide import Given
 from ..errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
-from ..messages import Command, Message, Param, message_of
+from ..messages import TYPED, Command, Message, Param, cut, message_of
 from ..ops import validation
 from ..spec import (  # noqa: F401 - (re-exported)
     DEFAULT_LAYOUT,
@@ -175,6 +175,9 @@ def open_problem(path, request: Request, *, lazy: bool = False, input_format: st
             step = frameworks.cells.framework_of([*keys, *loaded.tensors], kind, np.ndim(loaded.tensors["x"])
                                                  if "x" in loaded.tensors else None)
             name = step or ("tf" if kind == "cell" else frameworks.detect([*keys, *loaded.tensors], framework))
+            misnamed = frameworks.pytorch.misnamed(keys) if name == "torch" else []
+            if misnamed:  # (before any layer number is used to count or to read)
+                raise InvalidArgumentError(Message.format("{}: {}", path, misnamed[0]))
             plan = None
             if name == "tf":
                 try:
@@ -343,7 +346,7 @@ def _layers_in(weights, keys, weights_group: str | None = None, kind: str | None
         return f"holds the LSTM cells of a {frameworks.keras_config.STACKED}"
     if not groups:
         return ""
-    return Message.format("holds LSTM layers at {}{}: name one with {}", ", ".join(groups[:6]),
+    return Message.format("holds LSTM layers at {}{}: name one with {}", ", ".join(cut(g, TYPED) for g in groups[:6]),
                           ", ..." if len(groups) > 6 else "", Param("weights_group"))
 
 
