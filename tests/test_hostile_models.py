@@ -490,6 +490,17 @@ def test_a_member_twice_is_refused(runner, tmp_path):
     assert result.exit_code == 1 and "the archive holds config.json twice" in result.stderr, result.output
 
 
+def test_inspect_of_a_state_dict_with_a_parameter_twice_says_seq_refuses_it(runner, tmp_path):
+    """inspect of the weights file alone names the two spellings that seq --weights-group refuses (it suggested that
+    command, with 0 errors)."""
+    weights = hm.state_dict_twice_under_group(tmp_path / "twice.safetensors")
+    result = runner.invoke(main, ["inspect", str(weights), "--json"])
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 1 and not doc["result"]["ok"], result.stdout
+    assert any("both rnn.weight_ih_l0 and rnn/weight_ih_l0 are rnn.weight_ih_l0" in problem["message"]
+               for problem in doc["result"]["problems"]), doc["result"]["problems"]
+
+
 def test_a_compressed_weights_member_is_read_up_to_its_hdf5_end(runner, tmp_path):
     """An archive zipped again (model.weights.h5 deflated, inflated in memory) computes as the stored one."""
     path = hm.write_archive(tmp_path / "m.keras", hm.archive_members(RELU), zipfile.ZIP_DEFLATED)

@@ -67,6 +67,20 @@ def misnamed(keys) -> list[str]:
             if _LOOSE.match(key.rpartition(".")[2]) and not _STRICT.match(key.rpartition(".")[2])]
 
 
+def spelled_twice(keys) -> list[str]:
+    """Two keys that name one parameter, module paths written with "." and with "/" (``rnn.weight_ih_l0``,
+    ``rnn/weight_ih_l0``): what reading them under their group refuses, in words; [] when none."""
+    seen, found = {}, []
+    for key in keys:
+        name = key.replace("/", ".")
+        if name in seen:
+            found.append(f"both {cut(seen[name])} and {cut(key)} are {cut(name)}: one parameter written twice, which "
+                         "reading it under its group refuses; keep one")
+        else:
+            seen[name] = key
+    return found
+
+
 def gaps(keys) -> list[str]:
     """Why the layers named among ``keys`` are not a whole nn.LSTM: a layer number past the layers there are
     (``weight_ih_l999999999`` beside ``weight_ih_l0``: a module numbers its layers 0, 1, ..., each with its

@@ -335,7 +335,7 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, order: list, report:
     torch = frameworks.torch_state_dict_layers(keys)
     if torch and "x" not in raw:
         report.kind, report.framework_layers = "torch-weights", torch
-        for why in frameworks.pytorch.misnamed(keys):
+        for why in frameworks.pytorch.misnamed(keys) + frameworks.pytorch.spelled_twice(keys):
             report.error(None, why)
         for why in frameworks.pytorch.gaps(keys):  # (one layer's weights may be computed alone: --layer)
             report.warn(None, Message.format("{}; the whole module cannot be computed, one layer can ({})", why,
