@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import resource
 import statistics
@@ -35,6 +36,8 @@ import numpy as np
 from _installed import compile_lstmgrad
 
 from lstmgrad_cli import block_lstm_v2
+from lstmgrad_cli.backends import _xp, cpu_blas, overlap_calibration
+from lstmgrad_cli.backends.blas_calibration import processor
 from lstmgrad_cli.backends.cpu_blas import mkl_version
 
 FLOOR = """
@@ -100,6 +103,21 @@ def timed(commands: list[list[str]], env: dict, out: Path) -> tuple[float, float
     return time.perf_counter() - start, _children_cpu() - cpu_before
 
 
+def _schedule(library: str, shape) -> str:
+    """What ``lstmgrad seq`` runs with ``LSTMGRAD_BLAS=library``: the library and why, and each file's schedule."""
+    env = {**os.environ, "LSTMGRAD_BLAS": library}
+    lstmgrad = str(Path(sys.executable).with_name("lstmgrad"))
+    said = json.loads(subprocess.run([lstmgrad, "backends", "--json"], env=env, capture_output=True, text=True,
+                                     check=True).stdout)
+    flops = overlap_calibration.flops(*shape)
+    if flops < _xp.OVERLAP_MIN_FLOPS:
+        threads = "one BLAS thread" if flops < cpu_blas.SMALL_PASS_FLOPS else "the library's threads"
+        each = f"each file ({flops:.2g} flops) in one chunk, in sequence, on {threads}"
+    else:
+        each = f"each file ({flops:.2g} flops) in the overlapped schedule's chunks; {said['host_schedule']}"
+    return f"products on {said['host_blas']} ({said['host_blas_why']}); {each}"
+
+
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -116,8 +134,12 @@ def main() -> int:
     lstmgrad = str(Path(sys.executable).with_name("lstmgrad"))
     libraries = ["openblas"] + (["mkl"] if mkl_version() else [])
     compile_lstmgrad(*([args.baseline] if args.baseline else []))
-    print(f"{args.files} files of T,B,I,C = {args.shape}, float32; median of {args.repeats} alternating rounds, "
-          f"{os.cpu_count()} cores\n")
+    cpu = processor()
+    print(f"{args.files} files of T,B,I,C = {args.shape}, float32; median of {args.repeats} alternating rounds; "
+          f"{cpu['model']} ({cpu['vendor']}; {', '.join(cpu['flags'])}), {os.cpu_count()} cores\n")
+    for library in libraries:
+        print(f"- {library}: {_schedule(library, shape)}")
+    print()
     print("| BLAS | floor (np.load + grad + np.savez) | lstmgrad seq, serial | x floor | --workers 2 | x floor | "
           "serial / workers 2 | two serial halves at once | serial / halves |")
     print("|---|---|---|---|---|---|---|---|---|")

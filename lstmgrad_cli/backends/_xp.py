@@ -41,8 +41,10 @@ from . import cpu_blas
 # Budget for one chunk's buffers (gate gradients, and the cast inputs when casting).
 CHUNK_BYTES = 64 * 2**20
 
-# With the products overlapped (``XpGradient._run_overlapped``), the steps are cut into this many chunks,
-# for problems of at least this many flops (measured crossover: ~1e8 for numba, ~2e8 for numpy).
+# Problems of at least this many flops are cut into this many chunks, which may then run overlapped
+# (``XpGradient._run_overlapped``: from the size measured on the machine, ``overlap_calibration``) or in sequence,
+# with the same bits; the chunks depend on the shape alone (the smallest crossover measured on any machine:
+# ~1e8 flops for numba, ~2e8 for numpy, on an Intel AVX2 one).
 OVERLAP_CHUNKS = 5
 OVERLAP_MIN_FLOPS = 2 * 10**8
 # ... and at least this many chunks' gate gradients fit CHUNK_BYTES (a ring of slots; more when they fit).
@@ -283,7 +285,7 @@ class XpGradient:
         # The chunks depend on the shape only, so a result never depends on the schedule or machine.
         overlap_chunks = self._overlap_chunks(L, B, I, C, cdt)
         overlap = (overlap_chunks and not return_dgates and observe is None
-                   and self._overlap_now())
+                   and self._overlap_now(L, B, I, C))
         gates_step = B * 4 * C * cdt.itemsize
         if overlap_chunks:  # a fifth of the steps each, or fewer so that a few chunks fit the budget
             k_fit = CHUNK_BYTES // max(OVERLAP_SLOTS * gates_step, 1)
@@ -402,9 +404,14 @@ class XpGradient:
         (``cpu_blas.threads_for_pass``)."""
         return cpu_blas.threads_for_pass(L, B, I, C) if self.xp is np else contextlib.nullcontext()
 
-    def _overlap_now(self) -> bool:
-        """Run those chunks' products beside the loop (``_run_overlapped``): with two cores, unless set."""
-        return self.overlap if self.overlap is not None else cpu_blas.usable_cores() >= 2
+    def _overlap_now(self, L, B, I, C) -> bool:  # noqa: E741
+        """Run those chunks' products beside the loop (``_run_overlapped``), unless set: where that is faster on
+        this machine for a pass of this size (``overlap_calibration.overlaps``)."""
+        if self.overlap is not None:
+            return self.overlap
+        from . import overlap_calibration  # noqa: PLC0415
+
+        return overlap_calibration.overlaps(overlap_calibration.flops(L, B, I, C))
 
     def _run_overlapped(self, chunks, slots, steps, x_product, wb_product):
         """Each chunk's time loop on this thread while a second thread does the products of the chunks before.

@@ -28,8 +28,8 @@ SCHEMA = 1
 MKL_MARGIN = 1.05  # MKL must take less than 1 / MKL_MARGIN of OpenBLAS's time
 MOST_ENTRIES = 32  # machines (and library versions) one cache file remembers
 
-# The pass timed on each library: a middle size (1.8 GFLOP: the products overlapped with the time loop, as every
-# pass of 2e8 flops or more runs), and the call pattern of every pass, per-step products included.
+# The pass timed on each library: a middle size (1.8 GFLOP), its products overlapped with the time loop (as large
+# passes run: overlap_calibration), and the call pattern of every pass, per-step products included.
 SHAPE = (48, 32, 192, 192)  # T, B, I, C
 # Vector extensions BLAS libraries choose their kernels by (a new one on the machine measures again).
 FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_tile",
@@ -89,24 +89,26 @@ def _openblas_version() -> str | None:
         return None
 
 
-def cached(entry_key: str) -> dict | None:
-    """The cached measurement for ``entry_key``, or None (none, or an unreadable cache: measured again)."""
+def cached(entry_key: str, file: str = CACHE_FILE) -> dict | None:
+    """The cached entry for ``entry_key`` in ``file`` (a choice of library: valid as one), or None (none, or an
+    unreadable cache: measured again)."""
     try:
-        entries = json.loads((cache_dir() / CACHE_FILE).read_text())["entries"]
+        entries = json.loads((cache_dir() / file).read_text())["entries"]
         entry = entries.get(entry_key) if isinstance(entries, dict) else None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if isinstance(entry, dict) and entry.get("library") in ("mkl", "openblas") and isinstance(entry.get("seconds"),
-                                                                                               dict):
+    if not isinstance(entry, dict):
+        return None
+    if file != CACHE_FILE or (entry.get("library") in ("mkl", "openblas") and isinstance(entry.get("seconds"), dict)):
         return entry
     return None
 
 
-def store(entry_key: str, entry: dict) -> None:
-    """Add ``entry`` to the cache (written whole to a temporary file, then renamed: concurrent processes each
-    leave a whole file); a cache that cannot be written is left alone."""
+def store(entry_key: str, entry: dict, file: str = CACHE_FILE) -> None:
+    """Add ``entry`` to the cache ``file`` (written whole to a temporary file, then renamed: concurrent processes
+    each leave a whole file); a cache that cannot be written is left alone."""
     folder = cache_dir()
-    path = folder / CACHE_FILE
+    path = folder / file
     try:
         folder.mkdir(parents=True, exist_ok=True)
         try:
@@ -117,7 +119,7 @@ def store(entry_key: str, entry: dict) -> None:
         entries.pop(entry_key, None)
         entries[entry_key] = entry
         entries = dict(list(entries.items())[-MOST_ENTRIES:])
-        temporary = folder / f".{CACHE_FILE}.{os.getpid()}.tmp"
+        temporary = folder / f".{file}.{os.getpid()}.tmp"
         temporary.write_text(json.dumps({"schema": SCHEMA, "entries": entries}, indent=1))
         os.replace(temporary, path)
     except OSError:
@@ -136,7 +138,7 @@ def measure(libraries: dict, using, rounds: int = 3) -> dict[str, float]:
                   b=(4 * C,), i=(T, B, C), cs=(T, B, C), f=(T, B, C), o=(T, B, C), ci=(T, B, C), co=(T, B, C),
                   h=(T, B, C), cs_grad=(T, B, C), h_grad=(T, B, C))
     tensors = SeqTensors(**{name: rng.uniform(-1, 1, shape).astype(np.float32) for name, shape in shapes.items()})
-    backend = NumpyBackend()
+    backend = NumpyBackend(overlap=True)  # (set: the overlap's own threshold is measured on the chosen library)
     best = dict.fromkeys(libraries, float("inf"))
     for round_ in range(rounds + 1):
         for name, blas in libraries.items():

@@ -507,6 +507,15 @@ def _held_counts():
     yield
 
 
+def threads() -> int:
+    """The threads the products' library gives a pass that wants threads: its own count (OPENBLAS_NUM_THREADS and
+    the like set it; a batch's worker gets its share of the cores), the one ``counts_held()`` puts back."""
+    blas = current()
+    if blas is None:
+        return usable_cores()
+    return next((count for held, count in _held if held is blas), None) or blas.get_threads()
+
+
 SMALL_PASS_FLOPS = 2 * 10**8  # a backward pass below this takes a few ms: its products gain nothing from threads
 
 

@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import backends as registry
-from ..backends import cpu_blas
+from ..backends import cpu_blas, overlap_calibration
 from ..errors import ExitCode
 from ._common import handle_errors, print_json, print_table, stdout_console
 
@@ -39,8 +39,10 @@ def backends_command(as_json: bool, check: bool, arch: str | None) -> None:
     default = registry.resolve_name(None)
     auto = registry.resolve_name("auto")
     blas, why = cpu_blas.describe(), cpu_blas.why_chosen()
+    schedule = overlap_calibration.describe()
     if as_json:
-        print_json({"default": default, "auto": auto, "host_blas": blas, "host_blas_why": why, "backends": [
+        print_json({"default": default, "auto": auto, "host_blas": blas, "host_blas_why": why,
+                    "host_schedule": schedule, "backends": [
             {"name": r.name, "available": r.available, "reason": r.reason or None, "version": r.version,
              "source": r.source} for r in rows]})
         return
@@ -52,7 +54,8 @@ def backends_command(as_json: bool, check: bool, arch: str | None) -> None:
         tags = [t for t, on in (("default", r.name == default), ("auto", r.name == auto)) if on]
         name = f"{r.name} ({', '.join(tags)})" if tags else r.name
         table.add_row(name, mark, r.version or "-", r.source, escape(r.reason))  # hints hold [extras]
-    print_table(stdout_console(), table, "lstmgrad backends", f"numpy and numba products on {blas}: {escape(why)}")
+    print_table(stdout_console(), table, "lstmgrad backends", f"numpy and numba products on {blas}: {escape(why)}; "
+                f"{escape(schedule)}")
 
 
 def _check(as_json: bool, arch: str | None) -> None:
@@ -67,7 +70,7 @@ def _check(as_json: bool, arch: str | None) -> None:
     if as_json:
         print_json({"ok": not failed, "builds": [
             {"backend": b.backend, "target": b.target, "kernels": b.kernels, "ok": b.ok, "detail": b.detail}
-            for b in builds]})
+            for b in builds], "host_schedule": overlap_calibration.describe()})
     else:
         table = Table()
         for col in ("backend", "target", "kernels", "result"):
@@ -76,7 +79,7 @@ def _check(as_json: bool, arch: str | None) -> None:
             mark = {True: "[green]built[/]", False: "[red]FAILED[/]", None: "[yellow]skipped[/]"}[b.ok]
             table.add_row(b.backend, escape(b.target), str(b.kernels), f"{mark}: {escape(b.detail)}")
         print_table(stdout_console(), table, "lstmgrad backends --check",
-                    f"{len(failed)} failed" if failed else "every kernel that could be built here was built, and "
-                    "every usable backend meets the backend contract")
+                    (f"{len(failed)} failed" if failed else "every kernel that could be built here was built, and "
+                     "every usable backend meets the backend contract") + f"; {escape(overlap_calibration.describe())}")
     if failed:
         raise SystemExit(ExitCode.ERROR)

@@ -65,7 +65,9 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
         print_json(report.to_json())
         return
     m = report.machine
-    machine = f"{m['cpu']}, {m['cores']} cores, numpy {m['numpy']} ({m['blas']}), products on {m['host_blas']}"
+    flags = ", ".join(m["processor"].get("flags", [])) or "no vector extension found"
+    machine = (f"{m['cpu']} ({m['processor'].get('vendor') or 'vendor unknown'}; {flags}), {m['cores']} cores, numpy "
+               f"{m['numpy']} ({m['blas']}), products on {m['host_blas']}; {m['host_schedule']}")
     if markdown:
         click.echo(f"{machine}; {dtype}, {'peephole' if peephole else 'no peephole'}, median of {repeats} rounds\n")
         click.echo(bench.markdown_table(report))

@@ -126,12 +126,13 @@ def machine_info() -> dict:
         blas = f"{info.get('name')} {info.get('version')}".strip()
     except Exception:  # noqa: BLE001 - informational only
         pass
-    from ..backends import cpu_blas
+    from ..backends import cpu_blas, overlap_calibration
     from ..backends.blas_calibration import processor
 
     return {"cpu": cpu, "cores": os.cpu_count(), "processor": processor(), "python": platform.python_version(),
             "numpy": np.__version__, "blas": blas, "host_blas": cpu_blas.describe(),
-            "host_blas_why": cpu_blas.why_chosen(), "platform": platform.platform(),
+            "host_blas_why": cpu_blas.why_chosen(), "host_schedule": overlap_calibration.describe(),
+            "platform": platform.platform(),
             "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
                                                    "OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "LSTMGRAD_BLAS",
                                                    "MKL_NUM_THREADS", "MKL_THREADING_LAYER")

@@ -1,0 +1,132 @@
+"""From what size a host pass runs its time loop beside its chunk products on this machine: measured once, cached.
+
+A pass cut into the overlapped schedule's chunks (``_xp.OVERLAP_MIN_FLOPS``: decided by the shape alone, so the
+result never depends on the machine) can run those chunks two ways, with the same bits: in sequence, every product
+on the library's threads, or overlapped (``XpGradient._run_overlapped``), the time loop on this thread while a
+second one does the chunk products, one BLAS thread each.  Which is faster depends on the machine: on the Intel AVX2
+machine the overlap was tuned on it paid from ~2e8 flops; on an AMD EPYC VM (AVX-512, 2 vCPUs, ~190 GFLOP/s) it
+lost 60% at 8e8 flops (7.0 ms in sequence, 11.4 ms overlapped: the second thread often waits for a core the
+scheduler gives it late), tied at 1.3e10 and won 4-12% from 2.7e10.
+
+So ``measure`` times both schedules on the numpy backend, alternating, at a ladder of sizes (``RUNGS``, smallest
+first, ~1 s in all on that VM), and the threshold is the smallest rung where the overlap is at least ``MARGIN``
+faster (past the largest rung when none is).  It is cached beside the BLAS choice
+(``blas_calibration.cache_dir()``) under the processor, the cores, the library the products go through and
+numpy's version: any change measures again.  ``lstmgrad backends --check`` measures ahead.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import blas_calibration, cpu_blas
+
+CACHE_FILE = "overlap-threshold.json"
+MARGIN = 1.03  # the overlap must take less than 1 / MARGIN of the sequential time
+# Passes timed, smallest first: T steps of B, I, C = 32, 256, 256 (6.7e7 flops a step).
+RUNGS = (16, 64, 256)
+RUNG_SHAPE = (32, 256, 256)  # B, I, C
+BEYOND = 4  # none overlapped faster: the threshold is this many times the largest rung's flops
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """Passes of at least ``flops`` run overlapped (on two cores or more); ``why``, in words."""
+
+    flops: float
+    why: str
+
+
+def flops(T: int, B: int, I: int, C: int) -> int:  # noqa: E741
+    """A backward pass's matrix-product flops."""
+    return 16 * T * B * C * (I + C)
+
+
+def overlaps(pass_flops: float) -> bool:
+    """Whether a pass of ``pass_flops`` (cut into the overlapped schedule's chunks) runs overlapped here: with two
+    cores or more for it (the ones this process may use, and as many threads for the library: a worker of a
+    batch gets one) and from this machine's threshold (``threshold``, measured once)."""
+    if cpu_blas.usable_cores() < 2 or cpu_blas.threads() < 2:
+        return False
+    return pass_flops >= threshold(cpu_blas.usable_cores()).flops
+
+
+def describe() -> str:
+    """The schedule of this process's host passes, in words (measuring the threshold if it is not known yet)."""
+    if cpu_blas.usable_cores() < 2 or cpu_blas.threads() < 2:
+        return (f"time loop and products in sequence ({cpu_blas.usable_cores()} core(s) usable, "
+                f"{cpu_blas.threads()} BLAS thread(s))")
+    return threshold(cpu_blas.usable_cores()).why
+
+
+def key(cores: int) -> str:
+    """What a cached threshold holds for: the processor, the cores, the library products go through, numpy."""
+    return json.dumps({"processor": blas_calibration.processor(), "cores": cores, "blas": cpu_blas.describe(),
+                       "numpy": np.__version__}, sort_keys=True)
+
+
+def measure(rungs=RUNGS, rounds: int = 3) -> dict[int, dict[str, float]]:
+    """Median seconds of a pass of each rung's size, in sequence and overlapped, the two alternating after one
+    untimed pass each; up the ladder until a rung where the overlap is ``MARGIN`` faster."""
+    from ..spec import LAYOUT_V2, SeqTensors  # noqa: PLC0415
+    from ._numpy import NumpyBackend  # noqa: PLC0415
+
+    B, I, C = RUNG_SHAPE  # noqa: E741
+    rng = np.random.default_rng(0)
+    engines = {"sequential": NumpyBackend(overlap=False), "overlapped": NumpyBackend(overlap=True)}
+    found = {}
+    for T in rungs:
+        shapes = dict(x=(T, B, I), cs_prev=(B, C), h_prev=(B, C), w=(I + C, 4 * C), wci=(C,), wcf=(C,), wco=(C,),
+                      b=(4 * C,), i=(T, B, C), cs=(T, B, C), f=(T, B, C), o=(T, B, C), ci=(T, B, C),
+                      co=(T, B, C), h=(T, B, C), cs_grad=(T, B, C), h_grad=(T, B, C))
+        tensors = SeqTensors(**{n: rng.uniform(-1, 1, s).astype(np.float32) for n, s in shapes.items()})
+        seconds = {name: [] for name in engines}
+        for round_ in range(rounds + 1):
+            for name, backend in (engines.items() if round_ % 2 else reversed(engines.items())):
+                start = time.perf_counter()
+                backend.block_lstm_grad(tensors, seq_len_max=T, use_peephole=False, layout=LAYOUT_V2,
+                                        compute_dtype=np.dtype(np.float32))
+                if round_:  # the first round warms up (threads, buffers): not counted
+                    seconds[name].append(time.perf_counter() - start)
+        found[T] = {name: statistics.median(times) for name, times in seconds.items()}
+        if found[T]["overlapped"] * MARGIN < found[T]["sequential"]:
+            break
+    return found
+
+
+def decide(seconds: dict[int, dict[str, float]]) -> float:
+    """The threshold in flops from ``measure``'s seconds: the smallest rung the overlap won, else ``BEYOND`` times
+    the largest rung's size."""
+    B, I, C = RUNG_SHAPE  # noqa: E741
+    for T in sorted(seconds):
+        if seconds[T]["overlapped"] * MARGIN < seconds[T]["sequential"]:
+            return float(flops(T, B, I, C))
+    return float(BEYOND * flops(max(seconds), B, I, C))
+
+
+def threshold(cores: int, measure_now=measure) -> Threshold:
+    """The cached threshold for this machine, else measured now (``measure_now``) and cached."""
+    entry_key = key(cores)
+    entry = _cached(entry_key)
+    origin = "cached"
+    if entry is None:
+        seconds = measure_now()
+        entry = {"flops": decide(seconds), "measured": time.strftime("%Y-%m-%d"),
+                 "seconds": {str(T): s for T, s in seconds.items()}}
+        blas_calibration.store(entry_key, entry, CACHE_FILE)
+        origin = "measured now"
+    return Threshold(entry["flops"], f"time loop beside the products from {entry['flops']:.2g} flops a pass (faster "
+                                     f"here from that size: {origin}, {entry.get('measured', 'undated')}; "
+                                     f"{blas_calibration.cache_dir() / CACHE_FILE})")
+
+
+def _cached(entry_key: str) -> dict | None:
+    entry = blas_calibration.cached(entry_key, CACHE_FILE)
+    if entry is not None and isinstance(entry.get("flops"), (int, float)) and entry["flops"] >= 0:
+        return entry
+    return None
