@@ -108,3 +108,14 @@ def test_either_schedule_gives_the_same_bits():
     for other in results[1:]:
         for a, b_ in zip(results[0], other, strict=True):
             np.testing.assert_array_equal(a, b_)
+
+
+def test_the_setting_overlaps_every_chunked_pass_or_none_without_measuring(cache, monkeypatch):
+    monkeypatch.setenv(overlap_calibration.OVERLAP_ENV, "on")
+    assert overlap_calibration.overlaps(1.0) and "LSTMGRAD_OVERLAP=on" in overlap_calibration.describe()
+    monkeypatch.setenv(overlap_calibration.OVERLAP_ENV, "off")
+    assert not overlap_calibration.overlaps(1e15) and "in sequence" in overlap_calibration.describe()
+    assert not (cache / overlap_calibration.CACHE_FILE).exists()  # nothing measured
+    monkeypatch.setenv(overlap_calibration.OVERLAP_ENV, "sometimes")
+    with pytest.warns(UserWarning, match="LSTMGRAD_OVERLAP='sometimes' is not one of auto, on, off"):
+        assert overlap_calibration.setting_of_env() == "auto"

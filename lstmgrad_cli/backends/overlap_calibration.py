@@ -27,6 +27,7 @@ import numpy as np
 from . import blas_calibration, cpu_blas
 
 CACHE_FILE = "overlap-threshold.json"
+OVERLAP_ENV = "LSTMGRAD_OVERLAP"  # auto (the measured threshold), on (every chunked pass) or off
 MARGIN = 1.03  # the overlap must take less than 1 / MARGIN of the sequential time
 # Passes timed, smallest first: T steps of B, I, C = 32, 256, 256 (6.7e7 flops a step).
 RUNGS = (16, 64, 256)
@@ -50,18 +51,45 @@ def flops(T: int, B: int, I: int, C: int) -> int:  # noqa: E741
 def overlaps(pass_flops: float) -> bool:
     """Whether a pass of ``pass_flops`` (cut into the overlapped schedule's chunks) runs overlapped here: with two
     cores or more for it (the ones this process may use, and as many threads for the library: a worker of a
-    batch gets one) and from this machine's threshold (``threshold``, measured once)."""
+    batch gets one) and from this machine's threshold (``threshold``, measured once).  ``LSTMGRAD_OVERLAP=on``
+    overlaps every one, ``off`` none, without measuring."""
+    setting = setting_of_env()
+    if setting != "auto":
+        return setting == "on"
     if cpu_blas.usable_cores() < 2 or cpu_blas.threads() < 2:
         return False
     return pass_flops >= threshold(cpu_blas.usable_cores()).flops
 
 
+def setting_of_env() -> str:
+    """``LSTMGRAD_OVERLAP``: "auto" (unset, or not one of the three: warned of), "on" or "off"."""
+    import os  # noqa: PLC0415
+    import warnings  # noqa: PLC0415
+
+    value = os.environ.get(OVERLAP_ENV, "auto").strip().lower() or "auto"
+    if value not in ("auto", "on", "off"):
+        warnings.warn(f"{OVERLAP_ENV}={value!r} is not one of auto, on, off; using auto", stacklevel=3)
+        return "auto"
+    return value
+
+
 def describe() -> str:
     """The schedule of this process's host passes, in words (measuring the threshold if it is not known yet)."""
+    setting = setting_of_env()
+    if setting != "auto":
+        return (f"{OVERLAP_ENV}={setting}: time loop beside the products in every pass of "
+                f"{_chunked_from():.2g} flops or more" if setting == "on" else
+                f"{OVERLAP_ENV}=off: time loop and products in sequence")
     if cpu_blas.usable_cores() < 2 or cpu_blas.threads() < 2:
         return (f"time loop and products in sequence ({cpu_blas.usable_cores()} core(s) usable, "
                 f"{cpu_blas.threads()} BLAS thread(s))")
     return threshold(cpu_blas.usable_cores()).why
+
+
+def _chunked_from() -> float:
+    from ._xp import OVERLAP_MIN_FLOPS  # noqa: PLC0415
+
+    return float(OVERLAP_MIN_FLOPS)
 
 
 def key(cores: int) -> str:
