@@ -226,6 +226,11 @@ def test_a_weights_file_without_the_cells_group_says_where_the_cells_are(runner,
     result = runner.invoke(main, ["cell", str(KERAS / case["files"]["in"]), "--weights",
                                   str(KERAS / case["files"]["weights"]), "-o", str(tmp_path / "g.npz")])
     assert "which holds LSTM cell weights at decoder_cell: name one with --weights-group" in result.stderr
+    result = runner.invoke(main, ["cell", str(KERAS / case["files"]["in"]), "--weights",  # a .keras archive's cells
+                                  str(KERAS / "keras_decoder_states.keras"), "-o", str(tmp_path / "g.npz")])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
+    assert "which holds LSTM cell weights at layers/lstm/cell, layers/lstm_1/cell: name one with --weights-group" \
+        in result.stderr, result.stderr
     result = runner.invoke(main, ["cell", str(KERAS / case["files"]["in"]), "-o", str(tmp_path / "g.npz")])
     assert "the tensors are a cell step's (x, h0, c0, h1_grad, c1_grad), and its weights are missing" in \
         result.stderr and "--weights FILE" in result.stderr

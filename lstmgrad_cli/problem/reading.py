@@ -359,7 +359,7 @@ def _cells_in(weights, keys, weights_group: str | None) -> Message | str:
                 return ""
             fmt = io.sniff_format(weights)
             if fmt == "keras":
-                with io.keras_archive.model_weights(weights) as (h5, _config, _version, _relabel):
+                with io.keras_archive.model_weights(weights) as (h5, _config, _version):
                     groups = frameworks.weights_files.keras_cells(h5)
             else:
                 groups = frameworks.weights_files.keras_cells(weights)
