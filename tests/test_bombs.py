@@ -118,18 +118,25 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def refusals(tmp_path_factory):
-    """Every case built, then run by `lstmgrad seq` (and the NPZ and HDF5 ones by `lstmgrad inspect`), two at a
-    time: name -> (input, output folder, fingerprint before, [(command, exit code, stdout, stderr, MB)])."""
-    root = tmp_path_factory.mktemp("bombs")
+def build_cases(root, cases: dict) -> dict:
+    """Each case of ``cases`` (name -> (build, expected)) built in a folder of its own under ``root``, with an empty
+    ``out`` folder beside it: name -> (folder, input path, extra arguments)."""
     built = {}
-    for k, (name, (build, _)) in enumerate(CASES.items()):
+    for k, (name, (build, _)) in enumerate(cases.items()):
         folder = root / f"case{k}"
         folder.mkdir()
         path, extra = build(folder)
         (folder / "out").mkdir()
-        built[name] = (path, extra, folder, fingerprint(folder))
+        built[name] = (folder, path, extra)
+    return built
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory):
+    """Every case built, then run by `lstmgrad seq` (and the NPZ and HDF5 ones by `lstmgrad inspect`), two at a
+    time: name -> (input, output folder, fingerprint before, [(command, exit code, stdout, stderr, MB)])."""
+    built = {name: (path, extra, folder, fingerprint(folder))
+             for name, (folder, path, extra) in build_cases(tmp_path_factory.mktemp("bombs"), CASES).items()}
     runs = []
     for name, (path, extra, folder, _) in built.items():
         runs.append((name, "seq", ["seq", str(path), *extra, "-o", str(folder / "out" / "g.npz")], folder))

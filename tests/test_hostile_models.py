@@ -26,7 +26,7 @@ import pytest
 from conftest import FIXTURES, assert_close_scaled
 from hypothesis import given
 from hypothesis import strategies as st
-from test_bombs import PEAK_MB, fingerprint, run_measured
+from test_bombs import PEAK_MB, build_cases, fingerprint, run_measured
 from test_fuzz import fuzz, traced_peak, watchdog
 
 from lstmgrad_cli import frameworks, io
@@ -198,14 +198,8 @@ def run_case(folder: Path, command: str, path: Path, extra: tuple):
 def outcomes(tmp_path_factory):
     """Every case built, then met by `seq` and `inspect --json`, two at a time: name -> (folder, fingerprint before,
     {command: (exit code, stdout, stderr, MB, left in TMPDIR)})."""
-    root = tmp_path_factory.mktemp("hostile-models")
-    built = {}
-    for k, (name, (build, _)) in enumerate(CASES.items()):
-        folder = root / f"case{k}"
-        folder.mkdir()
-        path, extra = build(folder)
-        (folder / "out").mkdir()
-        built[name] = (folder, path, extra, fingerprint(folder), fingerprint(path))
+    built = {name: (folder, path, extra, fingerprint(folder), fingerprint(path))
+             for name, (folder, path, extra) in build_cases(tmp_path_factory.mktemp("hostile-models"), CASES).items()}
     runs = [(name, command) for name in CASES for command in ("seq", "inspect")]
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda run: run_case(built[run[0]][0], run[1], *built[run[0]][1:3]), runs))

@@ -18,21 +18,33 @@ def keras_layers(path) -> list[dict]:
     own name and the shapes of kernel, recurrent_kernel and bias.  A Keras 3 file (``model.save_weights``) keeps a
     layer's weights at ``<group>/cell/vars/0, 1, 2``, under ``layers/`` and inside nested models and wrappers
     (``layers/bidirectional/backward_layer``); an older tf.keras or legacy ``.h5`` file at
-    ``<group>/lstm_cell/kernel[:0]``.  Only datasets' shapes are read; only hard links are followed, and at most
+    ``<group>/lstm_cell/kernel[:0]``.  Only datasets' shapes are read, in ``_walk_groups``'s bounds."""
+    layers = []
+
+    def visit(name, group, h5py) -> bool:
+        layer = _keras_lstm(name, group, h5py, path)
+        if layer is not None:
+            layers.append(layer)
+        return layer is None  # (a layer's own groups hold no other layer)
+
+    _walk_groups(path, visit)
+    return layers
+
+
+def _walk_groups(path, visit) -> None:
+    """``visit(name, group, h5py)`` for each group of the HDF5 file ``path``, depth first in the order of their names,
+    looking into a group's own groups where it returns True; only hard links are followed, and at most
     ``KERAS_WALK_GROUPS`` groups and ``KERAS_WALK_LINKS`` links are looked at (a group's links are counted before
     they are listed)."""
     from ..errors import InputFileError  # noqa: PLC0415
     from ..io import hdf5  # noqa: PLC0415 - h5py is imported when an HDF5 file is actually read
 
-    layers = []
     with hdf5.open_hdf5(path) as (fh, h5py), hdf5.hdf5_errors(path):
         pending, seen, links = [("", fh)], 0, 0
         while pending and seen < KERAS_WALK_GROUPS:
             name, group = pending.pop()
             seen += 1
-            layer = _keras_lstm(name, group, h5py, path)
-            if layer is not None:
-                layers.append(layer)
+            if not visit(name, group, h5py):
                 continue
             keys = hdf5.group_keys(group, path, f"group {cut(repr(name))}" if name else "its root group")
             links += len(keys)
@@ -41,7 +53,6 @@ def keras_layers(path) -> list[dict]:
                                      "are thousands at most); refused")
             children = [(f"{name}/{k}" if name else k, _hard_child(group, k, h5py)) for k in keys]
             pending.extend(reversed([(n, g) for n, g in children if isinstance(g, h5py.Group)]))
-    return layers
 
 
 def _keras_lstm(name: str, group, h5py, path) -> dict | None:
@@ -79,30 +90,18 @@ def _own_name(group, h5py, path) -> str:
 def keras_cells(path) -> list[str]:
     """The groups of a Keras weights file that hold an LSTM cell's weights as ``vars/0, 1, 2`` (kernel [I, 4C],
     recurrent_kernel [C, 4C], bias): an LSTMCell a subclassed model keeps as an attribute (``decoder_cell``), and the
-    ``cell`` of each LSTM layer (``layers/lstm/cell``), for one step of it.  Walked as ``keras_layers`` walks, in the
-    same bounds."""
-    from ..errors import InputFileError  # noqa: PLC0415
-    from ..io import hdf5  # noqa: PLC0415 - h5py is imported when an HDF5 file is actually read
-
+    ``cell`` of each LSTM layer (``layers/lstm/cell``), for one step of it.  Walked as ``keras_layers`` walks."""
     found = []
-    with hdf5.open_hdf5(path) as (fh, h5py), hdf5.hdf5_errors(path):
-        pending, seen, links = [("", fh)], 0, 0
-        while pending and seen < KERAS_WALK_GROUPS:
-            name, group = pending.pop()
-            seen += 1
-            own = _hard_path(group, ("vars",), h5py)
-            shapes = [_dataset_shape(own, str(k), h5py) for k in range(2)] if own is not None else [None]
-            if None not in shapes and all(len(s) == 2 for s in shapes) and shapes[0][1] == shapes[1][1] == \
-                    4 * shapes[1][0]:
-                found.append(name)
-            keys = hdf5.group_keys(group, path, f"group {cut(repr(name))}" if name else "its root group")
-            links += len(keys)
-            if links > KERAS_WALK_LINKS:
-                raise InputFileError(f"{path}: its groups hold more than {KERAS_WALK_LINKS} links (a model's layers "
-                                     "are thousands at most); refused")
-            children = [(f"{name}/{k}" if name else k, _hard_child(group, k, h5py)) for k in keys]
-            pending.extend(reversed([(n, g) for n, g in children if isinstance(g, h5py.Group) and n.rpartition("/")[2]
-                                     != "vars"]))
+
+    def visit(name, group, h5py) -> bool:
+        own = _hard_path(group, ("vars",), h5py)
+        shapes = [_dataset_shape(own, str(k), h5py) for k in range(2)] if own is not None else [None]
+        if None not in shapes and all(len(s) == 2 for s in shapes) and shapes[0][1] == shapes[1][1] == \
+                4 * shapes[1][0]:
+            found.append(name)
+        return name.rpartition("/")[2] != "vars"
+
+    _walk_groups(path, visit)
     return found
 
 
