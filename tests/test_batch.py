@@ -415,7 +415,7 @@ def test_worker_processes_that_cannot_start_fail_each_file_and_the_document_is_p
     from lstmgrad_cli.operations import batch
 
     @contextlib.contextmanager
-    def executor(workers=1, dask_address=None, initializer=None):
+    def executor(workers=1, dask_address=None, initializer=None, devices=()):
         raise BrokenPipeError(32, "Broken pipe")
         yield  # (a generator)
 
@@ -452,7 +452,7 @@ def test_a_task_that_cannot_be_handed_out_is_that_files_failure(tmp_path, monkey
             return super().submit(fn, *args, **kwargs)
 
     @contextlib.contextmanager
-    def executor(workers=1, dask_address=None, initializer=None):
+    def executor(workers=1, dask_address=None, initializer=None, devices=()):
         with BreaksOnSecond(2) as pool:
             yield pool, 1
 
@@ -483,8 +483,8 @@ def test_no_more_worker_processes_than_files(tmp_path, monkeypatch):
     tasks = batch.plan_tasks(make_inputs(tmp_path / "in")[:2], None, tmp_path)
     asked = []
     real = batch.make_executor
-    monkeypatch.setattr(batch, "make_executor", lambda workers=1, dask_address=None, initializer=None: asked.append(
-        workers) or real(workers, dask_address, initializer))
+    monkeypatch.setattr(batch, "make_executor", lambda workers=1, dask_address=None, initializer=None, devices=(): (
+        asked.append(workers) or real(workers, dask_address, initializer, devices)))
     results = batch.run_batch(tasks, GradOptions("seq"), workers=4)
     assert asked == [2] and [r.status for r in results] == ["ok", "ok"]
 
@@ -1098,8 +1098,8 @@ def test_local_workers_handed_bundles_give_every_file_its_result(tmp_path, monke
     real_executor = batch.make_executor
 
     @contextlib.contextmanager
-    def recording_executor(workers=1, dask_address=None, initializer=None):  # the real pool, its tasks recorded
-        with real_executor(workers, dask_address, initializer) as (pool, threads):
+    def recording_executor(workers=1, dask_address=None, initializer=None, devices=()):  # the real pool, recorded
+        with real_executor(workers, dask_address, initializer, devices) as (pool, threads):
             real_submit = pool.submit
             pool.submit = lambda run, bundle, *a: handed.append(len(bundle)) or real_submit(run, bundle, *a)
             yield pool, threads

@@ -90,7 +90,7 @@ def refresh() -> None:
     """Forget the registry and loaded backends (after installing a plugin, and in tests)."""
     registry.cache_clear()
     _load.cache_clear()
-    _cuda_unusable.cache_clear()
+    _cuda_probe.cache_clear()
 
 
 def _library_version(module: str) -> str | None:
@@ -164,29 +164,45 @@ except Exception as err:
 if count < 1:
     print("the driver finds no CUDA device")
     sys.exit(3)
+print(count)
 """
 CUDA_CHECK_TIMEOUT = 60.0
 
 
-@lru_cache(maxsize=1)
 def _cuda_unusable() -> str | None:
     """Why cupy cannot use a CUDA device here (asked of a child process, unless Linux shows no NVIDIA driver at
     all), or None when it can."""
+    return _cuda_probe()[1]
+
+
+@lru_cache(maxsize=1)
+def _cuda_probe() -> tuple[int, str | None]:
+    """(the CUDA devices cupy finds, why it can use none: None when it can), asked of a child process."""
     if no_nvidia_driver():
-        return "no NVIDIA driver is loaded (Linux shows no /proc/driver/nvidia)"
+        return 0, "no NVIDIA driver is loaded (Linux shows no /proc/driver/nvidia)"
     import subprocess  # noqa: PLC0415 - only when cupy is asked about (~4 ms of every command's start)
 
     try:
         proc = subprocess.run([sys.executable, "-c", _CUDA_CHECK], capture_output=True, text=True,
                               timeout=CUDA_CHECK_TIMEOUT, check=False)
     except subprocess.TimeoutExpired:
-        return f"asking cupy took over {CUDA_CHECK_TIMEOUT:.0f} s"
+        return 0, f"asking cupy took over {CUDA_CHECK_TIMEOUT:.0f} s"
     except (OSError, subprocess.SubprocessError) as err:
-        return f"cupy could not be asked ({err})"
+        return 0, f"cupy could not be asked ({err})"
     if proc.returncode == 0:
-        return None
+        said = proc.stdout.split()
+        return (int(said[-1]) if said and said[-1].isdigit() else 1), None
     said = " ".join(proc.stdout.split())[:300]
-    return said or f"cupy could not start (exit {proc.returncode})"
+    return 0, said or f"cupy could not start (exit {proc.returncode})"
+
+
+def visible_devices() -> list[str]:
+    """The CUDA devices a batch's local workers are spread over, one each in turn, as CUDA_VISIBLE_DEVICES names
+    them: its own entries where it is set (an empty one: none), else 0, 1, ... for each device cupy finds here."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        return [entry.strip() for entry in given.split(",") if entry.strip()]
+    return [str(k) for k in range(_cuda_probe()[0])]
 
 
 def no_nvidia_driver() -> bool:

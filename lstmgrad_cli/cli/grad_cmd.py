@@ -69,7 +69,8 @@ def _shared_options(kind: str):
         click.option("--strict", is_flag=True, help="Treat NaN or Inf in inputs or gradients, and activations that "
                                                     "contradict what was asked or fit nothing, as a failure (exit 1)."),
         click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="Process files in N local processes (BLAS threads are divided among them)."),
+                     help="Process files in N local processes (BLAS threads are divided among them; with a GPU "
+                          "backend each takes one visible CUDA device, in turn)."),
         click.option("--dask", "dask_address", metavar="ADDRESS",
                      help="Send files to a Dask distributed scheduler (tcp://host:8786); needs lstmgrad[dask]."),
     )

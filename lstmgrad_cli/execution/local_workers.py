@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..backends import cpu_blas
@@ -31,10 +31,11 @@ HELD_SIGNALS = STOP_SIGNALS + ((PARENT_SIGNAL,) if PARENT_SIGNAL is not None els
 
 
 @contextlib.contextmanager
-def pool(workers: int, initializer: Callable[[], None] | None = None
+def pool(workers: int, initializer: Callable[[], None] | None = None, devices: Sequence[str] = ()
                ) -> Iterator[tuple[cf.ProcessPoolExecutor, int]]:
     """A pool of ``workers`` processes, all started, and the BLAS threads each runs (its share of the cores).
-    ``initializer`` runs in each after ``_worker_begins``.
+    ``initializer`` runs in each after ``_worker_begins``.  With ``devices`` (CUDA devices as
+    CUDA_VISIBLE_DEVICES names them), each worker sees one of them, in turn: a GPU backend in it computes there.
 
     The pool's ``stop_queued()`` says that the batch has stopped: a worker then runs no more of the files it
     was handed than the one in hand (``queued_stopped``), as the pool's queue holds tasks it cannot take back.
@@ -49,9 +50,14 @@ def pool(workers: int, initializer: Callable[[], None] | None = None
     context = multiprocessing.get_context(method)
     stopped = context.Event()
     ignored = frozenset(sig for sig in STOP_SIGNALS if signal.getsignal(sig) == signal.SIG_IGN)
+    assigned = None
+    if devices:  # one device each, in turn: taken by each worker as it starts
+        assigned = context.Queue()
+        for k in range(workers):
+            assigned.put(devices[k % len(devices)])
     with _thread_env(threads):
         pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_begins,
-                                      initargs=(method == "fork", threads, ignored, initializer, stopped))
+                                      initargs=(method == "fork", threads, ignored, initializer, stopped, assigned))
         pool.stop_queued = stopped.set  # (every worker holds ``stopped``: _worker_begins)
         pool.interrupt_workers = lambda: _interrupt(pool)
         with pool:
@@ -82,7 +88,8 @@ def start_method() -> str:
     after numba is imported either: it sized its thread pool then, and every forked copy would start a pool
     of that size (or fail to, where its threading layer cannot load) instead of its share of the cores.
     """
-    if not sys.platform.startswith("linux") or threading.active_count() != 1 or "numba" in sys.modules:
+    if (not sys.platform.startswith("linux") or threading.active_count() != 1 or "numba" in sys.modules
+            or "cupy" in sys.modules):  # (CUDA does not survive a fork)
         return "spawn"
     # Ending OpenBLAS's threads assumes no other thread is inside BLAS.  None that Python's threading module
     # knows of runs; one started outside it could (the risk _xp._run_overlapped takes too), and is then
@@ -149,7 +156,7 @@ def _fresh_handler(sig: int):
 
 
 def _worker_begins(forked: bool, threads: int, ignored: frozenset[int], initializer: Callable[[], None] | None,
-                   stopped=None) -> None:
+                   stopped=None, assigned=None) -> None:
     """First in every local worker process, which starts with the stop signals blocked (_stop_signals_held).
 
     A forked worker is first made what a spawned one starts as: its parent's handlers go (Ctrl-C raises
@@ -157,8 +164,11 @@ def _worker_begins(forked: bool, threads: int, ignored: frozenset[int], initiali
     keeps an ignored signal ignored), and the BLAS libraries its parent loaded run ``threads`` threads each (a
     spawned worker reads the count from the environment when it loads them: _thread_env).  Then
     ``initializer`` runs, and a stop signal that came meanwhile reaches the handlers it left in place.
-    ``stopped``: the pool's Event that says the batch has stopped (``queued_stopped``)."""
+    ``stopped``: the pool's Event that says the batch has stopped (``queued_stopped``); ``assigned``: the queue of
+    CUDA devices, one taken by each worker before anything here can start CUDA."""
     _state.batch_stopped = stopped
+    if assigned is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = assigned.get()
     if forked:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN if sig in ignored else _fresh_handler(sig))

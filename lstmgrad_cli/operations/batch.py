@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
-from .. import io
+from .. import backends, io
 from ..backends import cpu_blas
 from ..errors import ExitCode, LstmGradError, OutputExistsError, OutputFileError
 from ..execution import interrupts, local_workers
@@ -364,19 +364,33 @@ def _blas_limits(threads: int | None):
 
 @contextlib.contextmanager
 def make_executor(workers: int = 1, dask_address: str | None = None,
-                  initializer: Callable[[], None] | None = None) -> Iterator[tuple[cf.Executor | None, int | None]]:
+                  initializer: Callable[[], None] | None = None,
+                  devices: Sequence[str] = ()) -> Iterator[tuple[cf.Executor | None, int | None]]:
     """(executor, BLAS threads per task) for the chosen way of running; no executor for a serial run.
-    ``initializer`` runs first in each local worker process."""
+    ``initializer`` runs first in each local worker process; ``devices``: the CUDA devices local workers are
+    spread over, one each in turn (``gpu_devices``)."""
     if dask_address:
         with dask_executor(dask_address) as executor:
             # A Dask worker runs one task per thread at once: one BLAS thread per task keeps it at its cores.
             yield executor, 1
         return
     if workers > 1:
-        with local_workers.pool(workers, initializer) as (pool, threads):
+        with local_workers.pool(workers, initializer, devices) as (pool, threads):
             yield pool, threads
         return
     yield None, None  # serial: tasks run in this process, one after another
+
+
+def gpu_devices(backend: str | None) -> list[str]:
+    """The CUDA devices a batch's local workers are spread over, one each in turn, when ``backend`` (a name, None
+    for the default) computes on a GPU (cupy, a plugin with ``gpu_arrays``): ``backends.visible_devices``; [] for
+    a host backend."""
+    name = backends.resolve_name(backend)
+    spec = backends.registry().get(name)
+    plugin = spec is not None and spec.source != "built-in"  # (loaded to ask; a built-in one is known by name)
+    if name == "cupy" or (plugin and backends.takes_gpu_arrays(backends.get_backend(name))):
+        return backends.visible_devices()
+    return []
 
 
 @dataclass
@@ -493,8 +507,10 @@ def _run_pending(tasks, pending, options, results, finish, workers, dask_address
         with contextlib.ExitStack() as running:
             try:
                 with interrupts.interruptible():  # (starting the pool, connecting to Dask: a signal interrupts them)
-                    executor, threads = running.enter_context(make_executor(min(workers, len(bundles)), dask_address,
-                                                                            _worker_started))
+                    count = min(workers, len(bundles))
+                    devices = gpu_devices(options.backend) if local and count > 1 else []
+                    executor, threads = running.enter_context(make_executor(count, dask_address, _worker_started,
+                                                                            devices))
             except (OSError, RuntimeError, cf.BrokenExecutor) as err:
                 # Local workers that could not start (one killed as it started, or multiprocessing's resource
                 # tracker: a broken pipe to it): each file's failure, not the batch's (nor its stdout's).
