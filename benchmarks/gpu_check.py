@@ -4,7 +4,8 @@
 2. `lstmgrad backends --check`: every kernel built for this GPU;
 3. the suite's `gpu` tests (tests/test_backends.py);
 4. every golden case of the suite (TensorFlow ops, Keras layers, PyTorch layers and whole modules) on cupy:
-   tests/test_ops_golden.py, test_frameworks.py and test_modules.py with LSTMGRAD_TEST_BACKEND=cupy;
+   tests/test_ops_golden.py, test_frameworks.py, test_modules.py and test_forward_cmd.py (the forward ops against
+   TensorFlow's) with LSTMGRAD_TEST_BACKEND=cupy;
    and again with the time loop in one launch (LSTMGRAD_CUPY_LOOP=persistent);
 5. `lstmgrad bench` on the GPU: the cupy backend from host arrays and on device arrays (both time loops), the
    GPU's own GEMM limit, PyTorch's cuDNN backward with TF32 off and on.
@@ -25,7 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = ("50,32,128,128", "100,64,256,256", "200,128,512,512", "500,16,256,256")
-GOLDEN_TESTS = ("tests/test_ops_golden.py", "tests/test_frameworks.py", "tests/test_modules.py")
+GOLDEN_TESTS = ("tests/test_ops_golden.py", "tests/test_frameworks.py", "tests/test_modules.py",
+                "tests/test_forward_cmd.py")
 
 
 def run(title: str, cmd: list[str], timeout: float, env: dict | None = None) -> tuple[str, str, float]:

@@ -182,3 +182,41 @@ def test_table_output(tmp_path):
     result = run("forward", "cell", src, "-o", tmp_path / "o.npz", "--cell-clip", "-1")
     assert result.exit_code == 0, result.stderr
     assert "LSTMBlockCell (layout icfo)" in result.stdout and "next: lstmgrad cell" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["seq_v2_peep", "seq_v1_clip", "cell_peep", "seq_v2_half"])
+def test_forward_on_a_gpu_backend_computes_where_it_computes_with_the_same_bits(tmp_path, name):
+    """The cupy backend built for the host (tests/cuda_host.py: numpy as its device): the inputs go through the
+    backend's own copy to its device, once each, and the result is the host's bit for bit.  (On a real GPU, make
+    gpu-check runs this file with LSTMGRAD_TEST_BACKEND=cupy: the forward computed by cupy against TensorFlow's.)"""
+    from cuda_host import cupy_backend
+
+    from lstmgrad_cli.operations.forward import ForwardOptions, run_forward_file
+
+    kind = "cell" if name.startswith("cell") else "seq"
+    layout = "icfo" if "v1" in name or kind == "cell" else "ifco"
+    source = weights_only(tmp_path, name)
+    copies = []
+    on_device = run_forward_file(source, tmp_path / "device.npz", ForwardOptions(kind, layout),
+                                 backend=cupy_backend(copies=copies))
+    on_host = run_forward_file(source, tmp_path / "host.npz", ForwardOptions(kind, layout, backend="numpy"))
+    assert copies == ["in"] * len(INPUTS)
+    assert (on_device.backend, on_host.backend) == ("cupy", "numpy")
+    with np.load(tmp_path / "device.npz") as got, np.load(tmp_path / "host.npz") as want:
+        for key in OUTPUTS:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    assert read_metadata(tmp_path / "device.npz")["backend"] == "cupy"
+
+
+def test_forward_names_where_it_computed_and_refuses_an_unusable_backend_in_one_line(tmp_path):
+    source = weights_only(tmp_path, "seq_v2_peep")
+    result = run("forward", "seq", source, "-o", tmp_path / "numba.npz", "--backend", "numba", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)["result"]
+    assert doc["backend"] == "numpy" and doc["backend_version"] == np.__version__  # (the host backends' forward)
+    result = run("forward", "seq", source, "-o", tmp_path / "gpu.npz", "--backend", "cupy")
+    if result.exit_code == 0:  # a machine with a GPU
+        assert read_metadata(tmp_path / "gpu.npz")["backend"] == "cupy"
+        return
+    assert result.exit_code == 1 and result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1
+    assert "cupy" in result.stderr and not (tmp_path / "gpu.npz").exists()

@@ -276,6 +276,24 @@ def gpu_array(value):
     return cupy.asarray(value)
 
 
+def placed(backend, arrays: dict) -> dict:
+    """``arrays`` where ``backend`` computes: copied to its device for a GPU backend that can copy them there
+    (``to_device``), else as they are (the host backends; arrays already on a device)."""
+    to_device = getattr(backend, "to_device", None) if takes_gpu_arrays(backend) else None
+    if to_device is None:
+        return arrays
+    return {name: a if a is None or on_gpu(a) else to_device(a) for name, a in arrays.items()}
+
+
+def on_host(backend, values):
+    """``values`` (a tuple of arrays, or a NamedTuple of them) as numpy arrays: each copied back from ``backend``'s
+    device (``to_host``) where ``placed`` put it there."""
+    to_host = getattr(backend, "to_host", None) if takes_gpu_arrays(backend) else None
+    if to_host is None:
+        return values
+    return type(values)(*(to_host(a) if on_gpu(a) else a for a in values))
+
+
 def takes_gpu_arrays(backend) -> bool:
     """Whether a backend object computes arrays that are on a GPU (the cupy backend; a plugin saying so with a
     ``gpu_arrays = True`` attribute)."""

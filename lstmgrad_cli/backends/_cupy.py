@@ -140,6 +140,14 @@ class CupyBackend:
     def version(self) -> str:
         return self._cp.__version__
 
+    def to_device(self, a):
+        """A host array copied to the device (contract.OPTIONAL)."""
+        return self._cp.ascontiguousarray(self._cp.asarray(a))
+
+    def to_host(self, a):
+        """A device array copied back to the host (contract.OPTIONAL)."""
+        return np.asarray(self._cp.asnumpy(a))
+
     def block_lstm_grad(self, tensors, *, seq_len_max, use_peephole, layout, compute_dtype,
                         chunk_steps=None, return_dgates=False, x_grad_out=None, observe=None):
         cp = self._cp

@@ -54,6 +54,7 @@ def _forward_options(kind: str):
         opt.group_option(None),
         click.option("--compute-dtype", type=opt.COMPUTE_DTYPES,
                      help="Arithmetic precision (float16 inputs default to float32, rounded once)."),
+        opt.backend_option(),
         opt.json_option("a table"),
         opt.quiet_option(),
         opt.force_option("an existing output file"),
@@ -82,11 +83,11 @@ def forward_command() -> None:
 @click.option("--seq-len-max", type=click.IntRange(min=0), help="Steps to run (default: from the file, else T).")
 @handle_errors
 def forward_seq_command(input_path, output, forget_bias, cell_clip, use_peephole, grads, group, compute_dtype,
-                        as_json, quiet, force, layout, seq_len_max):
+                        backend, as_json, quiet, force, layout, seq_len_max):
     """BlockLSTMV2 (or BlockLSTM with --layout icfo) on INPUT; x is [T, B, I]."""
     options = ForwardOptions("seq", layout, use_peephole=use_peephole, seq_len_max=seq_len_max, group=group,
                              compute_dtype=compute_dtype, forget_bias=forget_bias, cell_clip=cell_clip, grads=grads,
-                             force=force)
+                             force=force, backend=backend)
     _forward(input_path, output, options, as_json, quiet)
 
 
@@ -94,10 +95,10 @@ def forward_seq_command(input_path, output, forget_bias, cell_clip, use_peephole
 @_forward_options("cell")
 @handle_errors
 def forward_cell_command(input_path, output, forget_bias, cell_clip, use_peephole, grads, group, compute_dtype,
-                         as_json, quiet, force):
+                         backend, as_json, quiet, force):
     """LSTMBlockCell (one step, ICFO) on INPUT; x is [B, I]."""
     options = ForwardOptions("cell", CELL_LAYOUT, use_peephole=use_peephole, group=group, compute_dtype=compute_dtype,
-                             forget_bias=forget_bias, cell_clip=cell_clip, grads=grads, force=force)
+                             forget_bias=forget_bias, cell_clip=cell_clip, grads=grads, force=force, backend=backend)
     _forward(input_path, output, options, as_json, quiet)
 
 

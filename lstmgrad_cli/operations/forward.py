@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import __version__, io
+from .. import __version__, backends, io
 from ..analysis import decide
 from ..analysis.summary import TensorSummary, summarise
 from ..errors import InvalidArgumentError
@@ -82,18 +82,33 @@ class ForwardResult:
     defaults: list[str] = field(default_factory=list)
     tensors: list[TensorSummary] = field(default_factory=list)
     seconds: float | None = None
+    backend: str | None = None  # where it was computed, and the version of what computed it
+    backend_version: str | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def run_forward_file(input_path: str | Path, output_path: str | Path, options: ForwardOptions) -> ForwardResult:
-    """Run the forward op on one file's inputs and write the complete gradient-op input file."""
+def run_forward_file(input_path: str | Path, output_path: str | Path, options: ForwardOptions, *,
+                     backend=None) -> ForwardResult:
+    """Run the forward op on one file's inputs and write the complete gradient-op input file.  It computes where
+    ``backend`` (an object; None: the one ``options.backend`` names) computes: on the host (numpy, whichever host
+    backend is named), or, for a GPU backend, on its device, the inputs copied there once and the outputs back
+    (``backends.placed``, ``backends.on_host``)."""
     start = time.perf_counter()
+    if backend is None:
+        name = backends.resolve_name(options.backend)
+        backend = backends.get_backend(name)
+    else:
+        name = backend.name
     input_path, out = Path(input_path), Path(output_path)
     op = options.op
     layout = layout_for(options.kind, options.layout)
-    result = ForwardResult(str(input_path), None, op, layout)
+    if not backends.takes_gpu_arrays(backend):  # the host backends' forward is numpy's (ops/forward.py)
+        name, version = "numpy", np.__version__
+    else:
+        version = getattr(backend, "version", None)
+    result = ForwardResult(str(input_path), None, op, layout, backend=name, backend_version=version)
     mode, seed = parse_grads(options.grads)
     fb_default, clip_default = FORWARD_DEFAULTS[op]
     decide.forget_bias_allowed(op, options.forget_bias)
@@ -138,12 +153,14 @@ def run_forward_file(input_path: str | Path, output_path: str | Path, options: F
         raise InvalidArgumentError(f"{input_path}: {err}") from None
 
     common = dict(cell_clip=cell_clip, use_peephole=use_peephole, compute_dtype=options.compute_dtype)
+    there = backends.placed(backend, arrays)
     if op == "BlockLSTMV2":
-        outs = block_lstm_v2(seq_len_max, **arrays, **common)
+        outs = block_lstm_v2(seq_len_max, **there, **common)
     elif op == "BlockLSTM":
-        outs = block_lstm(seq_len_max, **arrays, forget_bias=forget_bias, **common)
+        outs = block_lstm(seq_len_max, **there, forget_bias=forget_bias, **common)
     else:
-        outs = lstm_block_cell(**arrays, forget_bias=forget_bias, **common)
+        outs = lstm_block_cell(**there, forget_bias=forget_bias, **common)
+    outs = backends.on_host(backend, outs)
 
     tensors: dict[str, np.ndarray] = {}
     if seq_len_max is not None:
@@ -156,7 +173,7 @@ def run_forward_file(input_path: str | Path, output_path: str | Path, options: F
         "tool": "lstmgrad", "version": __version__, "op": op, "layout": layout,
         "forget_bias": forget_bias, "cell_clip": cell_clip, "grads": result.grads,
         "dtype": str(dtype), "compute_dtype": str(cdt), "source": str(input_path.resolve()),
-        "group": options.group or "",
+        "group": options.group or "", "backend": name, "backend_version": result.backend_version or "",
     }
     io.write_outputs(out, tensors, metadata, force=options.force)
 
