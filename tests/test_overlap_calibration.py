@@ -65,6 +65,13 @@ def test_measured_once_then_cached_per_machine_and_cores(cache):
     assert len(calls) == 2 and len(json.loads((cache / overlap_calibration.CACHE_FILE).read_text())["entries"]) == 2
 
 
+def test_a_threshold_past_every_size_measured_says_so(cache):
+    none_won = {16: {"sequential": 1.0, "overlapped": 1.5}, 64: {"sequential": 1.0, "overlapped": 1.2}}
+    found = overlap_calibration.threshold(2, lambda: none_won)
+    assert found.flops == overlap_calibration.BEYOND * _rung_flops(64)
+    assert f"at no size measured, up to {_rung_flops(64):.2g} flops" in found.why
+
+
 def test_an_unreadable_cache_is_measured_again(cache):
     (cache / overlap_calibration.CACHE_FILE).write_text('{"entries": {"x": 1}, "schema": 1')  # cut short
     calls = []

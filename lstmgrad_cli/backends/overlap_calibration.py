@@ -137,8 +137,14 @@ def decide(seconds: dict[int, dict[str, float]]) -> float:
     return float(BEYOND * flops(max(seconds), B, I, C))
 
 
+_known: dict[tuple, Threshold] = {}  # this process's thresholds (the machine does not change under it)
+
+
 def threshold(cores: int, measure_now=measure) -> Threshold:
     """The cached threshold for this machine, else measured now (``measure_now``) and cached."""
+    known = _known.get((cores, cpu_blas.describe(), blas_calibration.cache_dir()))
+    if known is not None:
+        return known
     entry_key = key(cores)
     entry = _cached(entry_key)
     origin = "cached"
@@ -148,9 +154,16 @@ def threshold(cores: int, measure_now=measure) -> Threshold:
                  "seconds": {str(T): s for T, s in seconds.items()}}
         blas_calibration.store(entry_key, entry, CACHE_FILE)
         origin = "measured now"
-    return Threshold(entry["flops"], f"time loop beside the products from {entry['flops']:.2g} flops a pass (faster "
-                                     f"here from that size: {origin}, {entry.get('measured', 'undated')}; "
+    B, I, C = RUNG_SHAPE  # noqa: E741
+    largest = max((int(T) for T in entry.get("seconds", {}) if str(T).isdigit()), default=0)
+    found = ("faster here from that size" if entry["flops"] <= flops(largest, B, I, C) else
+             f"faster here at no size measured, up to {flops(largest, B, I, C):.2g} flops: left to passes "
+             f"{BEYOND}x larger")
+    made = Threshold(entry["flops"], f"time loop beside the products from {entry['flops']:.2g} flops a pass ({found}: "
+                                     f"{origin}, {entry.get('measured', 'undated')}; "
                                      f"{blas_calibration.cache_dir() / CACHE_FILE})")
+    _known[(cores, cpu_blas.describe(), blas_calibration.cache_dir())] = made
+    return made
 
 
 def _cached(entry_key: str) -> dict | None:
