@@ -50,11 +50,9 @@ def pool(workers: int, initializer: Callable[[], None] | None = None, devices: S
     context = multiprocessing.get_context(method)
     stopped = context.Event()
     ignored = frozenset(sig for sig in STOP_SIGNALS if signal.getsignal(sig) == signal.SIG_IGN)
-    assigned = None
-    if devices:  # one device each, in turn: taken by each worker as it starts
-        assigned = context.Queue()
-        for k in range(workers):
-            assigned.put(devices[k % len(devices)])
+    # one device each, in turn: each worker takes the next as it starts (a counter in shared memory: no thread here
+    # to feed a queue, as a fork must find none)
+    assigned = (tuple(devices), context.Value("i", 0)) if devices else None
     with _thread_env(threads):
         pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_begins,
                                       initargs=(method == "fork", threads, ignored, initializer, stopped, assigned))
@@ -164,11 +162,14 @@ def _worker_begins(forked: bool, threads: int, ignored: frozenset[int], initiali
     keeps an ignored signal ignored), and the BLAS libraries its parent loaded run ``threads`` threads each (a
     spawned worker reads the count from the environment when it loads them: _thread_env).  Then
     ``initializer`` runs, and a stop signal that came meanwhile reaches the handlers it left in place.
-    ``stopped``: the pool's Event that says the batch has stopped (``queued_stopped``); ``assigned``: the queue of
-    CUDA devices, one taken by each worker before anything here can start CUDA."""
+    ``stopped``: the pool's Event that says the batch has stopped (``queued_stopped``); ``assigned``: the CUDA
+    devices and the count of workers that took one, this one taking the next before anything here can start CUDA."""
     _state.batch_stopped = stopped
     if assigned is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = assigned.get()
+        devices, taken = assigned
+        with taken.get_lock():
+            os.environ["CUDA_VISIBLE_DEVICES"] = devices[taken.value % len(devices)]
+            taken.value += 1
     if forked:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN if sig in ignored else _fresh_handler(sig))
