@@ -20,8 +20,8 @@ from ..spec import SeqTensors
 OPTIONAL = {
     "gpu_arrays": "True: it computes arrays already on a GPU (cupy's, DLPack's), and returns its results there",
     "build_kernels": "a method building its kernels ahead of a job (lstmgrad backends --check); returns how many",
-    "to_device": "with gpu_arrays: a method copying a host array to the device (the forward op and the checks then "
-                 "compute there, ops/forward.py being written against the array's module)",
+    "to_device": "with gpu_arrays: a method copying a host array to the device (lstmgrad forward then computes "
+                 "there: ops/forward.py is written against the array's module)",
     "to_host": "with gpu_arrays: a method copying a device array back to a numpy array",
 }
 
