@@ -209,6 +209,7 @@ def outcomes(tmp_path_factory):
     return out, {name: built[name][1] for name in built}
 
 
+@pytest.mark.slow  # (every case run by real commands: the outcomes fixture, ~12 s)
 def test_the_cases_are_small_on_disk(outcomes):
     _, inputs = outcomes
     for name, path in inputs.items():
@@ -217,6 +218,7 @@ def test_the_cases_are_small_on_disk(outcomes):
         assert used < 20 * MiB, (name, used)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_crafted_model_file_is_refused_in_one_line_or_computed_right(outcomes, name):
     results, _ = outcomes
@@ -373,6 +375,7 @@ def problem_or_refusal(inputs: Path, weights: Path, group: str):
     assert peak[0] < 100 * MiB, peak[0]
 
 
+@pytest.mark.slow  # (~3 s: one of the slowest fuzz tests)
 @fuzz(short=60)
 @given(data=st.data(), kind=st.sampled_from(sorted(SOURCES)))
 def test_mutated_keras_configurations_give_a_problem_or_one_line(tmp_path_factory, data, kind):
