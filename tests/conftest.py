@@ -100,7 +100,7 @@ TEST_BACKEND = os.environ.get("LSTMGRAD_TEST_BACKEND")
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for var in ("LSTMGRAD_BACKEND", "NO_COLOR", "FORCE_COLOR"):
+    for var in ("LSTMGRAD_BACKEND", "LSTMGRAD_OVERLAP", "NO_COLOR", "FORCE_COLOR"):  # (the schedule: as measured)
         monkeypatch.delenv(var, raising=False)
     if TEST_BACKEND:
         monkeypatch.setenv("LSTMGRAD_BACKEND", TEST_BACKEND)
