@@ -79,6 +79,16 @@ def consistent_inputs(T=4, B=3, I=5, C=4, *, dtype=np.float32, seed=0, layout="i
     return tensors
 
 
+def assert_same_gradients(got: dict, expected: dict):
+    """The gradients a framework's golden file holds, each of its shape and dtype, within 2e-6 of its largest value
+    (and no other)."""
+    assert set(got) == set(expected), set(got) ^ set(expected)
+    for name, want in expected.items():
+        assert got[name].shape == want.shape and got[name].dtype == want.dtype, name
+        scale = float(np.max(np.abs(want), initial=0.0))
+        assert float(np.max(np.abs(got[name] - want), initial=0.0)) <= 1e-7 + 2e-6 * scale, name
+
+
 def write_npz(path: Path, tensors: dict) -> Path:
     np.savez(path, **tensors)
     return path

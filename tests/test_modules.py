@@ -107,6 +107,22 @@ def finite_differences(loss, arrays: dict, names, eps=1e-6) -> dict:
 
 # -- PyTorch modules with lengths ----------------------------------------------------------------------------
 
+def random_state_dict(rng, layers: int, D: int, I: int, C: int, H: int, one_bias: bool = False) -> dict:  # noqa: E741
+    """An nn.LSTM's parameters, drawn from ``rng``: weight_hr [H, C] too where H < C (proj_size); ``one_bias``:
+    bias_ih and bias_hh the same array."""
+    params = {}
+    for k in range(layers):
+        for d in range(D):
+            s = f"_l{k}" + ("_reverse" if d else "")
+            params["weight_ih" + s] = rng.normal(0, 0.8, (4 * C, I if k == 0 else D * H))
+            params["weight_hh" + s] = rng.normal(0, 0.8, (4 * C, H))
+            params["bias_ih" + s] = rng.normal(0, 0.5, 4 * C)
+            params["bias_hh" + s] = params["bias_ih" + s] if one_bias else rng.normal(0, 0.5, 4 * C)
+            if H < C:
+                params["weight_hr" + s] = rng.normal(0, 0.8, (H, C))
+    return params
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), layers=st.integers(1, 2), D=st.integers(1, 2), T=st.integers(1, 4),
        B=st.integers(1, 3), packed=st.booleans(), batch_first=st.booleans(), projected=st.booleans())
@@ -116,16 +132,7 @@ def test_torch_modules_with_lengths_match_the_reference(seed, layers, D, T, B, p
     rng = np.random.default_rng(seed)
     I, C = 2, 3  # noqa: E741
     H = 2 if projected else C
-    params = {}
-    for k in range(layers):
-        for d in range(D):
-            s = f"_l{k}" + ("_reverse" if d else "")
-            params["weight_ih" + s] = rng.normal(0, 0.8, (4 * C, I if k == 0 else D * H))
-            params["weight_hh" + s] = rng.normal(0, 0.8, (4 * C, H))
-            params["bias_ih" + s] = rng.normal(0, 0.5, 4 * C)
-            params["bias_hh" + s] = rng.normal(0, 0.5, 4 * C)
-            if projected:
-                params["weight_hr" + s] = rng.normal(0, 0.8, (H, C))
+    params = random_state_dict(rng, layers, D, I, C, H)
     x = rng.normal(size=(T, B, I))
     lengths = rng.integers(0, T + 1, B) if packed else np.full(B, T)
     h0, hn_grad = rng.normal(size=(2, layers * D, B, H))
@@ -161,15 +168,7 @@ def test_unbatched_torch_input_is_one_example_without_its_batch_axis(seed, layer
     rng = np.random.default_rng(seed)
     I, C = 3, 3  # noqa: E741
     H = 2 if projected else C
-    params = {}
-    for k in range(layers):
-        for d in range(D):
-            s = f"_l{k}" + ("_reverse" if d else "")
-            params["weight_ih" + s] = rng.normal(0, 0.8, (4 * C, I if k == 0 else D * H))
-            params["weight_hh" + s] = rng.normal(0, 0.8, (4 * C, H))
-            params["bias_ih" + s] = params["bias_hh" + s] = rng.normal(0, 0.5, 4 * C)
-            if projected:
-                params["weight_hr" + s] = rng.normal(0, 0.8, (H, C))
+    params = random_state_dict(rng, layers, D, I, C, H, one_bias=True)
     x = rng.normal(size=(T, I))
     h0, hn_grad = rng.normal(size=(2, layers * D, H))
     c0, cn_grad = rng.normal(size=(2, layers * D, C))
