@@ -440,3 +440,15 @@ def test_cli_shows_an_unknown_choice_as_one_warning_line(runner, choose, tmp_pat
     result = runner.invoke(main, ["seq", str(FIXTURES / "seq_tiny.in.npz"), "-o", str(tmp_path / "g.npz"), "-q"])
     assert result.exit_code == 0, result.stderr
     assert result.stderr == "Warning: LSTMGRAD_BLAS='atlas' is not one of auto, mkl, openblas; using auto\n"
+
+
+@pytest.mark.parametrize("name", ["numpy", "click", "h5py", "mkl", "google-crc32c", "Google_CRC32C", "no-such-dist"])
+def test_installed_version_is_what_importlib_metadata_says(name):
+    """Every command asks for MKL's version without importlib.metadata (its imports cost 10-20 ms a start)."""
+    import importlib.metadata
+
+    try:
+        expected = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        expected = None
+    assert cpu_blas.installed_version(name) == expected

@@ -129,11 +129,9 @@ class NumbaBackend(NumpyBackend):
 
     @property
     def version(self) -> str:
-        from importlib.metadata import PackageNotFoundError, version
+        installed = cpu_blas.installed_version("numba")  # without importing it
+        if installed is None:
+            import numba  # noqa: PLC0415
 
-        try:
-            return version("numba") + cpu_blas.version_note()  # without importing it
-        except PackageNotFoundError:
-            import numba
-
-            return numba.__version__ + cpu_blas.version_note()
+            installed = numba.__version__
+        return installed + cpu_blas.version_note()

@@ -25,6 +25,8 @@ import ctypes
 import functools
 import glob
 import os
+import re
+import sys
 import threading
 import warnings
 from typing import NamedTuple
@@ -78,12 +80,47 @@ def _library(name, gemms, get_threads, set_threads, stop_pool) -> Blas:
 
 def mkl_version() -> str | None:
     """The installed ``mkl`` wheel's version (package metadata only, nothing loaded), or None."""
-    from importlib.metadata import PackageNotFoundError, version
+    return installed_version("mkl")
 
+
+def installed_version(name: str) -> str | None:
+    """The version of the distribution ``name`` installed on ``sys.path`` (the first found, as
+    ``importlib.metadata.version`` takes it), from its ``.dist-info`` folder's METADATA; None when not installed.
+
+    Every command asks for MKL's; ``importlib.metadata`` would cost it 10-20 ms of imports (email, csv, zipfile).
+    The folder is named ``{name}-{version}.dist-info``, the name lower-cased with runs of ``-_.`` as ``_``."""
+    wanted = re.sub(r"[-_.]+", "_", name).lower()
+    for entry in sys.path:
+        try:
+            children = os.listdir(entry or ".")
+        except OSError:  # (a zip file on the path, or a folder gone)
+            continue
+        for child in children:
+            stem, dot, suffix = child.rpartition(".")
+            if suffix != "dist-info" or not dot:
+                continue
+            project = stem.partition("-")[0]
+            if re.sub(r"[-_.]+", "_", project).lower() != wanted:
+                continue
+            version = _metadata_version(os.path.join(entry or ".", child, "METADATA"))
+            if version is not None:
+                return version
+    return None
+
+
+def _metadata_version(path: str) -> str | None:
+    """The ``Version:`` of a core metadata file (its header ends at the first empty line), or None."""
     try:
-        return version("mkl")
-    except PackageNotFoundError:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                if key.strip().lower() == "version":
+                    return value.strip()
+    except OSError:
         return None
+    return None
 
 
 # MKL's fatal errors (a library it cannot load: a memory limit, a broken install) print to stdout and exit the
