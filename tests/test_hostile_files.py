@@ -147,6 +147,37 @@ def bad_crc(path: Path) -> Path:
     return path
 
 
+def _local_header_patch(path: Path, member: str, offset: int, fmt: str, value) -> Path:
+    """Overwrite a field of one member's local header (read for a stored member's data, where it starts)."""
+    with zipfile.ZipFile(path) as zf:
+        at = zf.getinfo(member).header_offset
+    data = bytearray(path.read_bytes())
+    struct.pack_into(fmt, data, at + offset, value)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def local_name_differs(path: Path) -> Path:
+    npz_with(path)
+    return _local_header_patch(path, "x.npy", 30, "<1s", b"y")  # the local header says "y.npy"
+
+
+def local_magic_broken(path: Path) -> Path:
+    npz_with(path)
+    return _local_header_patch(path, "x.npy", 0, "<4s", b"PK\x07\x08")
+
+
+def data_past_the_end(path: Path) -> Path:
+    npz_with(path)
+    return _local_header_patch(path, "x.npy", 28, "<H", 0xFFFF)  # an extra field that runs the data off the end
+
+
+def stored_sizes_differ(path: Path) -> Path:
+    npz_with(path)
+    _central_dir_patch(path, 24, "<I", 100)  # the stored member's unpacked size: not its stored size
+    return path
+
+
 def unsupported_method(path: Path) -> Path:
     npz_with(path)
     _central_dir_patch(path, 10, "<H", 99)  # compression method 99 (AES): not supported
@@ -354,6 +385,14 @@ CASES = [
          "x is corrupt or truncated"),
     Case("npz-bad-crc", "NPZ member: flipped data byte (CRC mismatch)", bad_crc,
          "x is corrupt or truncated (Bad CRC-32"),
+    Case("npz-local-name", "NPZ member: its local header names another member", local_name_differs,
+         "x is corrupt or truncated (File name in directory 'x.npy' and header b'y.npy' differ"),
+    Case("npz-local-magic", "NPZ member: its local header's signature is wrong", local_magic_broken,
+         "x is corrupt or truncated (Bad magic number for file header"),
+    Case("npz-data-past-end", "NPZ member: its local header puts the data past the end", data_past_the_end,
+         "x is corrupt or truncated (the member's data ends at byte"),
+    Case("npz-stored-sizes", "NPZ member: stored, with an unpacked size that is not its stored size",
+         stored_sizes_differ, "x is corrupt or truncated (stored member 'x.npy' declares"),
     Case("npz-method-99", "NPZ member: unsupported compression method", unsupported_method,
          "compression method is not supported"),
     Case("npz-encrypted", "NPZ member: encrypted", encrypted, "x is an encrypted (password-protected) zip member"),

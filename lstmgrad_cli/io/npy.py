@@ -29,6 +29,9 @@ from .declared import Declared, checked, read_checked
 NPY_MAGIC = b"\x93NUMPY"
 NPY_MAX_HEADER = 10000  # numpy's own limit for a .npy header it will parse
 WHOLE_READ = 1 << 20  # streams up to this size are read in one call
+# Streams whose reads go straight to the file (a stored NPZ member: npz.StoredMember; a .npy file): their data is
+# read into the array, not first into bytes.
+DIRECT = (io.RawIOBase, io.BufferedReader)
 # The header numpy writes: {'descr': '<f4', 'fortran_order': False, 'shape': (20, 16, 64), } padded to 64 bytes.
 CANONICAL_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d{0,4})', 'fortran_order': (True|False), "
                               r"'shape': \(((?:\d{1,18}, )*\d{1,18},?)?\), \} *\n")
@@ -43,7 +46,7 @@ class NpyStream:
     def __init__(self, fp, size: int, key: str, path: Path, container: str = "member"):
         self.key, self.path, self.container = key, path, container
         self.blob = None
-        if size <= WHOLE_READ:  # one read (the zip layer checks the CRC on reaching the end)
+        if size <= WHOLE_READ and not isinstance(fp, DIRECT):  # one read (the zip layer checks the CRC at the end)
             self.blob = fp.read(size + 1)
             if len(self.blob) > size:
                 raise InputFileError(f"{path}: {key} holds more bytes than its {container} size; not a valid .npy "
@@ -86,12 +89,12 @@ class NpyStream:
         else:
             data = np.empty(nbytes, dtype=np.uint8)
             pos = 0
-        while pos < nbytes:
-            chunk = fp.read(min(READ_CHUNK, nbytes - pos))
-            if not chunk:
+        view = memoryview(data)
+        while pos < nbytes:  # straight into the array, a bounded chunk at a time
+            got = fp.readinto(view[pos:pos + min(READ_CHUNK, nbytes - pos)])
+            if not got:
                 raise InputFileError(f"{path}: {key} is truncated: {pos} of {nbytes} bytes of data")
-            data[pos:pos + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
-            pos += len(chunk)
+            pos += got
         if fp.read(1):  # reading to the end also makes zipfile verify the CRC
             raise InputFileError(f"{path}: {key} has data after the array it declares (shape {list(shape)}); "
                                  f"not a valid .npy {container}")

@@ -10,6 +10,7 @@ is refused.  A group is a key prefix (``lstm/x.npy``).
 from __future__ import annotations
 
 import contextlib
+import io
 import lzma
 import os
 import struct
@@ -57,7 +58,7 @@ def read_npz(path: Path, names, scalars, group, collect_errors=False, kind=None,
             raise InputFileError(f"{path}: the archive declares {count} members, more than the {MAX_MEMBERS} an "
                                  "input may hold; refused before reading its directory")
         with zipfile.ZipFile(fh) as archive:
-            return _read_members(archive, _members(archive, path), archive_size, loaded, prefix, group, names,
+            return _read_members(archive, fh, _members(archive, path), archive_size, loaded, prefix, group, names,
                                  scalars, collect_errors, kind)
 
 
@@ -104,7 +105,8 @@ def _members(archive: zipfile.ZipFile, path: Path) -> dict[str, zipfile.ZipInfo]
     return members
 
 
-def _read_members(archive, members, archive_size, loaded, prefix, group, names, scalars, collect_errors, kind):
+def _read_members(archive, fh, members, archive_size, loaded, prefix, group, names, scalars, collect_errors,
+                  kind):
     path = loaded.path
     if any(k == "data.pkl" or k.endswith("/data.pkl") for k in members):
         raise InputFileError(f"{path}: {TORCH_FILE}")
@@ -117,17 +119,18 @@ def _read_members(archive, members, archive_size, loaded, prefix, group, names, 
 
     def open_stream(key: str, opened: contextlib.ExitStack):
         stored = prefix + key
-        stream = _open_member(archive, members[stored], stored, path, archive_size, opened)
+        stream = _open_member(archive, fh, members[stored], stored, path, archive_size, opened)
         return stored, stream, lambda: _guarded(stream.read, stored, path)
 
     read_npy_tensors(loaded, keys, open_stream, names, scalars, collect_errors, kind)
     return loaded
 
 
-def _open_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, path: Path, archive_size: int,
+def _open_member(archive: zipfile.ZipFile, fh, info: zipfile.ZipInfo, key: str, path: Path, archive_size: int,
                  streams: contextlib.ExitStack) -> NpyStream:
     """One ``.npy`` member, its header parsed, after what its zip entry declares was checked: sizes a deflate
-    stream can hold (a zip bomb whose entry claims more is refused from the entry alone) inside the archive."""
+    stream can hold (a zip bomb whose entry claims more is refused from the entry alone) inside the archive.
+    A stored member (``np.savez``'s) is read from ``fh`` straight into its array (``StoredMember``)."""
     if info.flag_bits & 1:
         raise InputFileError(f"{path}: {key} is an encrypted (password-protected) zip member; refused")
     if info.compress_size > archive_size:
@@ -137,8 +140,66 @@ def _open_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, path
     if bound is not None and info.file_size > bound:
         raise InputFileError(f"{path}: {key} declares {info.file_size} bytes unpacked from {info.compress_size} "
                              f"packed, more than {_METHODS[info.compress_type][0]} can hold; corrupt (a zip bomb?)")
+    if info.compress_type == zipfile.ZIP_STORED:
+        return _guarded(lambda: NpyStream(StoredMember(fh, info, archive_size), info.file_size, key, path), key, path)
     return _guarded(lambda: NpyStream(streams.enter_context(archive.open(info)), info.file_size, key, path),
                     key, path)
+
+
+class StoredMember(io.RawIOBase):
+    """A stored (uncompressed) member of the zip archive open as ``fh``, read from the file straight into the
+    caller's buffer (``readinto``: the array), where zipfile's stream copies the bytes twice on the way, ~0.3 ms of
+    every small file a batch reads.  What zipfile checks is checked here too: the member's local header (its
+    signature, its name against the directory's, no flag zipfile refuses), the data inside the archive, and its
+    CRC-32 once the last byte is read (zipfile's errors, so they are worded alike)."""
+
+    def __init__(self, fh, info: zipfile.ZipInfo, archive_size: int):
+        super().__init__()
+        self._fh, self._name = fh, info.filename
+        fh.seek(info.header_offset)
+        header = fh.read(_LOCAL_HEADER.size)
+        if len(header) != _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+            raise zipfile.BadZipFile("Bad magic number for file header")
+        flags, name_length, extra_length = _LOCAL_HEADER.unpack(header)
+        if flags & (_PATCHED | _STRONG_ENCRYPTION) or info.flag_bits & (_PATCHED | _STRONG_ENCRYPTION):
+            raise NotImplementedError("compressed patched data or strong encryption (flag bit 5 or 6)")
+        name = fh.read(name_length)
+        encoding = "utf-8" if info.flag_bits & _UTF8_NAME else "cp437"
+        if name.decode(encoding, errors="replace") != info.orig_filename:
+            raise zipfile.BadZipFile(f"File name in directory {info.orig_filename!r} and header {name!r} differ.")
+        if info.compress_size != info.file_size:
+            raise zipfile.BadZipFile(f"stored member {info.filename!r} declares {info.compress_size} bytes stored "
+                                     f"and {info.file_size} unpacked")
+        self._pos = self._start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+        self._end = self._start + info.compress_size
+        if self._end > archive_size:
+            raise EOFError(f"the member's data ends at byte {self._end} of a {archive_size}-byte archive")
+        self._crc, self._expected_crc = 0, info.CRC
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos - self._start
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        n = min(len(view), self._end - self._pos)
+        if n <= 0:
+            return 0
+        self._fh.seek(self._pos)
+        got = self._fh.readinto(view[:n])
+        if not got:
+            raise EOFError(f"the archive ends inside {self._name}")
+        self._crc = zlib.crc32(view[:got], self._crc)
+        self._pos += got
+        if self._pos == self._end and self._crc != self._expected_crc:
+            raise zipfile.BadZipFile(f"Bad CRC-32 for file {self._name!r}")
+        return got
+
+
+_LOCAL_HEADER = struct.Struct("<4x2xH18xHH")  # a member's local header: its flags, name and extra lengths
+_PATCHED, _STRONG_ENCRYPTION, _UTF8_NAME = 1 << 5, 1 << 6, 1 << 11
 
 
 # compression method -> (its name, the most it can expand: unpacked bytes per packed byte, and a constant)
