@@ -141,7 +141,8 @@ def _open_member(archive: zipfile.ZipFile, fh, info: zipfile.ZipInfo, key: str, 
         raise InputFileError(f"{path}: {key} declares {info.file_size} bytes unpacked from {info.compress_size} "
                              f"packed, more than {_METHODS[info.compress_type][0]} can hold; corrupt (a zip bomb?)")
     if info.compress_type == zipfile.ZIP_STORED:
-        return _guarded(lambda: NpyStream(StoredMember(fh, info, archive_size), info.file_size, key, path), key, path)
+        return _guarded(lambda: NpyStream(io.BufferedReader(StoredMember(fh, info, archive_size), STORED_HEAD),
+                                          info.file_size, key, path), key, path)
     return _guarded(lambda: NpyStream(streams.enter_context(archive.open(info)), info.file_size, key, path),
                     key, path)
 
@@ -198,6 +199,7 @@ class StoredMember(io.RawIOBase):
         return got
 
 
+STORED_HEAD = 4096  # a stored member's first bytes, read at once (the .npy header's small reads come from them)
 _LOCAL_HEADER = struct.Struct("<4x2xH18xHH")  # a member's local header: its flags, name and extra lengths
 _PATCHED, _STRONG_ENCRYPTION, _UTF8_NAME = 1 << 5, 1 << 6, 1 << 11
 
