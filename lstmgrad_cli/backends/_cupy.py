@@ -140,6 +140,11 @@ class CupyBackend:
     def version(self) -> str:
         return self._cp.__version__
 
+    @property
+    def array_module(self):
+        """The module of this backend's device arrays: cupy (contract.OPTIONAL)."""
+        return self._cp
+
     def to_device(self, a):
         """A host array copied to the device (contract.OPTIONAL)."""
         return self._cp.ascontiguousarray(self._cp.asarray(a))
