@@ -6,6 +6,10 @@ forward, the schedule's reordering, the gradient, the activations' recurrence an
 layers run there (no ufunc is given a host array beside a device one), and each gradient comes back once, equal
 bit for bit to the numpy backend's.  Computed through ``lstmgrad_cli.load(...).gradients``, the path ``lstmgrad
 seq`` takes (problem/gradients.py), and the Python API.
+
+Bit for bit where numpy's products see the same memory layouts on both: the backend's ``to_device`` makes arrays
+C-contiguous, and an unbatched projected module's Fortran-ordered weights then round differently in the last bits
+(a GPU's cuBLAS rounds its own way anyway).
 """
 
 from __future__ import annotations

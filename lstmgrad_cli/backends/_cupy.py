@@ -214,9 +214,11 @@ def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool =
 
 
 def _check_fits(cp, tensors, seq_len_max, compute_dtype, return_dgates) -> None:
-    """Refuse, before anything is copied, a problem the device's free memory cannot hold."""
+    """Refuse, before anything is copied, a problem the device's free memory cannot hold (inputs already on the
+    device, as the layer engine gives them, hold their memory already: not counted again)."""
     free = _free_bytes(cp)
-    need = device_bytes(tensors, seq_len_max, compute_dtype, return_dgates)
+    there = sum(int(a.nbytes) for a in tensors if isinstance(a, getattr(cp, "ndarray", ())))
+    need = device_bytes(tensors, seq_len_max, compute_dtype, return_dgates) - there
     if free is not None and need > free:
         raise BackendUnavailableError(
             f"the problem needs about {_mb(need)} of GPU memory and {_mb(free)} are free: compute it on the host "
