@@ -93,28 +93,79 @@ class HostLauncher:
 
 
 # The array-module functions the shared code may use: all of them exist in cupy with numpy's meaning.
-CUPY_COMMON = ("zeros", "empty", "add", "subtract", "multiply", "matmul", "ascontiguousarray")
+CUPY_COMMON = ("zeros", "empty", "add", "subtract", "multiply", "matmul", "ascontiguousarray",
+               # ... and those the layer engine and the forward op use (layers/, ops/forward.py)
+               "zeros_like", "ones_like", "arange", "concatenate", "where", "maximum", "minimum", "clip", "tanh",
+               "exp", "abs", "swapaxes")
 
 
-def fake_cupy(available: bool = True, free_bytes: int = 2**40, copies: list | None = None):
-    """numpy as the cupy module: only ``CUPY_COMMON``, copies for ``asarray``/``asnumpy`` (to and from "the
-    device", each appended to ``copies``), and a device with ``free_bytes`` of free memory."""
-    fake = types.SimpleNamespace(**{name: getattr(np, name) for name in CUPY_COMMON})
+class DeviceArray(np.ndarray):
+    """An array in the stand-in device's memory: numpy's, marked so that ``asarray`` takes it without a copy and
+    ``asnumpy`` copies it back (as cupy does with its arrays).  ``host_operands`` (a list, on the class made by
+    ``fake_cupy(strict=...)``): where a ufunc is given a host array beside a device one (cupy refuses those), the
+    ufunc's name is appended."""
+
+    host_operands = None
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if self.host_operands is not None and any(
+                type(a) is np.ndarray and a.ndim for a in (*inputs, *kwargs.get("out", ()))):
+            self.host_operands.append(ufunc.__name__)
+        plain = [a.view(np.ndarray) if isinstance(a, DeviceArray) else a for a in inputs]
+        if "out" in kwargs:
+            kwargs["out"] = tuple(a.view(np.ndarray) if isinstance(a, DeviceArray) else a for a in kwargs["out"])
+        result = getattr(ufunc, method)(*plain, **kwargs)
+        return _on_device(result, type(self))
+
+
+def _on_device(value, kind=DeviceArray):
+    """A numpy result as the stand-in device's array (tuples of them too); scalars as they are."""
+    if isinstance(value, tuple):
+        return tuple(_on_device(v, kind) for v in value)
+    return value.view(kind) if isinstance(value, np.ndarray) else value
+
+
+def fake_cupy(available: bool = True, free_bytes: int = 2**40, copies: list | None = None,
+              copied: list | None = None, host_operands: list | None = None):
+    """numpy as the cupy module: only ``CUPY_COMMON``, each returning the stand-in device's arrays
+    (``DeviceArray``); ``asarray`` copies a host array to "the device" (appending "in" to ``copies``, and
+    ("in", dtype, shape) to ``copied``) and takes a device array as it is; ``asnumpy`` copies a device array back
+    ("out") and returns a host array as it is; a device with ``free_bytes`` of free memory.  ``host_operands``: a
+    list receiving the name of every ufunc given a host array beside a device one (cupy raises there)."""
+    kind = type("DeviceArray", (DeviceArray,), {"host_operands": host_operands})
+    fake = types.SimpleNamespace(**{name: _device_function(getattr(np, name), kind) for name in CUPY_COMMON})
+    fake.ndarray = kind
     fake.__version__ = "0.0-host"
     fake.is_available = lambda: available
     copies = [] if copies is None else copies
+    copied = [] if copied is None else copied
 
-    def copy(direction):
-        def to(a):
-            copies.append(direction)
-            return np.array(a, copy=True)
-        return to
+    def to_device(a):
+        if isinstance(a, DeviceArray):
+            return a
+        a = np.asarray(a)
+        copies.append("in")
+        copied.append(("in", a.dtype, a.shape))
+        return np.array(a, copy=True).view(kind)
 
-    fake.asarray, fake.asnumpy = copy("in"), copy("out")
+    def to_host(a):
+        if not isinstance(a, DeviceArray):
+            return a
+        copies.append("out")
+        copied.append(("out", a.dtype, a.shape))
+        return np.array(a, copy=True, subok=False)
+
+    fake.asarray, fake.asnumpy = to_device, to_host
     device = types.SimpleNamespace(mem_info=(free_bytes, 2 * free_bytes))
     fake.cuda = types.SimpleNamespace(Device=lambda: device)
     fake.get_default_memory_pool = lambda: types.SimpleNamespace(free_bytes=lambda: 0)
     return fake
+
+
+def _device_function(function, kind):
+    def on_device(*args, **kwargs):
+        return _on_device(function(*args, **kwargs), kind)
+    return on_device
 
 
 def cupy_backend(calls: list | None = None, loop: str = "steps", blocks: int = 3, **device):

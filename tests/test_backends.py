@@ -834,6 +834,23 @@ def test_cupy_refuses_a_problem_larger_than_the_free_gpu_memory_before_copying_i
 
 
 @needs_host_kernels
+def test_inputs_already_on_the_gpu_are_not_counted_again_against_its_free_memory():
+    """The layer engine hands the backend its activations on the device: only what the pass adds must fit."""
+    from lstmgrad_cli.backends._cupy import device_bytes
+
+    inputs = _random_inputs(np.random.default_rng(3), 50, 8, 16, 32, np.float32)
+    tensors = SeqTensors(**inputs)
+    kw = dict(seq_len_max=50, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
+    free = device_bytes(tensors, 50, np.float32) - sum(a.nbytes for a in inputs.values())
+    with pytest.raises(BackendUnavailableError, match="GPU memory"):
+        cuda_host.cupy_backend(free_bytes=free).block_lstm_grad(tensors, **kw)
+    backend = cuda_host.cupy_backend(free_bytes=free)
+    there = SeqTensors(**{name: backend.to_device(a) for name, a in inputs.items()})
+    got = backend.block_lstm_grad(there, **kw)
+    np.testing.assert_array_equal(backend.to_host(got.w_grad), NumpyBackend().block_lstm_grad(tensors, **kw).w_grad)
+
+
+@needs_host_kernels
 def test_a_gpu_out_of_memory_is_one_line_naming_what_to_do():
     cupy = pytest.importorskip("cupy")
     fake = cuda_host.fake_cupy()

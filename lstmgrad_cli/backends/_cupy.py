@@ -140,6 +140,11 @@ class CupyBackend:
     def version(self) -> str:
         return self._cp.__version__
 
+    @property
+    def array_module(self):
+        """The module of this backend's device arrays: cupy (contract.OPTIONAL)."""
+        return self._cp
+
     def to_device(self, a):
         """A host array copied to the device (contract.OPTIONAL)."""
         return self._cp.ascontiguousarray(self._cp.asarray(a))
@@ -209,9 +214,11 @@ def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool =
 
 
 def _check_fits(cp, tensors, seq_len_max, compute_dtype, return_dgates) -> None:
-    """Refuse, before anything is copied, a problem the device's free memory cannot hold."""
+    """Refuse, before anything is copied, a problem the device's free memory cannot hold (inputs already on the
+    device, as the layer engine gives them, hold their memory already: not counted again)."""
     free = _free_bytes(cp)
-    need = device_bytes(tensors, seq_len_max, compute_dtype, return_dgates)
+    there = sum(int(a.nbytes) for a in tensors if isinstance(a, getattr(cp, "ndarray", ())))
+    need = device_bytes(tensors, seq_len_max, compute_dtype, return_dgates) - there
     if free is not None and need > free:
         raise BackendUnavailableError(
             f"the problem needs about {_mb(need)} of GPU memory and {_mb(free)} are free: compute it on the host "

@@ -23,6 +23,8 @@ OPTIONAL = {
     "to_device": "with gpu_arrays: a method copying a host array to the device (lstmgrad forward then computes "
                  "there: ops/forward.py is written against the array's module)",
     "to_host": "with gpu_arrays: a method copying a device array back to a numpy array",
+    "array_module": "with gpu_arrays, to_device and to_host: the module of its device arrays (cupy), numpy's "
+                    "functions for them; the layer engine (Keras and PyTorch layers) then computes there too",
 }
 
 

@@ -79,11 +79,11 @@ def without_weights(keys) -> bool:
 
 
 class CellPlan(Plan):
-    def weight_grads(self, k, d, grads: DirectionGrads) -> dict:
+    def weight_grads(self, k, d, grads: DirectionGrads, xp=np) -> dict:
         I = grads.w_grad.shape[0] - self.module.layers[k][d].H  # noqa: E741
         if self.framework == "torch":
-            out = {"weight_ih_grad": np.ascontiguousarray(grads.w_grad[:I].T),
-                   "weight_hh_grad": np.ascontiguousarray(grads.w_grad[I:].T)}
+            out = {"weight_ih_grad": xp.ascontiguousarray(grads.w_grad[:I].T),
+                   "weight_hh_grad": xp.ascontiguousarray(grads.w_grad[I:].T)}
             if "bias_ih" in self.tensors:
                 out.update(bias_ih_grad=grads.b_grad, bias_hh_grad=grads.b_grad.copy())
             return out

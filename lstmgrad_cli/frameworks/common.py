@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import backends
 from ..errors import InvalidArgumentError
+from ..layers import device as devices
 from ..layers.modules import Module
 from ..layers.recurrence import DirectionGrads
 from ..messages import Message, Param
@@ -111,19 +113,31 @@ class Plan:
     def gradients(self, backend=None, compute_dtype=None) -> dict:
         """Every gradient, in the framework's names and layouts.  A compute dtype wider than the tensors' (float64
         for float32 ones; float32, the default, for float16) holds through the whole pass, the recomputed forward
-        included: the gradients are rounded to the tensors' dtype once, at the end."""
+        included: the gradients are rounded to the tensors' dtype once, at the end.
+
+        On a backend that computes GPU arrays (the cupy backend: layers/device.py) the whole pass runs on its
+        device: the tensors are copied there once each, the gradients back once each (they stay there when the
+        tensors were there already)."""
+        backend = backends.get_backend(backend)
+        device = devices.of(backend)
         dtype = self.x.dtype
         cdt = validation.resolve_compute_dtype(dtype, compute_dtype)
+        module = self.module.placed(device)
+        given = [device.put(a) for a in (self.x, self.h0, self.c0, self.h_grad, self.last_grad, self.hn_grad,
+                                         self.cn_grad)]
         if cdt.itemsize <= dtype.itemsize:
-            self.module.forward(self.x, self.h0, self.c0, compute_dtype)
-            grads = self.module.backward(self.h_grad, self.last_grad, self.hn_grad, self.cn_grad, backend=backend)
-            return self._retyped(self._named(grads))
-        module = self.module.astype(cdt)
-        wide = [None if a is None else a.astype(cdt) for a in (self.x, self.h0, self.c0, self.h_grad, self.last_grad,
-                                                               self.hn_grad, self.cn_grad)]
-        module.forward(*wide[:3])
-        grads = module.backward(*wide[3:], backend=backend)
-        return self._retyped({name: value.astype(dtype) for name, value in self._named(grads).items()})
+            module.forward(*given[:3], compute_dtype)
+            grads = self._named(module.backward(*given[3:], backend=backend), device.xp)
+        else:
+            module = module.astype(cdt)
+            wide = [None if a is None else a.astype(cdt) for a in given]
+            module.forward(*wide[:3])
+            grads = module.backward(*wide[3:], backend=backend)
+            grads = {name: value.astype(dtype) for name, value in self._named(grads, device.xp).items()}
+        grads = self._retyped(grads)
+        if device.on_host or backends.on_gpu(self.x):  # (computed where the caller's tensors are)
+            return grads
+        return {name: device.back(value) for name, value in grads.items()}
 
     def _retyped(self, grads: dict) -> dict:
         """Each gradient in its ``result_dtypes`` dtype, from the dtype it was computed and rounded to."""
@@ -159,19 +173,21 @@ class Plan:
 
     # -- naming ----------------------------------------------------------------------------------------------
 
-    def _named(self, grads: dict) -> dict:
+    def _named(self, grads: dict, xp=np) -> dict:
+        """The gradients under the framework's names and in its layouts, arrays of ``xp`` (where they are)."""
         x_grad = grads["x_grad"]
-        x_grad = np.swapaxes(x_grad, 0, 1) if self.batch_major else x_grad
+        x_grad = xp.swapaxes(x_grad, 0, 1) if self.batch_major else x_grad
         x_grad = x_grad[0] if self.step else x_grad
-        out = {"x_grad": np.ascontiguousarray(x_grad[..., 0, :] if self.unbatched else x_grad)}
+        out = {"x_grad": xp.ascontiguousarray(x_grad[..., 0, :] if self.unbatched else x_grad)}
         for k, layer in enumerate(self.module.layers):
             for d in range(len(layer)):
-                out.update(self.weight_grads(k, d, grads[(k, d)]))
+                out.update(self.weight_grads(k, d, grads[(k, d)], xp))
         out["h0_grad"] = grads["h0_grad"].reshape(self.state_shape)
         out["c0_grad"] = grads["c0_grad"].reshape(self.c_state_shape or self.state_shape)
         return out
 
-    def weight_grads(self, k: int, d: int, grads: DirectionGrads) -> dict:
+    def weight_grads(self, k: int, d: int, grads: DirectionGrads, xp=np) -> dict:
+        """Layer k, direction d's weight gradients under the framework's names (``xp``: the arrays' module)."""
         raise NotImplementedError
 
     def axes(self) -> dict[str, tuple[str, ...]]:

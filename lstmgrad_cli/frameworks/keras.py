@@ -239,7 +239,7 @@ def policy_name(dtype) -> str:
 class KerasPlan(Plan):
     bidirectional: bool = False
 
-    def weight_grads(self, k, d, grads: DirectionGrads) -> dict:
+    def weight_grads(self, k, d, grads: DirectionGrads, xp=np) -> dict:
         I = grads.w_grad.shape[0] - self.module.layers[k][d].C  # noqa: E741
         prefix = ("forward_", "backward_")[d] if self.bidirectional else ""
         out = {f"{prefix}kernel_grad": grads.w_grad[:I], f"{prefix}recurrent_kernel_grad": grads.w_grad[I:]}

@@ -159,17 +159,17 @@ def _refuse_other_modules(tensors: dict) -> None:
 class TorchPlan(Plan):
     selected: tuple[int, bool] | None = None  # --layer / --reverse: the one layer-direction computed
 
-    def weight_grads(self, k, d, grads: DirectionGrads) -> dict:
+    def weight_grads(self, k, d, grads: DirectionGrads, xp=np) -> dict:
         layer, reverse = (k, bool(d)) if self.selected is None else self.selected
         n = names(layer, reverse)
         I = grads.w_grad.shape[0] - self.module.layers[k][d].H  # noqa: E741
-        out = {f"{n['weight_ih']}_grad": np.ascontiguousarray(grads.w_grad[:I].T),
-               f"{n['weight_hh']}_grad": np.ascontiguousarray(grads.w_grad[I:].T)}
+        out = {f"{n['weight_ih']}_grad": xp.ascontiguousarray(grads.w_grad[:I].T),
+               f"{n['weight_hh']}_grad": xp.ascontiguousarray(grads.w_grad[I:].T)}
         if n["bias_ih"] in self.tensors:
             out[f"{n['bias_ih']}_grad"] = grads.b_grad
             out[f"{n['bias_hh']}_grad"] = grads.b_grad.copy()
         if grads.projection_grad is not None:
-            out[f"weight_hr{suffix(layer, reverse)}_grad"] = np.ascontiguousarray(grads.projection_grad.T)
+            out[f"weight_hr{suffix(layer, reverse)}_grad"] = xp.ascontiguousarray(grads.projection_grad.T)
         return out
 
 

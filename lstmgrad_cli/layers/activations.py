@@ -25,34 +25,37 @@ from ..ops.forward import sigmoid
 
 @dataclass(frozen=True)
 class Activation:
+    """``function(z, xp)`` and ``derivative(z, y, xp)`` (dy/dz), computed with the array module ``xp`` (numpy, or
+    cupy for device arrays: layers/device.py)."""
+
     name: str
-    function: Callable[[np.ndarray], np.ndarray]
-    derivative: Callable[[np.ndarray, np.ndarray], np.ndarray]  # (z, y) -> dy/dz
+    function: Callable[..., np.ndarray]
+    derivative: Callable[..., np.ndarray]
 
 
-def _relu6_hard_sigmoid(z):  # Keras 3: relu6(z + 3) / 6
-    return np.minimum(np.maximum(z + z.dtype.type(3), 0), 6) / z.dtype.type(6)
+def _relu6_hard_sigmoid(z, xp=np):  # Keras 3: relu6(z + 3) / 6
+    return xp.minimum(xp.maximum(z + z.dtype.type(3), 0), 6) / z.dtype.type(6)
 
 
-def _relu6_hard_sigmoid_derivative(z, y):  # TF's relu6 gradient: 0 at both kinks
+def _relu6_hard_sigmoid_derivative(z, y, xp=np):  # TF's relu6 gradient: 0 at both kinks
     shifted = z + z.dtype.type(3)
-    return np.where((shifted > 0) & (shifted < 6), z.dtype.type(1 / 6), z.dtype.type(0))
+    return xp.where((shifted > 0) & (shifted < 6), z.dtype.type(1 / 6), z.dtype.type(0))
 
 
-def _clip_hard_sigmoid(z):  # Keras 2 (tf.keras): clip(0.2 z + 0.5, 0, 1)
-    return np.clip(z * z.dtype.type(0.2) + z.dtype.type(0.5), 0, 1)
+def _clip_hard_sigmoid(z, xp=np):  # Keras 2 (tf.keras): clip(0.2 z + 0.5, 0, 1)
+    return xp.clip(z * z.dtype.type(0.2) + z.dtype.type(0.5), 0, 1)
 
 
-def _clip_hard_sigmoid_derivative(z, y):  # tf.clip_by_value's gradient passes at its bounds too
+def _clip_hard_sigmoid_derivative(z, y, xp=np):  # tf.clip_by_value's gradient passes at its bounds too
     linear = z * z.dtype.type(0.2) + z.dtype.type(0.5)
-    return np.where((linear >= 0) & (linear <= 1), z.dtype.type(0.2), z.dtype.type(0))
+    return xp.where((linear >= 0) & (linear <= 1), z.dtype.type(0.2), z.dtype.type(0))
 
 
 ACTIVATIONS: dict[str, Activation] = {
-    "tanh": Activation("tanh", np.tanh, lambda z, y: 1 - y * y),
-    "sigmoid": Activation("sigmoid", sigmoid, lambda z, y: y * (1 - y)),
-    "relu": Activation("relu", lambda z: np.maximum(z, 0), lambda z, y: (z > 0).astype(z.dtype)),
-    "linear": Activation("linear", lambda z: z.copy(), lambda z, y: np.ones_like(z)),
+    "tanh": Activation("tanh", lambda z, xp=np: xp.tanh(z), lambda z, y, xp=np: 1 - y * y),
+    "sigmoid": Activation("sigmoid", lambda z, xp=np: sigmoid(z, xp), lambda z, y, xp=np: y * (1 - y)),
+    "relu": Activation("relu", lambda z, xp=np: xp.maximum(z, 0), lambda z, y, xp=np: (z > 0).astype(z.dtype)),
+    "linear": Activation("linear", lambda z, xp=np: z.copy(), lambda z, y, xp=np: xp.ones_like(z)),
     "hard_sigmoid": Activation("hard_sigmoid", _relu6_hard_sigmoid, _relu6_hard_sigmoid_derivative),
     "hard_sigmoid_keras2": Activation("hard_sigmoid_keras2", _clip_hard_sigmoid, _clip_hard_sigmoid_derivative),
 }

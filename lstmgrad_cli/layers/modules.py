@@ -7,6 +7,8 @@ and runs the backward pass from the top: the gradient arriving at a layer's inpu
 output of the layer below.
 
 Everything here is time-major ([T, B, ...]) and in x's time order; framework layouts are frameworks.py's business.
+A module ``placed`` on a GPU backend's device (device.py) computes there: its weights and schedules are copied
+once, and the arrays it is given must be there too.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from . import recurrence
+from .device import Device
 from .recurrence import DirectionWeights
 from .schedule import Schedule
 
@@ -45,6 +48,17 @@ class Module:
     def H(self) -> int:  # noqa: N802 - the width of h (the projection's, where the layers project it)
         return self.layers[-1][0].H
 
+    @property
+    def device(self) -> Device:
+        return self.schedules[0].device
+
+    def placed(self, device: Device) -> Module:
+        """This module computing on ``device``: its weights copied there once (itself where it is there)."""
+        if device == self.device:
+            return self
+        return Module([[w.placed(device) for w in layer] for layer in self.layers],
+                      [s.placed(device) for s in self.schedules], self.merge)
+
     def astype(self, dtype) -> Module:
         """The same module with its weights in ``dtype`` (and no forward pass yet)."""
         return Module([[w.astype(dtype) for w in layer] for layer in self.layers], self.schedules, self.merge)
@@ -66,7 +80,7 @@ class Module:
         if len(outputs) == 1:
             return outputs[0]
         if self.merge == "concat":
-            return np.concatenate(outputs, axis=-1)
+            return self.device.xp.concatenate(outputs, axis=-1)
         if self.merge == "sum":
             return outputs[0] + outputs[1]
         if self.merge == "mul":
@@ -95,8 +109,9 @@ class Module:
         D = self.directions
         B = self.schedules[0].B
         dtype = self.passes[0][0].x.dtype
-        h0_grad = np.zeros((len(self.layers) * D, B, self.H), dtype)
-        c0_grad = np.zeros((len(self.layers) * D, B, self.C), dtype)
+        xp = self.device.xp
+        h0_grad = xp.zeros((len(self.layers) * D, B, self.H), dtype)
+        c0_grad = xp.zeros((len(self.layers) * D, B, self.C), dtype)
         out: dict = {}
         for k in range(len(self.layers) - 1, -1, -1):
             passes = self.passes[k]

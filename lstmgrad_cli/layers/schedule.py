@@ -12,13 +12,18 @@ at run step ``source[p, b]``, or zeros where that is -1.  The final states are t
 The gradients go the other way: the gradient arriving at output ``p`` is added to the op's ``h_grad`` at
 ``source[p, b]``, and x's gradient at ``take[s, b]`` is the op's at ``s`` (zero at times no step reads).
 Plain schedules (all steps, forwards or backwards) use slices and no index arrays.
+
+A schedule computes where its ``device`` does (device.py): on the host, or, ``placed`` on a GPU backend's device,
+on device arrays with the device's array module, its index arrays made on the host and copied there once each.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+
+from .device import HOST, Device
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,8 @@ class Schedule:
     last: np.ndarray | None = None  # [B] run step of the last output the layer returns (its return_sequences=False
     #                                 output), -1: zeros (None: from ``source``)
     mirrored: bool = False  # take is source, and each maps run steps to times as times to run steps (lengths)
+    device: Device = HOST  # where the arrays it reorders are (device.py)
+    _index: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # name -> index array there
 
     # -- construction ------------------------------------------------------------------------------------
 
@@ -107,45 +114,71 @@ class Schedule:
         step = self.T - 1 if (self.outputs_in_run_order or not self.reversed) else 0
         return np.full(self.B, step)
 
+    def placed(self, device: Device) -> Schedule:
+        """This schedule reordering arrays on ``device``."""
+        return self if device == self.device else replace(self, device=device)
+
+    def _at(self, name: str, make) -> np.ndarray:
+        """The index array ``make()`` (made on the host) where the arrays are: copied to the device once."""
+        index = self._index.get(name)
+        if index is None:
+            index = self._index[name] = self.device.put(make())
+        return index
+
+    def _columns(self) -> np.ndarray:
+        return self._at("columns", lambda: np.arange(self.B))
+
     # -- forwards: x in, outputs out -------------------------------------------------------------------
 
     def run_x(self, x: np.ndarray) -> np.ndarray:
         """The op's x [T, B, I]: run order, zeros at steps an example does not run."""
         if self.plain_order:
-            return np.ascontiguousarray(x[::-1]) if self.reversed else x
-        return self._gather(x, self.take)
+            return self.device.xp.ascontiguousarray(x[::-1]) if self.reversed else x
+        return self._gather(x, "take")
 
     def outputs(self, h: np.ndarray) -> np.ndarray:
         """The layer's returned output sequence [T, B, C] from the op's ``h`` (run order)."""
         if self.source is None:
             return h[::-1] if self.reversed and not self.outputs_in_run_order else h
-        out = h[np.maximum(self.source, 0), np.arange(self.B)]
-        out[self.source < 0] = 0
+        out = h[self._at("source_step", lambda: np.maximum(self.source, 0)), self._columns()]
+        out[self._at("source_none", lambda: self.source < 0)] = 0
         return out
 
     def final(self, h: np.ndarray, initial: np.ndarray) -> np.ndarray:
         """[B, C] the op's ``h`` (or cs) at each example's final step, the initial state where it ran none."""
-        step = self.final_step()
-        out = h[np.maximum(step, 0), np.arange(self.B)] if self.T else np.zeros_like(initial)
-        return np.where((step < 0)[:, None], initial, out)
+        if not self.T:
+            out = self.device.xp.zeros_like(initial)
+        else:
+            out = h[self._at("final_step", lambda: np.maximum(self.final_step(), 0)), self._columns()]
+        return self.device.xp.where(self._at("final_none", lambda: (self.final_step() < 0)[:, None]), initial, out)
+
+    def last_output(self, h: np.ndarray, initial: np.ndarray) -> np.ndarray:
+        """[B, C] the last output the layer returns (its output without return_sequences) from the op's ``h``, in
+        ``initial``'s dtype."""
+        xp = self.device.xp
+        if not self.T:
+            return xp.zeros_like(initial)
+        out = h[self._at("last_step", lambda: np.maximum(self.last_source(), 0)), self._columns()]
+        return xp.where(self._at("last_none", lambda: (self.last_source() < 0)[:, None]), 0, out).astype(initial.dtype)
 
     # -- backwards: output gradients in, x's gradient out -------------------------------------------------
 
     def run_h_grad(self, h_grad: np.ndarray | None, last_grad: np.ndarray | None, C: int, dtype) -> np.ndarray:
         """The op's ``h_grad`` [T, B, C] from the gradient at the returned outputs (a sequence [T, B, C] in the
         order returned) and at the last output only ([B, C]); either may be None."""
-        out = np.zeros((self.T + 1, self.B, C), dtype)  # row T collects what goes to no step (-1)
-        cols = np.arange(self.B)
+        out = self.device.xp.zeros((self.T + 1, self.B, C), dtype)  # row T collects what goes to no step (-1)
+        cols = self._columns()
         if h_grad is not None and self.mirrored:  # each output is one run step's, and the other way round
-            out[:self.T] = self._gather(h_grad, self.source)
+            out[:self.T] = self._gather(h_grad, "source")
         elif h_grad is not None:
             if self.source is None:
                 out[:self.T] = h_grad[::-1] if self.reversed and not self.outputs_in_run_order else h_grad
             else:
+                source = self._at("source", lambda: self.source)
                 for p in range(h_grad.shape[0]):  # one example per column: no index repeats within one row
-                    out[self.source[p], cols] += h_grad[p]
+                    out[source[p], cols] += h_grad[p]
         if last_grad is not None:
-            out[self.last_source(), cols] += last_grad
+            out[self._at("last", self.last_source), cols] += last_grad
         return out[:self.T]
 
     def place_final(self, grad: np.ndarray, final_grad: np.ndarray | None) -> None:
@@ -153,32 +186,35 @@ class Schedule:
         step (``bypass_final`` adds it where an example ran no step)."""
         if final_grad is None:
             return
-        step = self.final_step()
-        ran = step >= 0
-        grad[step[ran], np.arange(self.B)[ran]] += final_grad[ran]
+        ran = self._at("ran", lambda: np.nonzero(self.final_step() >= 0)[0])
+        grad[self._at("ran_step", lambda: self.final_step()[self.final_step() >= 0]), ran] += final_grad[ran]
 
     def bypass_final(self, initial_grad: np.ndarray, final_grad: np.ndarray | None) -> None:
         """Where an example runs no step its final state is its initial one: add the final state's gradient to the
         initial state's (after the backward pass)."""
         if final_grad is not None:
-            idle = self.final_step() < 0
+            idle = self._at("idle", lambda: np.nonzero(self.final_step() < 0)[0])
             initial_grad[idle] += final_grad[idle]
 
-    def _gather(self, a: np.ndarray, index: np.ndarray) -> np.ndarray:
-        """``a[index[s, b], b]`` [T, B, ...], zeros where the run step is not run (s >= steps[b]) or index is -1."""
-        unused = (np.arange(self.T)[:, None] >= self.steps[None, :]) | (index < 0)
-        out = a[np.maximum(index, 0), np.arange(self.B)]
-        out[unused] = 0
+    def _gather(self, a: np.ndarray, index: str) -> np.ndarray:
+        """``a[index[s, b], b]`` [T, B, ...] (``index``: "take" or "source"), zeros where the run step is not run
+        (s >= steps[b]) or the index is -1."""
+        def unused():
+            at = getattr(self, index)
+            return (np.arange(self.T)[:, None] >= self.steps[None, :]) | (at < 0)
+
+        out = a[self._at(f"{index}_step", lambda: np.maximum(getattr(self, index), 0)), self._columns()]
+        out[self._at(f"{index}_unused", unused)] = 0
         return out
 
     def x_grad(self, x_grad: np.ndarray) -> np.ndarray:
         """x's gradient [T, B, I] in x's time order from the op's (run order); zero at times no step read."""
         if self.plain_order:
-            return np.ascontiguousarray(x_grad[::-1]) if self.reversed else x_grad
+            return self.device.xp.ascontiguousarray(x_grad[::-1]) if self.reversed else x_grad
         if self.mirrored:
-            return self._gather(x_grad, self.take)
-        out = np.zeros_like(x_grad)
-        ran = np.arange(self.T)[:, None] < self.steps[None, :]
-        s, b = np.nonzero(ran)
-        out[self.take[s, b], b] = x_grad[s, b]
+            return self._gather(x_grad, "take")
+        out = self.device.xp.zeros_like(x_grad)
+        ran = np.nonzero(np.arange(self.T)[:, None] < self.steps[None, :])
+        s, b = self._at("ran_s", lambda: ran[0]), self._at("ran_b", lambda: ran[1])
+        out[self._at("ran_time", lambda: self.take[ran]), b] = x_grad[s, b]
         return out

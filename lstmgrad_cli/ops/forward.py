@@ -22,12 +22,13 @@ def array_module(a):
     return np
 
 
-def sigmoid(z):
+def sigmoid(z, xp=None):
     """The logistic function, accurate in relative terms over the whole float range (as TF's Eigen kernel is).
 
     exp(-|z|) never overflows; 1 / (1 + e) for z >= 0 and e / (1 + e) below keep full relative precision in
-    the tails, where 0.5 (1 + tanh(z/2)) loses it (exactly 0 in float32 below z = -19, 2e-4 off at -10)."""
-    xp = array_module(z)
+    the tails, where 0.5 (1 + tanh(z/2)) loses it (exactly 0 in float32 below z = -19, 2e-4 off at -10).
+    ``xp``: the array module computing it (default: z's, ``array_module``)."""
+    xp = array_module(z) if xp is None else xp
     z = xp.asarray(z)
     e = xp.exp(-xp.abs(z))
     out = xp.where(z >= 0, xp.ones_like(e), e)
@@ -49,9 +50,9 @@ def gate_slices(C: int, layout: str) -> dict[str, slice]:
 
 def block_lstm_forward(seq_len_max: int, x, cs_prev, h_prev, w, wci, wcf, wco, b, *, forget_bias: float,
                        cell_clip: float, use_peephole: bool, layout: str, compute_dtype, clip_offsets=None,
-                       offsets_out=None) -> tuple:
-    """The BlockLSTM recurrence on validated arrays (numpy, or cupy: ``array_module``); returns
-    (i, cs, f, o, ci, co, h) as [T, B, C].
+                       offsets_out=None, xp=None) -> tuple:
+    """The BlockLSTM recurrence on validated arrays (numpy, or cupy: ``array_module``; ``xp`` names the module
+    when the caller knows it, as the layer engine does); returns (i, cs, f, o, ci, co, h) as [T, B, C].
 
     The state carried from one step to the next is the stored (output-dtype) ``cs``/``h``, so the
     outputs are exactly consistent with each other, as TF's are.  ``offsets_out`` ([T, B, C]), when
@@ -59,7 +60,7 @@ def block_lstm_forward(seq_len_max: int, x, cs_prev, h_prev, w, wci, wcf, wco, b
     ``cs = cs_raw + clip_offsets[t]`` instead of clipping: the straight-through function whose
     gradient the ops compute (gradcheck.py's finite differences).
     """
-    xp = array_module(x)
+    xp = array_module(x) if xp is None else xp
     out_dtype = x.dtype
     cdt = np.dtype(compute_dtype)
     T, B, I = x.shape
@@ -80,7 +81,7 @@ def block_lstm_forward(seq_len_max: int, x, cs_prev, h_prev, w, wci, wcf, wco, b
             if use_peephole:
                 zi = zi + cs_t * wci
                 zf = zf + cs_t * wcf
-            i, ci, f = sigmoid(zi), xp.tanh(zc), sigmoid(zf)
+            i, ci, f = sigmoid(zi, xp), xp.tanh(zc), sigmoid(zf, xp)
             raw = i * ci + f * cs_t
             if clip_offsets is not None:
                 cs = raw + clip_offsets[t]
@@ -91,7 +92,7 @@ def block_lstm_forward(seq_len_max: int, x, cs_prev, h_prev, w, wci, wcf, wco, b
             if offsets_out is not None and clip_offsets is None:
                 offsets_out[t] = cs - raw
             co = xp.tanh(cs)
-            o = sigmoid(zo + cs * wco) if use_peephole else sigmoid(zo)
+            o = sigmoid(zo + cs * wco, xp) if use_peephole else sigmoid(zo, xp)
             h = o * co
             for store, value in zip(outs, (i, cs, f, o, ci, co, h), strict=True):
                 store[t] = value

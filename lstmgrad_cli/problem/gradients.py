@@ -5,6 +5,10 @@ has not) runs its own pass (``Plan.gradients``); so does a single layer asked fo
 tensors, since the module recomputes its forward in that dtype, where the op would take activations stored in the
 input's.  Everything else is the op's own gradient (BlockLSTMGrad(V2), or LSTMBlockCellGrad with what TF derives
 from it), under the framework's names and layouts for a framework's layer.
+
+On a backend that computes GPU arrays a framework's single layer runs its own pass too (when nothing asks for the
+op's: no per-step report, no chunks, no x_grad written as it is made), so that its forward is recomputed on the
+device and only the layer's tensors cross to it (layers/device.py), not the op's activations.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..layers import device as devices
 from ..messages import Message, Param
 from ..ops import block_lstm_grad_checked, lstm_block_cell_grad_full, validation
 from .reading import Problem
@@ -34,7 +39,9 @@ def gradients(problem: Problem, backend, compute_dtype=None, *, layout: str | No
     cdt = validation.resolve_compute_dtype(arrays["x"].dtype, compute_dtype)
     plan = problem.framework
     wider = cdt != arrays["x"].dtype and observe is None
-    if plan is not None and (not plan.single or (wider and one_op is None)):
+    as_op = (one_op, observe, x_grad_out, layout, use_peephole, seq_len_max, chunk_steps) != (None,) * 7 or op_names
+    on_device = problem.kind == "seq" and not as_op and not devices.of(backend).on_host
+    if plan is not None and (not plan.single or (wider and one_op is None) or on_device):
         if one_op is not None:
             raise InvalidArgumentError(Message.format("{}: {} follows one op's gradient, and {}", problem.path,
                                                       Param(one_op), plan.not_one_op))

@@ -1,0 +1,140 @@
+"""The layer engine (Keras layers, PyTorch modules: lstmgrad_cli/layers/) on a GPU backend computes on its device.
+
+Run on the cupy backend built for the host (tests/cuda_host.py: numpy as the device, its arrays marked as the
+device's, only the functions cupy has too): a layer's tensors cross to the device once each, the recomputed
+forward, the schedule's reordering, the gradient, the activations' recurrence and the merges of directions and
+layers run there (no ufunc is given a host array beside a device one), and each gradient comes back once, equal
+bit for bit to the numpy backend's.  Computed through ``lstmgrad_cli.load(...).gradients``, the path ``lstmgrad
+seq`` takes (problem/gradients.py), and the Python API.
+
+Bit for bit where numpy's products see the same memory layouts on both: the backend's ``to_device`` makes arrays
+C-contiguous, and an unbatched projected module's Fortran-ordered weights then round differently in the last bits
+(a GPU's cuBLAS rounds its own way anyway).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cuda_host
+import numpy as np
+import pytest
+
+import lstmgrad_cli as lg
+from lstmgrad_cli.backends import get_backend
+from lstmgrad_cli.layers import device as devices
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+KERAS, TORCH = FIXTURES / "keras", FIXTURES / "torch"
+TORCH_CASES = {c["name"]: c for c in json.loads((TORCH / "manifest.json").read_text())}
+
+pytestmark = pytest.mark.skipif(cuda_host.compiler() is None, reason="no C compiler to build the cupy backend's "
+                                                                     "kernels for the host")
+
+
+def layer_tensors(T, B, I, C, directions=((None, None),), states=1, grads=()):  # noqa: E741
+    """The float tensors of a layer as the engine holds them (what must cross to the device, once each): x
+    [T, B, I] time-major, each direction's w [I' + H, 4C] and b [4C] (``directions``: (input width, h width) of
+    each, None for I and C), h0 and c0 [states, B, C] (zeros where the file has none), and the gradients given."""
+    shapes = [(T, B, I), (states, B, C), (states, B, C), *grads]
+    for width, h in directions:
+        shapes += [((width or I) + (h or C), 4 * C), (4 * C,)]
+    return sorted(shapes)
+
+
+CASES = {
+    # a Keras LSTM layer, the op's own maths (lstmgrad seq computes it as BlockLSTMGradV2): x [B=3, T=5, I=4], C=3
+    "keras layer": ((KERAS / "keras_seq.in.npz", {}), layer_tensors(5, 3, 4, 3, grads=[(5, 3, 3)])),
+    # a Keras Bidirectional (concat) of two layers, C=2, with their states and final-state gradients
+    "keras bidirectional": ((KERAS / "keras_bidir_concat.in.npz", {"weights": KERAS / "keras_bidir_concat.keras"}),
+                            layer_tensors(5, 2, 3, 2, directions=((None, None),) * 2, states=2, grads=[(5, 2, 4)])),
+    # a Keras layer made with activation="relu": the engine's own recurrence
+    "keras relu": ((KERAS / "keras_relu.in.npz", {"weights": KERAS / "keras_relu.keras"}),
+                   layer_tensors(5, 2, 3, 4, grads=[(5, 2, 4)])),
+    # a PyTorch nn.LSTM, 2 layers x 2 directions, batch-first, packed with lengths [2, 5, 1, 5]; the second layer
+    # reads the first's two directions (6 wide); gradients at out and h_n
+    "torch stacked packed": ((TORCH / "torch_packed_bidir2_bf.in.npz",
+                              {"weights": TORCH / "torch_packed_bidir2_bf.weights.safetensors", "batch_first": True}),
+                             layer_tensors(5, 4, 4, 3, directions=((None, None),) * 2 + ((6, None),) * 2, states=4,
+                                           grads=[(5, 4, 6), (4, 4, 3)])),
+}
+
+
+def on_both(path, options, **stand_in):
+    """The gradients of one input on the cupy backend built for the host, and on the numpy backend."""
+    on_device = lg.load(path, **options).gradients(backend=cuda_host.cupy_backend(**stand_in))
+    return on_device, lg.load(path, **options).gradients(backend="numpy")
+
+
+def assert_same_bits(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for name, value in want.items():
+        assert type(got[name]) is np.ndarray, name  # back on the host
+        assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_layer_on_a_gpu_backend_crosses_once_each_way_and_gives_the_hosts_bits(case):
+    (path, options), tensors = CASES[case]
+    copied, host_operands = [], []
+    got, want = on_both(path, options, copied=copied, host_operands=host_operands)
+    assert_same_bits(got, want)
+    assert host_operands == []  # every operation on device arrays only
+    floats_in = sorted(shape for way, dtype, shape in copied if way == "in" and dtype.kind == "f")
+    assert floats_in == tensors  # each of the layer's tensors once
+    steps = max(t[0] * t[1] for t in tensors if len(t) == 3)  # T * B
+    index_in = [(dtype, shape) for way, dtype, shape in copied if way == "in" and dtype.kind != "f"]
+    assert all(dtype.kind in "iub" and int(np.prod(shape)) <= steps for dtype, shape in index_in)  # (a schedule's)
+    out = sorted(shape for way, dtype, shape in copied if way == "out")
+    assert out == sorted(value.shape for value in got.values())  # each gradient once
+
+
+def test_a_projected_pytorch_module_runs_on_the_device_too():
+    """PyTorch's proj_size (the engine's own recurrence with h = (o * tanh(c)) @ weight_hr^T), 2 layers x 2
+    directions, packed: the projections cross once and their gradients come back once."""
+    options = {"weights": TORCH / "torch_proj_bidir2_packed_bf.weights.safetensors", "batch_first": True,
+               "weights_group": "encoder.rnn"}
+    copied, host_operands = [], []
+    got, want = on_both(TORCH / "torch_proj_bidir2_packed_bf.in.npz", options, copied=copied,
+                        host_operands=host_operands)
+    assert_same_bits(got, want)
+    assert host_operands == [] and any(name.startswith("weight_hr") for name in got)
+    assert sorted(shape for way, _, shape in copied if way == "out") == sorted(v.shape for v in got.values())
+
+
+def test_the_python_api_computes_a_module_on_the_device():
+    case = TORCH_CASES["torch_packed_bidir2_bf"]
+    from safetensors.numpy import load_file
+
+    state = load_file(str(TORCH / case["files"]["weights"]))
+    with np.load(TORCH / case["files"]["in"]) as data:
+        inputs = {k: data[k] for k in data.files}
+    copies = []
+    got = lg.torch_lstm_grad(inputs["x"], state_dict=state, batch_first=True, lengths=inputs["lengths"],
+                             h_grad=inputs["h_grad"], hn_grad=inputs["hn_grad"],
+                             backend=cuda_host.cupy_backend(copies=copies))
+    want = lg.torch_lstm_grad(inputs["x"], state_dict=state, batch_first=True, lengths=inputs["lengths"],
+                              h_grad=inputs["h_grad"], hn_grad=inputs["hn_grad"], backend="numpy")
+    assert_same_bits(got, want)
+    assert copies.count("out") == len(got)
+
+
+def test_where_the_engine_computes_for_each_backend():
+    """The host for the host backends and for a GPU backend that does not offer its array module (it computes the
+    gradient on its device from host arrays, as before); the device for one that does."""
+    assert devices.of(get_backend("numpy")) is devices.HOST
+    stand_in = cuda_host.cupy_backend()
+    there = devices.of(stand_in)
+    assert not there.on_host and there.xp is stand_in.array_module
+
+    class WithoutModule:
+        name, version, gpu_arrays = "partial", "0", True
+        to_device, to_host = stand_in.to_device, stand_in.to_host
+        block_lstm_grad = stand_in.block_lstm_grad
+
+    assert devices.of(WithoutModule()) is devices.HOST
+    path, options = CASES["keras relu"][0]
+    got = lg.load(path, **options).gradients(backend=WithoutModule())
+    assert_same_bits(got, lg.load(path, **options).gradients(backend="numpy"))
