@@ -8,7 +8,10 @@
    TensorFlow's) with LSTMGRAD_TEST_BACKEND=cupy;
    and again with the time loop in one launch (LSTMGRAD_CUPY_LOOP=persistent);
 5. `lstmgrad bench` on the GPU: the cupy backend from host arrays and on device arrays (both time loops), the
-   GPU's own GEMM limit, PyTorch's cuDNN backward with TF32 off and on.
+   GPU's own GEMM limit, PyTorch's cuDNN backward with TF32 off and on;
+6. what a user waits for, numpy against cupy with its kernel cache warm (median of 3): `lstmgrad seq` on one
+   small TF file and on one PyTorch layer file (issue 38: cupy within 1 s of numpy), and a batch of 100 small
+   files (issue 39: no slower per file than numpy).
 
 Runs with the machine's own Python from the repository root (`make gpu-check` sets PYTHONPATH): the device
 machine has cupy, torch, numba, h5py, click and rich; pytest and hypothesis come from build/gpu-pylibs when
@@ -44,6 +47,44 @@ def run(title: str, cmd: list[str], timeout: float, env: dict | None = None) -> 
     print(output, flush=True)
     tail = " / ".join(line.strip() for line in output.splitlines()[-2:])
     return ("ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"), tail, seconds
+
+
+def wall(cmd: list[str], repeats: int = 3) -> float:
+    """Median seconds of ``cmd`` over ``repeats`` runs, after one untimed run (it warms cupy's kernel cache)."""
+    times = []
+    for k in range(repeats + 1):
+        start = time.perf_counter()
+        subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if k:
+            times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def waits(python: str) -> tuple[str, str, float]:
+    """(result, summary, seconds) of step 6: one small file and a batch of 100, numpy against cupy."""
+    import tempfile  # noqa: PLC0415
+
+    from bench_batch import write_inputs  # noqa: PLC0415 - benchmarks/, beside this script
+
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="lstmgrad-gpu-check-") as tmp:
+        folder = Path(tmp) / "in"
+        write_inputs(folder, (20, 16, 64, 64), 100)
+        runs = {"one TF file": ["fixtures/demo.h5", "--group", "lstm"],
+                "one PyTorch layer file": ["fixtures/torch/torch_batch_first.in.npz", "--framework", "torch",
+                                           "--batch-first"],
+                "100 small files": [str(folder)]}
+        parts, worst = [], 0.0
+        for label, args in runs.items():
+            seconds = {}
+            for backend in ("numpy", "cupy"):
+                out = Path(tmp) / f"out-{backend}"
+                seconds[backend] = wall([python, "-m", "lstmgrad_cli", "seq", *args, "--backend", backend,
+                                         "--out-dir", str(out), "--force", "-q"])
+            worst = max(worst, seconds["cupy"] - seconds["numpy"])
+            parts.append(f"{label}: numpy {seconds['numpy']:.2f} s, cupy {seconds['cupy']:.2f} s")
+            print(parts[-1], flush=True)
+    return "ok", "; ".join(parts), time.perf_counter() - start
 
 
 def device_lines() -> list[str]:
@@ -93,6 +134,11 @@ def main() -> int:
     bench = [python, "-m", "lstmgrad_cli", "bench", "--backend", "cupy", "--repeats", "5", "--markdown",
              *(arg for shape in SHAPES for arg in ("--shape", shape))]
     rows.append(("bench (cupy, cuDNN)", *run("bench", bench, 240)))
+    print("\n== start-up and a batch, numpy against cupy", flush=True)
+    try:
+        rows.append(("start-up and batch", *waits(python)))
+    except (subprocess.CalledProcessError, OSError) as err:
+        rows.append(("start-up and batch", f"FAILED ({err})", "", 0.0))
     print("\n| step | result | last lines | seconds |\n| --- | --- | --- | ---: |")
     for step, result, tail, seconds in rows:
         print(f"| {step} | {result} | {tail.replace('|', '/')} | {seconds:.0f} |")
