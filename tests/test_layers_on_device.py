@@ -138,3 +138,24 @@ def test_where_the_engine_computes_for_each_backend():
     path, options = CASES["keras relu"][0]
     got = lg.load(path, **options).gradients(backend=WithoutModule())
     assert_same_bits(got, lg.load(path, **options).gradients(backend="numpy"))
+
+
+
+@pytest.mark.parametrize("path, options", [(KERAS / "keras_seq.in.npz", {}),
+                                           (TORCH / "torch_batch_first.in.npz", {"batch_first": True})])
+def test_a_layer_read_for_a_gpu_backend_is_never_run_forward_on_the_host(path, options):
+    """What ``lstmgrad seq`` reads (problem.reading.load_problem) for a framework's single layer holds the op's
+    forward outputs unmade (reading.OpArrays): the cupy backend computes the layer on its device from the layer's own
+    tensors and never asks for them, so no forward pass runs on the host for nothing; the numpy backend asks, and
+    they are made once, for the op's gradient."""
+    from lstmgrad_cli.problem.gradients import gradients
+    from lstmgrad_cli.problem.reading import load_problem, ready
+    from lstmgrad_cli.problem.request import request_from
+
+    on_device = load_problem(path, request_from(**options))
+    on_host = load_problem(path, request_from(**options))
+    assert on_device.framework.single and on_device.sources["activations"] == "recomputed"
+    assert "i" not in ready(on_device.arrays)  # read: the forward outputs not made yet
+    assert_same_bits(gradients(on_device, cuda_host.cupy_backend()), gradients(on_host, get_backend("numpy")))
+    assert "i" not in ready(on_device.arrays)  # never made: the device computed the layer
+    assert "i" in ready(on_host.arrays)  # made for the op's gradient on the host

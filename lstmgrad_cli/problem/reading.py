@@ -11,7 +11,7 @@ mode makes it an error).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +36,39 @@ from ..spec import (  # noqa: F401 - (re-exported)
 from .request import Request
 
 
+class OpArrays(Mapping):
+    """The op's tensors by name (``names``' order), where the forward outputs of a Keras or PyTorch layer lstmgrad
+    recomputes are made when first asked for (``forward()``: them by name, validated).  A GPU backend computes such
+    a layer on its device from the layer's own tensors (layers/device.py) and never asks: no forward pass on the
+    host for nothing.  ``ready()``: the tensors there are without making any."""
+
+    def __init__(self, names, given: dict, forward: Callable[[], dict]):
+        self._names, self._given, self._forward, self._made = tuple(names), given, forward, None
+
+    def __getitem__(self, name):
+        if name in self._given:
+            return self._given[name]
+        if name not in self._names:
+            raise KeyError(name)
+        if self._made is None:
+            self._made = self._forward()
+        return self._made[name]
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def ready(self) -> dict:
+        return {n: self[n] for n in self._names if n in self._given or self._made is not None}
+
+
+def ready(arrays: Mapping) -> dict:
+    """The tensors of ``arrays`` there are now (``OpArrays.ready``): none made for the asking."""
+    return arrays.ready() if isinstance(arrays, OpArrays) else dict(arrays)
+
+
 @dataclass
 class Problem:
     """A gradient problem read from a file and validated, with where each parameter came from."""
@@ -43,7 +76,7 @@ class Problem:
     path: str
     kind: str  # "seq" | "cell"
     layout: str
-    arrays: dict
+    arrays: Mapping  # name -> array (a dict; OpArrays where a layer's forward outputs are made when asked for)
     dims: validation.Dims
     seq_len_max: int  # 1 for the cell op
     use_peephole: bool
@@ -196,7 +229,7 @@ def open_problem(path, request: Request, *, lazy: bool = False, input_format: st
                 problem = _module_problem(path, loaded, plan)
             else:
                 problem = _problem_from(path, loaded, kind, layout, use_peephole, seq_len_max, forget_bias,
-                                        cell_clip)
+                                        cell_clip, defer_forward=plan is not None)
         except InvalidArgumentError:
             if weights is None or supplied:
                 raise
@@ -401,7 +434,9 @@ def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) 
 
 
 def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole, seq_len_max, forget_bias=None,
-                  cell_clip=None) -> Problem:
+                  cell_clip=None, defer_forward: bool = False) -> Problem:
+    """The problem of ``loaded``'s tensors.  ``defer_forward``: forward outputs lstmgrad recomputes (a framework
+    layer's) are made when first asked for (``OpArrays``), their shapes and dtypes validated now."""
     member = loaded.info.get("member")
     label = f"{path} [{member}]" if member else str(path)
     _refuse_wrong_file(label, path, loaded, kind)
@@ -425,17 +460,26 @@ def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole,
             raise _missing_error(problem, loaded, missing, names, activations)
         layout_given = Given(layout, "flag") if layout is not None else _recorded_layout(loaded)
         length_given = _given("seq_len_max", seq_len_max, loaded) if kind == "seq" else None
+        forward = None
         if recompute:
-            _recompute_activations(problem, loaded, layout_given, peephole, length_given, forget_bias, cell_clip)
+            forward = _recompute_activations(problem, loaded, layout_given, peephole, length_given, forget_bias,
+                                             cell_clip)
+            if not (defer_forward and kind == "seq"):
+                loaded.tensors.update(forward())
+                forward = None
         elif forget_bias is not None or cell_clip is not None:
             problem.notes.append(Message.format(
                 "{} and {} set how forward outputs are recomputed; this input has its own, so they change nothing",
                 Param("forget_bias"), Param("cell_clip")))
-        arrays = validation.as_float_arrays({n: loaded.tensors[n] for n in names})
-        if kind == "seq":
-            problem.dims = validation.check_block_lstm_grad(arrays)
+        if forward is not None:
+            arrays = _deferred(label, loaded, names, activations, forward)
+            problem.dims = validation.check_block_lstm_grad({**arrays.ready(), **_placeholders(arrays, activations)})
         else:
-            problem.dims = validation.check_lstm_block_cell_grad(arrays)
+            arrays = validation.as_float_arrays({n: loaded.tensors[n] for n in names})
+            if kind == "seq":
+                problem.dims = validation.check_block_lstm_grad(arrays)
+            else:
+                problem.dims = validation.check_lstm_block_cell_grad(arrays)
         if not recompute:
             decisions = decide.decide(kind, arrays, problem.dims.T, layout_given=layout_given,
                                       use_peephole_given=peephole, seq_len_max_given=length_given)
@@ -473,9 +517,11 @@ def _recorded_op_note(problem: Problem, info: dict) -> None:
 
 
 def _recompute_activations(problem: Problem, loaded: io.LoadedFile, layout_given: Given | None,
-                           peephole_given: Given | None, length_given: Given | None, forget_bias, cell_clip) -> None:
-    """No forward outputs in the input: run the forward op (BlockLSTMV2, BlockLSTM or LSTMBlockCell, by
-    layout) on its inputs and use what it gives, as TensorFlow's own forward pass would have stored it."""
+                           peephole_given: Given | None, length_given: Given | None, forget_bias, cell_clip
+                           ) -> Callable[[], dict]:
+    """No forward outputs in the input: the forward op (BlockLSTMV2, BlockLSTM or LSTMBlockCell, by layout) to run
+    on its inputs, as TensorFlow's own forward pass would have stored what it gives: its settings decided and said
+    now, and a function that runs it (its outputs by name)."""
     seq = problem.kind == "seq"
     layout = decide.layout(problem.kind, layout_given, None, activations=False)
     problem.layout, problem.sources["layout"] = layout.value, layout.source
@@ -494,16 +540,44 @@ def _recompute_activations(problem: Problem, loaded: io.LoadedFile, layout_given
     clip = _attribute("cell_clip", cell_clip, loaded, default_clip, problem)
     decide.forget_bias_allowed(op, fb)
     common = dict(cell_clip=clip, use_peephole=use_peephole)
-    if op == "BlockLSTMV2":
-        outputs = ops.block_lstm_v2(problem.seq_len_max, **inputs, **common)
-    elif op == "BlockLSTM":
-        outputs = ops.block_lstm(problem.seq_len_max, **inputs, forget_bias=fb, **common)
-    else:
-        outputs = ops.lstm_block_cell(**inputs, forget_bias=fb, **common)
-    loaded.tensors.update(outputs._asdict())
+    steps = problem.seq_len_max
+
+    def forward() -> dict:
+        if op == "BlockLSTMV2":
+            outputs = ops.block_lstm_v2(steps, **inputs, **common)
+        elif op == "BlockLSTM":
+            outputs = ops.block_lstm(steps, **inputs, forget_bias=fb, **common)
+        else:
+            outputs = ops.lstm_block_cell(**inputs, forget_bias=fb, **common)
+        return outputs._asdict()
+
     problem.sources["activations"] = "recomputed"
     problem.notes.append(f"activations recomputed: {op} with forget_bias={fb:g}, cell_clip={clip:g}"
                          + (" (no clipping)" if clip <= 0 else "") + f", use_peephole={str(use_peephole).lower()}")
+    return forward
+
+
+def _deferred(label: str, loaded: io.LoadedFile, names, activations, forward: Callable[[], dict]) -> OpArrays:
+    """The op's tensors of ``names`` with the forward outputs ``activations`` made by ``forward`` when first asked
+    for."""
+    given = validation.as_float_arrays({n: loaded.tensors[n] for n in names if n not in activations})
+
+    def made() -> dict:
+        try:
+            return validation.as_float_arrays(forward())
+        except LstmGradError as err:
+            raise err.prefixed(label) from None
+
+    return OpArrays(names, given, made)
+
+
+def _placeholders(arrays: OpArrays, activations) -> dict:
+    """Stand-ins of the shape and dtype the forward outputs ``activations`` will have (the op's [T, B, C] in x's
+    dtype), no memory each, for validating the other tensors against them before they are made."""
+    x, w = arrays["x"], arrays["w"]
+    zero = np.zeros((), dtype=x.dtype)
+    shape = (x.shape[0], x.shape[1], w.shape[1] // 4) if x.ndim == 3 and w.ndim == 2 else x.shape
+    return {n: np.broadcast_to(zero, shape) for n in activations}
 
 
 def _attribute(name: str, flag, loaded: io.LoadedFile, default: float, problem: Problem) -> float:
