@@ -60,7 +60,8 @@ def test_a_projected_modules_summary_says_what_it_computed(runner, tmp_path):
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)["results"][0]
     assert doc["module"] == "PyTorch nn.LSTM, 2 layers, bidirectional, proj_size=2, per-example lengths"
-    assert doc["computed_as"] == "the LSTM recurrence with its projection of h, recomputed and differentiated (numpy)"
+    assert doc["computed_as"] == "the LSTM recurrence with its projection of h, recomputed and differentiated " \
+        "by lstmgrad's layer engine (numpy; cupy on a GPU backend)"
     assert {"weight_hr_l0_grad", "weight_hr_l1_reverse_grad"} <= {t["name"] for t in doc["tensors"]}
 
 

@@ -16,6 +16,9 @@ from ..messages import Message, Param
 from ..ops import validation
 from ..results import BlockLSTMGradOutputs
 
+# Where the layer engine computes a recurrence the op does not (layers/device.py), in words for the summary.
+ENGINE = "by lstmgrad's layer engine (numpy; cupy on a GPU backend)"
+
 
 @dataclass(frozen=True)
 class FrameworkOptions:
@@ -99,9 +102,9 @@ class Plan:
     def computed_as(self) -> str:
         """How the gradients are computed, in words for the summary."""
         if self.projected:
-            return "the LSTM recurrence with its projection of h, recomputed and differentiated (numpy)"
+            return f"the LSTM recurrence with its projection of h, recomputed and differentiated {ENGINE}"
         if not all(w.standard for layer in self.module.layers for w in layer):
-            return "the LSTM recurrence with the layer's activations, recomputed and differentiated (numpy)"
+            return f"the LSTM recurrence with the layer's activations, recomputed and differentiated {ENGINE}"
         each = "" if self.single else " per layer and direction"
         return f"BlockLSTMGradV2 of the recomputed BlockLSTMV2{each}"
 
