@@ -115,6 +115,28 @@ def npz_member_bomb(path: Path, name: str = "seq_len_max", shape=(375_000_000,),
     return write_members(path, [*valid_members(drop=(name,)), member])
 
 
+def npy_v3_header_bomb() -> bytes:
+    """A .npy stream of format 3.0 whose header declares 4 GiB of text (numpy's own reader allocates what it
+    declares before it checks its limit) and holds a hundred bytes."""
+    return b"\x93NUMPY\x03\x00" + struct.pack("<I", 0xFFFFFFFF) + b"{'descr': '<f4', " + b" " * 90 + b"\n"
+
+
+def npz_v3_header_bomb(path: Path, stored: bool = True) -> Path:
+    """A valid NPZ but for x, a stored (np.savez's way) or deflated member of ``npy_v3_header_bomb``."""
+    members = [Member("x.npy", npy_v3_header_bomb(), deflate=not stored), *valid_members(drop=("x",))]
+    return write_members(path, members)
+
+
+def npy_dir_v3_header_bomb(folder: Path) -> Path:
+    """A directory of .npy files whose x.npy is ``npy_v3_header_bomb``."""
+    folder.mkdir()
+    for key, value in valid_inputs().items():
+        if key != "x":
+            np.save(folder / f"{key}.npy", value)
+    (folder / "x.npy").write_bytes(npy_v3_header_bomb())
+    return folder
+
+
 def npz_declared_sizes_bomb(path: Path) -> Path:
     """x's central directory entry says 2 GB unpacked from 300 bytes packed (more than deflate can do) and its
     header declares the 2 GB: both lie, and the numbers alone say so."""

@@ -173,6 +173,25 @@ def test_entries_no_command_reads_are_shown_by_their_header_only(tmp_path, monke
     assert doc["ok"] and [t["key"] for t in doc["tensors"]] == list(tensors)  # (the file's order)
 
 
+@pytest.mark.parametrize("junk_bytes", [800, 8000, 800_000])
+def test_an_unused_members_corruption_is_reported_at_any_size_up_to_a_whole_read(tmp_path, junk_bytes):
+    """An entry shown by its header only is still read to its end when it is at most the 1 MiB read whole (its
+    zip CRC checked: a flipped byte is an error), whether stored or not, and whatever its size below that."""
+    import zipfile
+
+    src = tmp_path / "with-junk.npz"
+    np.savez(src, **load_case("seq_v2_peep")[0], junk=np.ones(junk_bytes // 4, np.float32))
+    with zipfile.ZipFile(src) as archive:
+        info = archive.getinfo("junk.npy")
+    data = bytearray(src.read_bytes())
+    name_length, extra_length = np.frombuffer(data, "<u2", 2, info.header_offset + 26)
+    data[info.header_offset + 30 + int(name_length) + int(extra_length) + info.file_size - 1] ^= 0xFF
+    src.write_bytes(bytes(data))
+    result = CliRunner().invoke(main, ["inspect", str(src)])
+    assert result.exit_code == 1
+    assert "junk is corrupt or truncated (Bad CRC-32 for file 'junk.npy')" in " ".join(result.stdout.split())
+
+
 # -- NaN/Inf: inspect finds the layout as seq does (detect.py leaves non-finite entries out) -----------------------
 
 def _seq_result(path, tmp_path):

@@ -29,9 +29,7 @@ from .declared import Declared, checked, read_checked
 NPY_MAGIC = b"\x93NUMPY"
 NPY_MAX_HEADER = 10000  # numpy's own limit for a .npy header it will parse
 WHOLE_READ = 1 << 20  # streams up to this size are read in one call
-# Streams whose reads go straight to the file (a stored NPZ member: npz.StoredMember; a .npy file): their data is
-# read into the array, not first into bytes.
-DIRECT = (io.RawIOBase, io.BufferedReader)
+HEADER_READ = 16 + NPY_MAX_HEADER  # the most of a stream its header can take (magic, version, length, text)
 # The header numpy writes: {'descr': '<f4', 'fortran_order': False, 'shape': (20, 16, 64), } padded to 64 bytes.
 CANONICAL_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d{0,4})', 'fortran_order': (True|False), "
                               r"'shape': \(((?:\d{1,18}, )*\d{1,18},?)?\), \} *\n")
@@ -46,12 +44,9 @@ class NpyStream:
     def __init__(self, fp, size: int, key: str, path: Path, container: str = "member"):
         self.key, self.path, self.container = key, path, container
         self.blob = None
-        if size <= WHOLE_READ and not isinstance(fp, DIRECT):  # one read (the zip layer checks the CRC at the end)
-            self.blob = fp.read(size + 1)
-            if len(self.blob) > size:
-                raise InputFileError(f"{path}: {key} holds more bytes than its {container} size; not a valid .npy "
-                                     f"{container}")
-            fp, size = io.BytesIO(self.blob), len(self.blob)
+        if size <= WHOLE_READ:  # read whole at once (a zip member's CRC is checked on reaching its end)
+            self.blob = _read_whole(fp, size, key, path, container)
+            fp, size = io.BytesIO(memoryview(self.blob)[:HEADER_READ]), len(self.blob)  # (the header's reads)
         self.fp, self.size = fp, size
         self.shape, self.fortran_order, self.dtype = npy_header(fp, key, path)
         if self.dtype.hasobject:
@@ -82,22 +77,20 @@ class NpyStream:
         path, key, container, shape, dtype = self.path, self.key, self.container, self.shape, self.dtype
         nbytes = math.prod(shape) * dtype.itemsize
         fp = self.fp
-        if self.blob is not None:  # copied once, from the bytes read (the BytesIO's own buffer would be a copy more)
-            data = np.frombuffer(self.blob, dtype=np.uint8, count=nbytes, offset=self.start).copy()
-            fp.seek(self.start + nbytes)
-            pos = nbytes
+        if self.blob is not None:  # the stream's bytes, read whole (and verified: its size, the CRC): no copy
+            data = np.frombuffer(self.blob, dtype=np.uint8, count=nbytes, offset=self.start)
         else:
             data = np.empty(nbytes, dtype=np.uint8)
             pos = 0
-        view = memoryview(data)
-        while pos < nbytes:  # straight into the array, a bounded chunk at a time
-            got = fp.readinto(view[pos:pos + min(READ_CHUNK, nbytes - pos)])
-            if not got:
-                raise InputFileError(f"{path}: {key} is truncated: {pos} of {nbytes} bytes of data")
-            pos += got
-        if fp.read(1):  # reading to the end also makes zipfile verify the CRC
-            raise InputFileError(f"{path}: {key} has data after the array it declares (shape {list(shape)}); "
-                                 f"not a valid .npy {container}")
+            view = memoryview(data)
+            while pos < nbytes:  # straight into the array, a bounded chunk at a time
+                got = fp.readinto(view[pos:pos + min(READ_CHUNK, nbytes - pos)])
+                if not got:
+                    raise InputFileError(f"{path}: {key} is truncated: {pos} of {nbytes} bytes of data")
+                pos += got
+            if fp.read(1):  # reading to the end also makes zipfile verify the CRC
+                raise InputFileError(f"{path}: {key} has data after the array it declares (shape {list(shape)}); "
+                                     f"not a valid .npy {container}")
         try:
             if nbytes == 0:
                 array = np.zeros(shape, dtype=dtype)
@@ -107,6 +100,24 @@ class NpyStream:
             raise InputFileError(
                 f"{path}: {key} cannot be read as {dtype} of shape {list(shape)} ({reason(err)})") from None
         return native(array)
+
+
+def _read_whole(fp, size: int, key: str, path: Path, container: str) -> bytearray:
+    """A stream of at most ``WHOLE_READ`` bytes (its ``size``), read whole into a bytearray the array is then a
+    view of (writable, so no copy)."""
+    blob = bytearray(size + 1)
+    view, got = memoryview(blob), 0
+    while got <= size:
+        n = fp.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    del view
+    if got > size:
+        raise InputFileError(f"{path}: {key} holds more bytes than its {container} size; not a valid .npy "
+                             f"{container}")
+    del blob[got:]
+    return blob
 
 
 def read_npy(fp, size: int, key: str, path: Path, budget: Budget, container: str = "member") -> np.ndarray:
@@ -126,7 +137,7 @@ def npy_header(fp, key: str, path: Path):
     impl = getattr(getattr(np.lib, "_format_impl", fmt), "_read_array_header", None)
     if version not in ((1, 0), (2, 0)) and impl is None:
         raise InputFileError(f"{path}: {key} uses .npy format version {version}, which this numpy cannot read")
-    if version in ((1, 0), (2, 0)):
+    if version in ((1, 0), (2, 0), (3, 0)):  # (3.0: 2.0's layout, UTF-8 text; numpy's reader would take any length)
         length_bytes = fp.read(2 if version == (1, 0) else 4)
         length = int.from_bytes(length_bytes, "little")
         if len(length_bytes) in (2, 4) and length <= NPY_MAX_HEADER:

@@ -150,29 +150,31 @@ def _open_member(archive: zipfile.ZipFile, fh, info: zipfile.ZipInfo, key: str, 
 class StoredMember(io.RawIOBase):
     """A stored (uncompressed) member of the zip archive open as ``fh``, read from the file straight into the
     caller's buffer (``readinto``: the array), where zipfile's stream copies the bytes twice on the way, ~0.3 ms of
-    every small file a batch reads.  What zipfile checks is checked here too: the member's local header (its
-    signature, its name against the directory's, no flag zipfile refuses), the data inside the archive, and its
-    CRC-32 once the last byte is read (zipfile's errors, so they are worded alike)."""
+    every small file a batch reads.  What ``ZipFile.open`` checks is checked here, as it checks it: the local
+    header's signature, its name against the directory's (decoded as its own flags say), the directory's flags
+    for patched data and strong encryption; then, as zipfile's stream reads, the member's bytes (the smaller of its
+    stored and unpacked sizes) within the archive, and its CRC-32 once the last is read.  The errors are zipfile's,
+    so they are worded alike."""
 
     def __init__(self, fh, info: zipfile.ZipInfo, archive_size: int):
         super().__init__()
         self._fh, self._name = fh, info.filename
         fh.seek(info.header_offset)
         header = fh.read(_LOCAL_HEADER.size)
-        if len(header) != _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+        if len(header) != _LOCAL_HEADER.size:
+            raise zipfile.BadZipFile("Truncated file header")
+        if header[:4] != b"PK\x03\x04":
             raise zipfile.BadZipFile("Bad magic number for file header")
         flags, name_length, extra_length = _LOCAL_HEADER.unpack(header)
-        if flags & (_PATCHED | _STRONG_ENCRYPTION) or info.flag_bits & (_PATCHED | _STRONG_ENCRYPTION):
-            raise NotImplementedError("compressed patched data or strong encryption (flag bit 5 or 6)")
         name = fh.read(name_length)
-        encoding = "utf-8" if info.flag_bits & _UTF8_NAME else "cp437"
-        if name.decode(encoding, errors="replace") != info.orig_filename:
+        if info.flag_bits & _PATCHED:
+            raise NotImplementedError("compressed patched data (flag bit 5)")
+        if info.flag_bits & _STRONG_ENCRYPTION:
+            raise NotImplementedError("strong encryption (flag bit 6)")
+        if name.decode("utf-8" if flags & _UTF8_NAME else "cp437") != info.orig_filename:
             raise zipfile.BadZipFile(f"File name in directory {info.orig_filename!r} and header {name!r} differ.")
-        if info.compress_size != info.file_size:
-            raise zipfile.BadZipFile(f"stored member {info.filename!r} declares {info.compress_size} bytes stored "
-                                     f"and {info.file_size} unpacked")
         self._pos = self._start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
-        self._end = self._start + info.compress_size
+        self._end = self._start + min(info.compress_size, info.file_size)
         if self._end > archive_size:
             raise EOFError(f"the member's data ends at byte {self._end} of a {archive_size}-byte archive")
         self._crc, self._expected_crc = 0, info.CRC
