@@ -22,7 +22,7 @@ from ..io import provenance
 from ..messages import Message, Param
 from ..ops import block_lstm_grad_checked, validation
 from ..problem.gradients import gradients
-from ..problem.reading import open_problem, ready
+from ..problem.reading import given, open_problem
 from ..problem.request import Request
 from ..results import BlockLSTMGradOutputs
 from ..spec import layout_for
@@ -200,7 +200,7 @@ def _gradients(problem, backend, cdt, options: GradOptions, result: GradResult, 
                             x_grad_out=x_grad_out, one_op="per_step", op_names=True)
         tensors = problem.framework.from_op(BlockLSTMGradOutputs(**outputs)) if problem.framework else outputs
     result.tensors = [summarise(name, value) for name, value in tensors.items()]
-    result.nonfinite_inputs = _count_nonfinite(ready(arrays))  # (a layer's forward outputs made on a GPU: not here)
+    result.nonfinite_inputs = _count_nonfinite(given(problem))  # (not the forward outputs lstmgrad recomputed)
     note = nonfinite_note(result)
     if note and options.strict:
         raise InvalidArgumentError(_refused_strictly(problem.path, [note]))

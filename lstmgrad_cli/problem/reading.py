@@ -63,10 +63,19 @@ class OpArrays(Mapping):
     def ready(self) -> dict:
         return {n: self[n] for n in self._names if n in self._given or self._made is not None}
 
+    def __contains__(self, name) -> bool:  # (without making the forward outputs)
+        return name in self._names
+
 
 def ready(arrays: Mapping) -> dict:
     """The tensors of ``arrays`` there are now (``OpArrays.ready``): none made for the asking."""
     return arrays.ready() if isinstance(arrays, OpArrays) else dict(arrays)
+
+
+def given(problem) -> dict:
+    """``problem``'s tensors that its input gave: without the forward outputs lstmgrad recomputed (made or not)."""
+    made = decide.activation_names(problem.kind) if problem.sources.get("activations") == "recomputed" else ()
+    return {name: problem.arrays[name] for name in problem.arrays if name not in made}
 
 
 @dataclass
