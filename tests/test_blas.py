@@ -452,3 +452,22 @@ def test_installed_version_is_what_importlib_metadata_says(name):
     except importlib.metadata.PackageNotFoundError:
         expected = None
     assert cpu_blas.installed_version(name) == expected
+
+
+@pytest.mark.parametrize("layout", ["dist-info", "egg-info folder", "egg-info file"])
+def test_installed_version_reads_each_kind_of_metadata_importlib_does(tmp_path, monkeypatch, layout):
+    import importlib.metadata
+
+    metadata = "Metadata-Version: 2.1\nName: Fake-MKL.pkg\nVersion: 1.2.3\n\nDescription\n"
+    if layout == "dist-info":
+        (tmp_path / "fake_mkl.pkg-1.2.3.dist-info").mkdir()
+        (tmp_path / "fake_mkl.pkg-1.2.3.dist-info" / "METADATA").write_text(metadata)
+    elif layout == "egg-info folder":
+        (tmp_path / "Fake_MKL.pkg-1.2.3-py3.11.egg-info").mkdir()
+        (tmp_path / "Fake_MKL.pkg-1.2.3-py3.11.egg-info" / "PKG-INFO").write_text(metadata)
+    else:
+        (tmp_path / "Fake_MKL.pkg-1.2.3-py3.11.egg-info").write_text(metadata)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert importlib.metadata.version("fake-mkl.pkg") == "1.2.3"
+    assert cpu_blas.installed_version("fake-mkl.pkg") == "1.2.3"
+    assert cpu_blas.installed_version("Fake_MKL-pkg") == "1.2.3"

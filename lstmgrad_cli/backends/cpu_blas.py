@@ -85,10 +85,11 @@ def mkl_version() -> str | None:
 
 def installed_version(name: str) -> str | None:
     """The version of the distribution ``name`` installed on ``sys.path`` (the first found, as
-    ``importlib.metadata.version`` takes it), from its ``.dist-info`` folder's METADATA; None when not installed.
+    ``importlib.metadata.version`` takes it), from its metadata; None when not installed.
 
     Every command asks for MKL's; ``importlib.metadata`` would cost it 10-20 ms of imports (email, csv, zipfile).
-    The folder is named ``{name}-{version}.dist-info``, the name lower-cased with runs of ``-_.`` as ``_``."""
+    The metadata is a ``{name}-{version}.dist-info`` folder's METADATA, or an ``.egg-info`` folder's PKG-INFO (or
+    the ``.egg-info`` file itself), the name lower-cased with runs of ``-_.`` as ``_``."""
     wanted = re.sub(r"[-_.]+", "_", name).lower()
     for entry in sys.path:
         try:
@@ -97,12 +98,17 @@ def installed_version(name: str) -> str | None:
             continue
         for child in children:
             stem, dot, suffix = child.rpartition(".")
-            if suffix != "dist-info" or not dot:
+            if suffix not in ("dist-info", "egg-info") or not dot:
                 continue
             project = stem.partition("-")[0]
             if re.sub(r"[-_.]+", "_", project).lower() != wanted:
                 continue
-            version = _metadata_version(os.path.join(entry or ".", child, "METADATA"))
+            where = os.path.join(entry or ".", child)
+            if suffix == "dist-info":
+                where = os.path.join(where, "METADATA")
+            elif os.path.isdir(where):
+                where = os.path.join(where, "PKG-INFO")
+            version = _metadata_version(where)
             if version is not None:
                 return version
     return None
