@@ -241,6 +241,25 @@ def nan_input(tmp_path, suffix=".npz"):
     return path
 
 
+@pytest.mark.parametrize("extra", [[], ["--compute-dtype", "float64"]])
+@pytest.mark.parametrize("case", ["keras/keras_seq.in.npz", "seq_v2_peep.in.npz"])
+def test_nan_in_inputs_counts_what_the_input_gave_never_recomputed_forward_outputs(tmp_path, runner, case, extra):
+    """A Keras layer's forward outputs are recomputed (made on the host for the op's pass, not at all for a wider
+    compute dtype or a GPU's pass): NaN in x is reported as x's alone, the same on every path."""
+    tensors = dict(np.load(FIXTURES / case))
+    for name in [n for n in ("i", "cs", "f", "o", "ci", "co", "h") if n in tensors]:
+        del tensors[name]  # (the TF op's file: its forward outputs recomputed too)
+    tensors["x"] = tensors["x"].copy()
+    tensors["x"].flat[0] = np.nan
+    path = tmp_path / "nan.npz"
+    np.savez(path, **tensors)
+    result = runner.invoke(main, ["seq", str(path), "-o", str(tmp_path / "g.npz"), "--json", *extra])
+    assert result.exit_code == 0, result.stderr
+    run = json.loads(result.stdout)["results"][0]
+    assert run["sources"]["activations"] == "recomputed"
+    assert run["nonfinite_inputs"] == {"x": 1}
+
+
 @pytest.mark.parametrize("suffix", [".npz", ".h5"])
 def test_nan_and_inf_are_computed_through_and_reported_in_json(tmp_path, runner, suffix):
     path = nan_input(tmp_path, suffix)
