@@ -112,6 +112,37 @@ def test_auto_prefers_cupy_then_numba_then_numpy(monkeypatch, usable, expected):
     assert reg.resolve_name("auto") == expected
 
 
+def test_a_device_probe_is_asked_once_a_boot_and_kept(tmp_path, monkeypatch):
+    """What the child process importing cupy said (~1 s of every command that asks, --backend auto included) is
+    kept under this boot, driver, cupy and CUDA_VISIBLE_DEVICES: asked once; a timeout is not kept; ``fresh``
+    asks again and keeps the new answer; an unreadable cache is asked again."""
+    monkeypatch.setenv("LSTMGRAD_CACHE_DIR", str(tmp_path))
+    asked = []
+
+    def ask(answer):
+        def call():
+            asked.append(answer)
+            return answer
+        return call
+
+    key = reg.probe_key()
+    assert key is not None and json.loads(key)["boot"]  # (Linux: this boot's id)
+    assert reg.cuda_probe(ask((2, None, True)), key) == (2, None)
+    assert reg.cuda_probe(ask((0, "changed", True)), key) == (2, None) and len(asked) == 1  # kept
+    assert reg.cuda_probe(ask((0, "no device", True)), key, fresh=True) == (0, "no device")
+    assert reg.cuda_probe(ask((5, None, True)), key) == (0, "no device") and len(asked) == 2
+    other = reg.probe_key()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert reg.probe_key() != other  # another set of devices: asked again
+    assert reg.cuda_probe(ask((0, "asking cupy took over 60 s", False)), reg.probe_key()) == (
+        0, "asking cupy took over 60 s")
+    assert reg.cuda_probe(ask((1, None, True)), reg.probe_key()) == (1, None) and len(asked) == 4  # (not kept)
+    (tmp_path / reg.PROBE_FILE).write_text("{not json")
+    assert reg.cuda_probe(ask((3, None, True)), reg.probe_key()) == (3, None) and len(asked) == 5
+    assert reg.cuda_probe(ask((9, None, True)), None) == (9, None)  # no boot to key on: asked every time
+    assert reg.cuda_probe(ask((9, None, True)), None) == (9, None) and len(asked) == 7
+
+
 def test_missing_library_gives_the_install_hint(monkeypatch):
     real_find_spec = reg.importlib.util.find_spec
     monkeypatch.setattr(reg.importlib.util, "find_spec",

@@ -18,7 +18,7 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache
 
 from ..errors import BackendUnavailableError, UnknownBackendError
 
@@ -90,7 +90,7 @@ def refresh() -> None:
     """Forget the registry and loaded backends (after installing a plugin, and in tests)."""
     registry.cache_clear()
     _load.cache_clear()
-    _cuda_probe.cache_clear()
+    _probed.clear()
 
 
 def _library_version(module: str) -> str | None:
@@ -175,25 +175,79 @@ def _cuda_unusable() -> str | None:
     return _cuda_probe()[1]
 
 
-@lru_cache(maxsize=1)
-def _cuda_probe() -> tuple[int, str | None]:
-    """(the CUDA devices cupy finds, why it can use none: None when it can), asked of a child process."""
-    if no_nvidia_driver():
-        return 0, "no NVIDIA driver is loaded (Linux shows no /proc/driver/nvidia)"
+_probed: list[tuple[int, str | None]] = []  # this process's answer (``refresh`` forgets it)
+
+
+def _cuda_probe(fresh: bool = False) -> tuple[int, str | None]:
+    """(the CUDA devices cupy finds, why it can use none: None when it can): asked of a child process once a boot
+    (``cuda_probe``), and kept for this process; ``fresh``: asked again, whatever was kept."""
+    if not _probed or fresh:
+        if no_nvidia_driver():
+            answer = (0, "no NVIDIA driver is loaded (Linux shows no /proc/driver/nvidia)")
+        else:
+            answer = cuda_probe(_ask_child, probe_key(), fresh)
+        _probed[:] = [answer]
+    return _probed[0]
+
+
+PROBE_FILE = "cuda-probe.json"  # beside the BLAS choice (blas_calibration.cache_dir)
+
+
+def cuda_probe(ask, key: str | None, fresh: bool = False) -> tuple[int, str | None]:
+    """What ``ask()`` says of cupy's devices ((count, why unusable or None), and whether that is an answer to keep:
+    a timeout is not), kept under ``key`` (``probe_key``: this boot, its driver, cupy, CUDA_VISIBLE_DEVICES) so
+    that later commands of the boot do not ask again: a child importing cupy costs ~1 s of every command that
+    asks, ``--backend auto`` included.  ``key`` None: asked every time; ``fresh``: asked, and kept."""
+    from . import blas_calibration  # noqa: PLC0415 - (its cache folder and files)
+
+    if key is not None and not fresh:
+        known = blas_calibration.cached(key, PROBE_FILE)
+        if known is not None and isinstance(known.get("devices"), int) and isinstance(known.get("why"), str | None):
+            return known["devices"], known["why"]
+    devices, why, definite = ask()
+    if key is not None and definite:
+        blas_calibration.store(key, {"devices": devices, "why": why}, PROBE_FILE)
+    return devices, why
+
+
+def probe_key() -> str | None:
+    """What a device probe's answer holds for: this boot (Linux's boot id), the NVIDIA driver loaded, the cupy
+    installed (where, and when it was written), this interpreter and CUDA_VISIBLE_DEVICES; None where the boot
+    cannot be told (then nothing is kept)."""
+    import json  # noqa: PLC0415
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        spec = importlib.util.find_spec("cupy")
+        cupy = None if spec is None or not spec.origin else [spec.origin, os.stat(spec.origin).st_mtime_ns]
+    except (OSError, ValueError, ImportError):
+        return None
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8", errors="replace") as f:
+            driver = f.readline().strip()
+    except OSError:
+        driver = "/dev/dxg" if os.path.exists("/dev/dxg") else None
+    return json.dumps({"boot": boot, "driver": driver, "cupy": cupy, "python": sys.executable,
+                       "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}, sort_keys=True)
+
+
+def _ask_child() -> tuple[int, str | None, bool]:
+    """(devices, why unusable, whether to keep the answer): a child process imports cupy and counts them."""
     import subprocess  # noqa: PLC0415 - only when cupy is asked about (~4 ms of every command's start)
 
     try:
         proc = subprocess.run([sys.executable, "-c", _CUDA_CHECK], capture_output=True, text=True,
                               timeout=CUDA_CHECK_TIMEOUT, check=False)
     except subprocess.TimeoutExpired:
-        return 0, f"asking cupy took over {CUDA_CHECK_TIMEOUT:.0f} s"
+        return 0, f"asking cupy took over {CUDA_CHECK_TIMEOUT:.0f} s", False
     except (OSError, subprocess.SubprocessError) as err:
-        return 0, f"cupy could not be asked ({err})"
+        return 0, f"cupy could not be asked ({err})", False
     if proc.returncode == 0:
         said = proc.stdout.split()
-        return (int(said[-1]) if said and said[-1].isdigit() else 1), None
+        return (int(said[-1]) if said and said[-1].isdigit() else 1), None, True
     said = " ".join(proc.stdout.split())[:300]
-    return 0, said or f"cupy could not start (exit {proc.returncode})"
+    return 0, said or f"cupy could not start (exit {proc.returncode})", proc.returncode == 3
 
 
 def visible_devices() -> list[str]:
@@ -304,6 +358,14 @@ def get_backend(backend=None):
     """A backend object from a name, an object (returned as is), or None for the default."""
     if backend is not None and not isinstance(backend, str):
         return backend
+    name = resolve_name(backend)
+    try:
+        return _load(name)
+    except BackendUnavailableError:
+        if name != "cupy" or (backend or os.environ.get(ENV_VAR) or DEFAULT) != "auto" or no_nvidia_driver():
+            raise
+    # auto took cupy on what this boot's probe said, and cupy finds no device now: asked afresh, chosen again
+    _cuda_probe(fresh=True)
     return _load(resolve_name(backend))
 
 

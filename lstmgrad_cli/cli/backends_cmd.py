@@ -24,8 +24,8 @@ def backends_command(as_json: bool, check: bool, arch: str | None) -> None:
     """List compute backends: availability, library version, source, install hints.
 
     Nothing is imported to find out: numba and cupy are looked up, not loaded (whether a CUDA
-    device is usable is asked of a child process).  Choose one with --backend NAME or
-    LSTMGRAD_BACKEND; `auto` means cupy with a usable GPU, else numba, else numpy.  The numpy and
+    device is usable is asked of a child process, once a boot: then cached).  Choose one with
+    --backend NAME or LSTMGRAD_BACKEND; `auto` means cupy with a usable GPU, else numba, else numpy.  The numpy and
     numba backends do their matrix products on numpy's OpenBLAS, or on MKL where the mkl wheel is
     installed (pip install 'lstmgrad[mkl]') and a backward pass on it is faster on this processor
     (timed once, then cached); LSTMGRAD_BLAS=openblas|mkl|auto chooses.
