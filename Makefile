@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
 .PHONY: demo test test-fast lint bench bench-batch bench-stream bench-lengths fuzz signals fixtures conformance docs clean \
-	gpu-check gpu-pylibs
+	gpu-check gpu-pylibs bench-gpu
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,14 @@ bench-lengths: $(STAMP)
 # case on cupy and the bench against cuDNN, in under 5 minutes (benchmarks/gpu_check.py).
 gpu-check:
 	PYTHONPATH="$(CURDIR):$(CURDIR)/build/gpu-pylibs" $(PYTHON) benchmarks/gpu_check.py
+
+# Issue 39's table on a CUDA GPU, with the machine's own Python: cuDNN's backward (TF32 off and on), lstmgrad on
+# device arrays (both time loops), from host arrays, file to file, the PCIe floor and the GPU's GEMM limit, for
+# its six shapes, one process, engines alternating.
+GPU_SHAPES := 50,32,128,128 100,64,256,256 200,128,512,512 100,256,1024,1024 500,16,256,256 1000,64,512,512
+bench-gpu:
+	PYTHONPATH="$(CURDIR)" $(PYTHON) -m lstmgrad_cli bench --backend cupy --repeats 5 --markdown \
+		$(foreach shape,$(GPU_SHAPES),--shape $(shape))
 
 # pytest and hypothesis for such a machine, to carry with the working tree (build/ is not committed).
 gpu-pylibs:

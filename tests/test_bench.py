@@ -206,3 +206,16 @@ def test_make_bench_script_runs():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["results"][1]["engine"] == "numpy"
+
+
+def test_a_folder_named_like_a_framework_is_not_compared(tmp_path, monkeypatch):
+    """A directory called torch on the path (the suite's fixtures/torch, a user's project folder) imports as a
+    namespace package: it is not PyTorch, so it is neither timed nor reported as failing."""
+    import sys
+
+    (tmp_path / "torch").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    report = bench.run(["numpy"], shapes=[(2, 1, 2, 2)], repeats=1)
+    assert "torch" not in {r.engine for r in report.results}
+    assert not any("torch" in note for note in report.notes)

@@ -237,9 +237,10 @@ GPU_LIMIT = "gpu-gemm-limit"
 
 def gpu_calls(shape, dtype: str, inputs: dict, use_peephole: bool, backend) -> tuple[dict, dict, dict]:
     """(calls, versions, notes) of the GPU engines, each call ending when the device is done: the GEMM limit
-    on the GPU (cupy.matmul), the cupy backend on arrays already on the device, and PyTorch's cuDNN nn.LSTM
-    backward on the same arrays with TF32 off and on, when a CUDA torch is importable.  The cupy backend on
-    host arrays (copies in and out) is the ``backend`` row ``run`` times anyway."""
+    on the GPU (cupy.matmul), the cupy backend on arrays already on the device, from one file to another
+    (``_files_call``), the PCIe floor (``_pcie_floor_call``), and PyTorch's cuDNN nn.LSTM backward on the same
+    arrays with TF32 off and on, when a CUDA torch is importable.  The cupy backend on host arrays (copies in and
+    out) is the ``backend`` row ``run`` times anyway."""
     import cupy  # noqa: PLC0415 - only with the cupy backend
 
     from ..ops.validation import resolve_compute_dtype  # noqa: PLC0415
@@ -275,6 +276,13 @@ def gpu_calls(shape, dtype: str, inputs: dict, use_peephole: bool, backend) -> t
     versions = {GPU_LIMIT: None, "cupy-device": backend.version, "cupy-device-persistent": backend.version}
     notes = {"cupy-device": "arrays already on the GPU, a step's kernel and cuBLAS product launched from Python",
              "cupy-device-persistent": "arrays already on the GPU, each chunk's time loop in one launch"}
+    for name, make in (("pcie-floor", _pcie_floor_call), ("cupy-files", _files_call)):
+        try:  # a measurement that cannot be made here is a note, never a broken benchmark
+            call, versions[name], notes[name] = make(cupy, shape, inputs, backend, sync)
+            call()
+            calls[name] = call
+        except Exception as err:  # noqa: BLE001
+            notes[name] = f"failed: {type(err).__name__}: {err}"
     try:
         import torch  # noqa: PLC0415 - optional, never a dependency
 
@@ -288,6 +296,57 @@ def gpu_calls(shape, dtype: str, inputs: dict, use_peephole: bool, backend) -> t
                                                                tf32=tf32)
             calls[name] = call
     return calls, versions, notes
+
+
+def _pcie_floor_call(cupy, shape, inputs: dict, backend, sync):
+    """(call, version, note): the PCIe floor of a pass from host arrays, measured: the bytes the pass reads copied
+    to the device from pinned host memory and the bytes it writes (its gradients) copied back into pinned memory,
+    one after the other on the current stream (issue 39's floor)."""
+    import cupyx  # noqa: PLC0415 - with cupy
+
+    T, B, I, C = shape  # noqa: E741
+    itemsize = inputs["x"].dtype.itemsize
+    read = sum(int(a.nbytes) for a in inputs.values())
+    written = (T * B * I + 2 * B * C + (I + C) * 4 * C + 4 * C + 3 * C) * itemsize
+    host_in, host_out = cupyx.empty_pinned((read,), np.uint8), cupyx.empty_pinned((written,), np.uint8)
+    host_in[:] = 1
+    device_in, device_out = cupy.empty(read, np.uint8), cupy.zeros(written, np.uint8)
+
+    def call():
+        device_in.set(host_in)
+        device_out.get(out=host_out)
+        sync()
+
+    return call, None, (f"{read / 2**20:.0f} MB in from pinned host memory, {written / 2**20:.0f} MB out to it: "
+                        "what a pass from host arrays cannot beat")
+
+
+FILES_MOST_BYTES = 2 * 2**30  # inputs a benchmark writes to a file to time file to file, at most
+
+
+def _files_call(cupy, shape, inputs: dict, backend, sync):
+    """(call, version, note): ``lstmgrad seq`` of one NPZ file to another on this backend, in this process (reading,
+    checking, the pass, writing and publishing the output: what a user's command does after its start)."""
+    import atexit  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    from .grad import GradOptions, run_grad_file  # noqa: PLC0415
+
+    read = sum(int(a.nbytes) for a in inputs.values())
+    if read > FILES_MOST_BYTES:
+        raise ValueError(f"not timed: {read / 2**20:.0f} MB of inputs, over the {FILES_MOST_BYTES >> 20} MB a "
+                         "benchmark writes to a file")
+    folder = tempfile.mkdtemp(prefix="lstmgrad-bench-files-")
+    atexit.register(shutil.rmtree, folder, True)
+    source = os.path.join(folder, "in.npz")
+    np.savez(source, **inputs, seq_len_max=np.int64(shape[0]), use_peephole=np.bool_(False))
+    options = GradOptions(backend=backend.name, layout="ifco", use_peephole=False, force=True)
+    target = os.path.join(folder, "out.npz")
+
+    def call():
+        run_grad_file(source, target, options)
+
+    return call, backend.version, "file to file: read, checked, computed on the GPU, written and fsynced"
 
 
 def _round_robin(calls: dict, repeats: int, progress=None) -> dict[str, list[float]]:
@@ -370,8 +429,10 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
     if compare:
         for name in FRAMEWORKS:
             try:
-                __import__(name)
+                module = __import__(name)
             except Exception:  # noqa: BLE001 - absent or broken: just not compared in-process
+                continue
+            if getattr(module, "__version__", None) is None:  # a folder of that name on sys.path, not the library
                 continue
             frameworks.append(name)
     results: list[Timing] = []
@@ -426,6 +487,9 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
                 if child_limit:
                     limits[name] = float(np.median(child_limit))
                     notes[name] = "; ".join(filter(None, [notes[name], limit_note]))
+        for name, note in notes.items():  # an engine that could not be timed says why (a framework, a GPU row)
+            if name not in times and note.startswith("failed"):
+                skipped.setdefault(f"{shape} {name}", f"{name} at {','.join(map(str, shape))}: {note}")
         limit = float(np.median(times["gemm-limit"]))
         if GPU_LIMIT in times:
             limits.update(dict.fromkeys(gpu_engines, float(np.median(times[GPU_LIMIT]))))
