@@ -7,8 +7,9 @@
    tests/test_ops_golden.py, test_frameworks.py, test_modules.py and test_forward_cmd.py (the forward ops against
    TensorFlow's) with LSTMGRAD_TEST_BACKEND=cupy;
    and again with the time loop in one launch (LSTMGRAD_CUPY_LOOP=persistent);
-5. `lstmgrad bench` on the GPU: the cupy backend from host arrays and on device arrays (both time loops), the
-   GPU's own GEMM limit, PyTorch's cuDNN backward with TF32 off and on;
+5. `lstmgrad bench` on the GPU: the cupy backend from host arrays, on device arrays (both time loops) and from
+   one file to another, the PCIe floor and the GPU's own GEMM limit, PyTorch's cuDNN backward with TF32 off and
+   on (`make bench-gpu` times the same for issue 39's six shapes);
 6. what a user waits for, numpy against cupy with its kernel cache warm (median of 3): `lstmgrad seq` on one
    small TF file and on one PyTorch layer file (issue 38: cupy within 1 s of numpy), and a batch of 100 small
    files (issue 39: no slower per file than numpy).
