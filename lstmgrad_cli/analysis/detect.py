@@ -166,29 +166,38 @@ def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=tuple(LAY
     x_rows = sample.at("x")
     h_prev = sample.before("h_prev", "h")
     cs_prev = sample.before("cs_prev", "cs", units)
-    columns = np.concatenate([block * C + units for block in range(4)])  # the sampled units of every gate block
+    columns = _gate_columns(C, units.tobytes())  # the sampled units of every gate block
     w = np.asarray(w)[:, columns].astype(np.float64)
     b = np.asarray(arrays["b"])[columns].astype(np.float64)
-    peep = {n: np.asarray(arrays[n])[units].astype(np.float64) for n in PEEPHOLES}
+    zero = not any(np.asarray(arrays[n]).any() for n in PEEPHOLES)
     with np.errstate(all="ignore"):
         # the pre-activations of the sampled units of every block, [rows * steps, units] each, in one product:
         # small whatever the shape, so on one BLAS thread (threads it woke would spin against the work after it)
         with cpu_blas.single_threaded():
             z_all = np.concatenate([x_rows, h_prev], axis=1) @ w + b
         z = {block: z_all[:, block * units.size:(block + 1) * units.size] for block in range(4)}
-        peep_terms = {"i": cs_prev * peep["wci"], "f": cs_prev * peep["wcf"], "o": stored["cs"] * peep["wco"]}
         # a peephole term that is exactly zero (the weights of the sampled units are) changes nothing: the
-        # deviation without it is reused, which halves the work for the common file without peepholes
-        peeped = {gate: bool(term.any()) for gate, term in peep_terms.items()}
+        # deviation without it is reused, which halves the work for the common file without peepholes.  Zero
+        # weights give zero terms wherever the states are finite (NaN or Inf times zero is NaN: computed then).
+        if zero and np.isfinite(cs_prev).all() and np.isfinite(stored["cs"]).all():
+            peep_terms, peeped = {}, dict.fromkeys(("i", "f", "o"), False)
+        else:
+            peep = {n: np.asarray(arrays[n])[units].astype(np.float64) for n in PEEPHOLES}
+            peep_terms = {"i": cs_prev * peep["wci"], "f": cs_prev * peep["wcf"], "o": stored["cs"] * peep["wco"]}
+            peeped = {gate: bool(term.any()) for gate, term in peep_terms.items()}
         forget = _ForgetFit(stored["f"], dtype)
         gate_dev = {}  # (gate, layout or None, use_peephole or None) -> (deviation, forget_bias)
+        plain = sigmoid(z_all)  # σ of every block without peepholes, in one call (i's and o's are used)
         for use_peephole in (False, True):
             for gate, block in (("i", 0), ("o", 3)):  # the same block in both layouts
                 if use_peephole and not peeped[gate]:
                     gate_dev[gate, None, True] = gate_dev[gate, None, False]
                     continue
-                zg = z[block] + peep_terms[gate] if use_peephole else z[block]
-                gate_dev[gate, None, use_peephole] = (_worst(stored[gate], sigmoid(zg)), None)
+                if use_peephole:
+                    recomputed = sigmoid(z[block] + peep_terms[gate])
+                else:
+                    recomputed = plain[:, block * units.size:(block + 1) * units.size]
+                gate_dev[gate, None, use_peephole] = (_worst(stored[gate], recomputed), None)
         for layout in layouts:
             k = LAYOUTS[layout]
             gate_dev["ci", layout, None] = (_worst(stored["ci"], np.tanh(z[k["c"]])), None)
@@ -208,7 +217,6 @@ def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=tuple(LAY
             worst = tested[gate] / tol if gate else None
             hypotheses.append(Hypothesis(layout, use_peephole, worst, gate, gate_dev["f", layout, use_peephole][1]))
     hypotheses.sort(key=lambda h: (not h.fits, np.inf if h.worst is None else h.worst))
-    zero = not any(np.asarray(arrays[n]).any() for n in PEEPHOLES)
     return ActivationFit(steps, len(rows), tol, zero, hypotheses)
 
 
@@ -218,7 +226,6 @@ class _Sample:
 
     def __init__(self, arrays: dict, seq: bool, steps: list[int], rows: np.ndarray):
         self.arrays, self.seq, self.steps, self.rows = arrays, seq, steps, rows
-        self._indexes: dict = {}  # _flat_index's, by tensor shape, steps and whether all columns
 
     def at(self, name: str, cols=None) -> np.ndarray:
         return self._gather(self.arrays[name], self.steps, cols) if self.seq else self._rows(self.arrays[name], cols)
@@ -251,15 +258,27 @@ class _Sample:
 
     def _flat_index(self, shape: tuple, steps: list[int], cols) -> np.ndarray:
         """The flat indexes of ``[steps][:, rows][..., cols]`` in a C-ordered [T, B, N] tensor, as
-        [steps * rows, cols]; the five gate tensors share them."""
-        key = (shape, tuple(steps), None if cols is None else cols.tobytes())  # (the columns too, not only whether)
-        index = self._indexes.get(key)
-        if index is None:
-            _, B, N = shape
-            cols = np.arange(N, dtype=np.intp) if cols is None else cols
-            starts = (np.asarray(steps, dtype=np.intp)[:, None] * B + self.rows).reshape(-1, 1) * N
-            index = self._indexes[key] = starts + cols
-        return index
+        [steps * rows, cols]; the five gate tensors share them, and a batch's files of one shape too."""
+        return _flat_index(tuple(shape), tuple(steps), self.rows.tobytes(), None if cols is None else cols.tobytes())
+
+
+@functools.lru_cache(maxsize=64)
+def _flat_index(shape: tuple, steps: tuple, rows: bytes, cols: bytes | None) -> np.ndarray:
+    _, B, N = shape
+    cols = np.arange(N, dtype=np.intp) if cols is None else np.frombuffer(cols, dtype=np.intp)
+    starts = (np.asarray(steps, dtype=np.intp)[:, None] * B + np.frombuffer(rows, dtype=np.intp)).reshape(-1, 1) * N
+    index = starts + cols
+    index.flags.writeable = False
+    return index
+
+
+@functools.lru_cache(maxsize=64)
+def _gate_columns(C: int, units: bytes) -> np.ndarray:
+    """The columns of w holding the sampled ``units`` of every gate block."""
+    units = np.frombuffer(units, dtype=np.intp)
+    columns = np.concatenate([block * C + units for block in range(4)])
+    columns.flags.writeable = False
+    return columns
 
 
 @functools.lru_cache(maxsize=64)
