@@ -55,9 +55,10 @@ bench-lengths: $(STAMP)
 
 # On a machine with a CUDA GPU, from the repository root with the machine's own Python (the device tool's machines
 # have cupy, torch, h5py, click and rich, no venv and no network): backends --check, the gpu tests, every golden
-# case on cupy and the bench against cuDNN, in under 5 minutes (benchmarks/gpu_check.py).
+# case on cupy and the bench against cuDNN, in under 5 minutes (benchmarks/gpu_check.py).  GPU_CHECK_ARGS="--budget
+# SECONDS" bounds the whole run (400 s by default).
 gpu-check:
-	PYTHONPATH="$(CURDIR):$(CURDIR)/build/gpu-pylibs" $(PYTHON) benchmarks/gpu_check.py
+	PYTHONPATH="$(CURDIR):$(CURDIR)/build/gpu-pylibs" $(PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 # Issue 39's table on a CUDA GPU, with the machine's own Python: cuDNN's backward (TF32 off and on), lstmgrad on
 # device arrays (both time loops), from host arrays, file to file, the PCIe floor and the GPU's GEMM limit, for

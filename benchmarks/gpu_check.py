@@ -7,9 +7,10 @@
    tests/test_ops_golden.py, test_frameworks.py, test_modules.py and test_forward_cmd.py (the forward ops against
    TensorFlow's) with LSTMGRAD_TEST_BACKEND=cupy;
    and again with the time loop in one launch (LSTMGRAD_CUPY_LOOP=persistent);
-5. `lstmgrad bench` on the GPU: the cupy backend from host arrays, on device arrays (both time loops) and from
-   one file to another, the PCIe floor and the GPU's own GEMM limit, PyTorch's cuDNN backward with TF32 off and
-   on (`make bench-gpu` times the same for issue 39's six shapes);
+5. `lstmgrad bench` on the GPU for issue 39's six shapes (`make bench-gpu`'s, in two runs: the four small
+   shapes, then the two large ones): the cupy backend from host arrays, on device arrays (both time loops) and
+   from one file to another, the PCIe floor and the GPU's own GEMM limit, PyTorch's cuDNN backward with TF32 off
+   and on;
 6. what a user waits for, numpy against cupy with its kernel cache warm (median of 3): `lstmgrad seq` on one
    small TF file and on one PyTorch layer file (issue 38: cupy within 1 s of numpy), and a batch of 100 small
    files (issue 39: no slower per file than numpy).
@@ -17,6 +18,9 @@
 Runs with the machine's own Python from the repository root (`make gpu-check` sets PYTHONPATH): the device
 machine has cupy, torch, numba, h5py, click and rich; pytest and hypothesis come from build/gpu-pylibs when
 it is carried (`make gpu-pylibs` makes it here).  Paste what it prints into benchmarks/RESULTS.md with the date.
+
+The steps share a time budget (``--budget SECONDS``, 400 by default; a lent GPU's time is short): each step gets
+at most what is left, and one left without time says so in the table, which is always printed.
 """
 
 from __future__ import annotations
@@ -25,29 +29,61 @@ import importlib.util
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHAPES = ("50,32,128,128", "100,64,256,256", "200,128,512,512", "500,16,256,256")
+# issue 39's six shapes (make bench-gpu), timed in two runs so that a step stopped by its time keeps the first table
+SHAPES = (("50,32,128,128", "100,64,256,256", "200,128,512,512", "500,16,256,256"),
+          ("100,256,1024,1024", "1000,64,512,512"))
 GOLDEN_TESTS = ("tests/test_ops_golden.py", "tests/test_frameworks.py", "tests/test_modules.py",
                 "tests/test_forward_cmd.py")
 
 
+class Budget:
+    """The seconds left of the whole check: a step's timeout is at most what is left."""
+
+    def __init__(self, seconds: float):
+        self.end = time.perf_counter() + seconds
+
+    def left(self) -> float:
+        return self.end - time.perf_counter()
+
+
+BUDGET = Budget(400.0)
+LEAST_SECONDS = 15.0  # a step given less than this is not started
+
+
 def run(title: str, cmd: list[str], timeout: float, env: dict | None = None) -> tuple[str, str, float]:
-    """(result word, its last lines, seconds) of one step, its output shown as it comes."""
+    """(result word, its last lines, seconds) of one step, its output shown as it comes; its timeout at most the
+    budget left."""
+    timeout = min(timeout, BUDGET.left())
+    if timeout < LEAST_SECONDS:
+        return "SKIPPED", "no time left in the budget", 0.0
     print(f"\n== {title}: {' '.join(cmd)}", flush=True)
     start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+
+    def echo():  # as it comes: a step stopped by its time still shows what it printed
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            lines.append(line.strip())
+
+    reader = threading.Thread(target=echo, daemon=True)
+    reader.start()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        reader.join(5)
         return "TIMEOUT", f"stopped after {timeout:.0f} s", time.perf_counter() - start
-    seconds = time.perf_counter() - start
-    output = (proc.stdout + proc.stderr).rstrip()
-    print(output, flush=True)
-    tail = " / ".join(line.strip() for line in output.splitlines()[-2:])
-    return ("ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"), tail, seconds
+    reader.join(5)
+    tail = " / ".join(line for line in [line for line in lines if line][-2:])
+    return ("ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"), tail, time.perf_counter() - start
 
 
 def wall(cmd: list[str], repeats: int = 3) -> float:
@@ -108,7 +144,13 @@ def device_lines() -> list[str]:
     return lines
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    global BUDGET
+    if argv[:1] == ["--budget"] and len(argv) == 2:
+        BUDGET = Budget(float(argv[1]))
+    elif argv:
+        print("usage: gpu_check.py [--budget SECONDS]", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     python = sys.executable
     print("lstmgrad gpu-check", time.strftime("%Y-%m-%d %H:%M"), flush=True)
@@ -119,27 +161,32 @@ def main() -> int:
         return 2
     for line in lines:
         print(line, flush=True)
-    rows = [("backends --check", *run("kernels", [python, "-m", "lstmgrad_cli", "backends", "--check"], 120))]
+    rows = [("backends --check", *run("kernels", [python, "-m", "lstmgrad_cli", "backends", "--check"], 90))]
     if importlib.util.find_spec("pytest") is None:
         why = "pytest is not installed here: carry build/gpu-pylibs (make gpu-pylibs)"
         rows += [("gpu tests", "SKIPPED", why, 0.0), ("golden cases on cupy", "SKIPPED", why, 0.0)]
     else:
-        pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
-        rows.append(("gpu tests", *run("gpu tests", [*pytest, "-m", "gpu", "-rs", "tests/test_backends.py"], 180)))
-        rows.append(("golden cases on cupy", *run("golden cases on cupy", [*pytest, *GOLDEN_TESTS], 240,
+        pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--tb=short", "-rfE"]
+        rows.append(("gpu tests", *run("gpu tests", [*pytest, "-m", "gpu", "-rs", "tests/test_backends.py"], 120)))
+        rows.append(("golden cases on cupy", *run("golden cases on cupy", [*pytest, *GOLDEN_TESTS], 150,
                                                   {"LSTMGRAD_TEST_BACKEND": "cupy"})))
+    for k, shapes in enumerate(SHAPES, 1):  # (--no-compare: no CPU framework; cuDNN is timed all the same)
+        bench = [python, "-m", "lstmgrad_cli", "bench", "--backend", "cupy", "--repeats", "5", "--markdown",
+                 "--no-compare", *(arg for shape in shapes for arg in ("--shape", shape))]
+        rows.append((f"bench {k} (cupy, cuDNN)", *run(f"bench {k}", bench, 150)))
+    if importlib.util.find_spec("pytest") is not None:
         rows.append(("golden cases, persistent loop", *run("golden cases on cupy, persistent loop",
-                                                           [*pytest, *GOLDEN_TESTS], 240,
+                                                           [*pytest, *GOLDEN_TESTS], 120,
                                                            {"LSTMGRAD_TEST_BACKEND": "cupy",
                                                             "LSTMGRAD_CUPY_LOOP": "persistent"})))
-    bench = [python, "-m", "lstmgrad_cli", "bench", "--backend", "cupy", "--repeats", "5", "--markdown",
-             *(arg for shape in SHAPES for arg in ("--shape", shape))]
-    rows.append(("bench (cupy, cuDNN)", *run("bench", bench, 240)))
-    print("\n== start-up and a batch, numpy against cupy", flush=True)
-    try:
-        rows.append(("start-up and batch", *waits(python)))
-    except (subprocess.CalledProcessError, OSError) as err:
-        rows.append(("start-up and batch", f"FAILED ({err})", "", 0.0))
+    if BUDGET.left() < 60:
+        rows.append(("start-up and batch", "SKIPPED", "no time left in the budget", 0.0))
+    else:
+        print("\n== start-up and a batch, numpy against cupy", flush=True)
+        try:
+            rows.append(("start-up and batch", *waits(python)))
+        except (subprocess.CalledProcessError, OSError) as err:
+            rows.append(("start-up and batch", f"FAILED ({err})", "", 0.0))
     print("\n| step | result | last lines | seconds |\n| --- | --- | --- | ---: |")
     for step, result, tail, seconds in rows:
         print(f"| {step} | {result} | {tail.replace('|', '/')} | {seconds:.0f} |")
@@ -148,4 +195,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
