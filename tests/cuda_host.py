@@ -168,9 +168,10 @@ def _device_function(function, kind):
     return on_device
 
 
-def cupy_backend(calls: list | None = None, loop: str = "steps", blocks: int = 3, **device):
+def cupy_backend(calls: list | None = None, loop: str | None = "steps", blocks: int = 3, **device):
     """The cupy backend run on the host with its own kernels (``HostLauncher``), its time loop a chunk's steps
-    one by one or the persistent loop kernel in ``blocks`` blocks; ``device``: ``fake_cupy``'s."""
+    one by one, the persistent loop kernel in ``blocks`` blocks, or as the backend chooses ("auto"; None: as
+    LSTMGRAD_CUPY_LOOP says); ``device``: ``fake_cupy``'s."""
     from lstmgrad_cli.backends._cupy import CupyBackend
 
     return CupyBackend(cp=fake_cupy(**device), launcher=HostLauncher(calls, blocks), loop=loop)

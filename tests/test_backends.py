@@ -834,7 +834,7 @@ def test_nvrtc_reports_a_kernel_that_does_not_compile():
 def test_cupy_kernels_on_the_host_equal_numpy_bit_for_bit(dtype, peephole):
     calls = []
     backend = cuda_host.cupy_backend(calls)
-    for B, C in ((3, 5), (1, 1), (4, 33)):
+    for B, C in ((3, 5), (1, 1), (4, 33), (37, 1)):  # (37, 1): numpy's own sum of one column is pairwise
         inputs = _random_inputs(np.random.default_rng(11), 7, B, 4, C, np.dtype(dtype))
         kw = dict(seq_len_max=6, use_peephole=peephole, layout="icfo", compute_dtype=np.dtype(dtype), chunk_steps=4)
         want = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw)
@@ -842,7 +842,27 @@ def test_cupy_kernels_on_the_host_equal_numpy_bit_for_bit(dtype, peephole):
         for field, a, b in zip(want._fields, want, got, strict=True):
             np.testing.assert_array_equal(b, a, err_msg=f"{B},{C} {field}")
             assert type(b) is np.ndarray and b.dtype == np.dtype(dtype)
-    assert set(calls) == {_cupy_kernels.kernel_name(dtype, peephole)} and len(calls) == 3 * 6
+    # each step's kernel, and with peepholes the batch sums of their three gradients, in the numpy backend's order
+    sums = [_cupy_kernels.batch_sum_name(dtype)] * 3 * peephole
+    assert calls == ([_cupy_kernels.kernel_name(dtype, peephole)] * 6 + sums) * 4
+
+
+@needs_host_kernels
+def test_cupy_runs_a_small_steps_time_loop_in_one_launch_and_a_large_ones_from_python(monkeypatch):
+    from lstmgrad_cli.backends._cupy import LOOP_ENV, PERSISTENT_MOST_MACS
+
+    kw = dict(seq_len_max=3, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
+    for B, C, kernel in ((2, 4, _cupy_kernels.loop_name), (9, 1024, _cupy_kernels.kernel_name)):
+        assert (B * C * 4 * C <= PERSISTENT_MOST_MACS) == (kernel is _cupy_kernels.loop_name)
+        calls = []
+        inputs = SeqTensors(**_random_inputs(np.random.default_rng(5), 3, B, 3, C, np.float32))
+        got = cuda_host.cupy_backend(calls, loop="auto").block_lstm_grad(inputs, **kw)
+        assert set(calls) == {kernel(np.float32, False)}
+        want = NumpyBackend().block_lstm_grad(inputs, **kw)
+        np.testing.assert_allclose(got.h_prev_grad, want.h_prev_grad, rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv(LOOP_ENV, "fast")
+    with pytest.raises(BackendUnavailableError, match="LSTMGRAD_CUPY_LOOP='fast' is not one of auto, steps, "):
+        cuda_host.cupy_backend(loop=None)
 
 
 @needs_host_kernels

@@ -21,17 +21,21 @@ from . import _cupy_kernels as kernels
 from ._xp import XpGradient
 
 LOOP_ENV = "LSTMGRAD_CUPY_LOOP"
-LOOPS = ("steps", "persistent")
+LOOPS = ("auto", "steps", "persistent")
+# "auto" runs a chunk's time loop in one launch where a step's recurrent product, B * C * 4C multiply-adds, is at
+# most this: measured on an H100 (benchmarks/RESULTS.md, docs/speed.md), where the launches from Python cost more
+# than such a product, and cuBLAS wins on larger ones.
+PERSISTENT_MOST_MACS = 32 * 2**20
 
 
 class CupyGradient(XpGradient):
     """``XpGradient`` over cupy with each step's elementwise work in a kernel of ``_cupy_kernels``.
 
-    ``loop``: how a chunk's time loop runs.  "steps" (the default): from Python, one elementwise kernel and one
-    cuBLAS product a step.  "persistent": the whole chunk in one launch of the loop kernel (each block owns some
-    columns of the carried gradients and of w's recurrent rows; the grid meets once a step), where a step's
-    launches and Python cost more than its work (small batches, long sequences).  Not yet the default: it has not
-    been timed on a GPU (docs/speed.md).  ``LSTMGRAD_CUPY_LOOP`` sets it too.
+    ``loop``: how a chunk's time loop runs.  "steps": from Python, one elementwise kernel and one cuBLAS product a
+    step.  "persistent": the whole chunk in one launch of the loop kernel (each block owns some columns of the
+    carried gradients and of w's recurrent rows; the grid meets once a step), faster where a step's launches and
+    Python cost more than its work (small batches, long sequences).  "auto" (the default): persistent where a
+    step's product is at most ``PERSISTENT_MOST_MACS``.  ``LSTMGRAD_CUPY_LOOP`` sets it too.
 
     ``launcher``: what runs the kernels (``step``, ``loop``); by default cupy on its device, compiled on first use.
     The test suite gives one that runs the same kernels built for the host, with numpy as ``xp``.
@@ -40,7 +44,7 @@ class CupyGradient(XpGradient):
     def __init__(self, xp, launcher=None, loop: str | None = None):
         super().__init__(xp)
         self._launcher = launcher
-        loop = loop or os.environ.get(LOOP_ENV) or "steps"
+        loop = loop or os.environ.get(LOOP_ENV) or "auto"
         if loop not in LOOPS:
             raise BackendUnavailableError(f"{LOOP_ENV}={loop!r} is not one of {', '.join(LOOPS)}")
         self.loop = loop
@@ -60,12 +64,24 @@ class CupyGradient(XpGradient):
         peephole = peep is not None
         self.launcher.step(kernels.kernel_name(carried_h.dtype, peephole), B * C, kernels.params(peephole), args)
 
+    def persistent(self, B: int, C: int) -> bool:
+        """Whether a chunk's time loop runs in one launch, for a batch of B and C cells."""
+        return self.loop == "persistent" or (self.loop == "auto" and B * C * 4 * C <= PERSISTENT_MOST_MACS)
+
+    def batch_sum(self, rows):
+        """The batch sum in the numpy backend's order (``XpGradient.batch_sum``), one thread a column."""
+        B, C = rows.shape
+        total = self.xp.empty(C, dtype=rows.dtype)
+        self.launcher.step(kernels.batch_sum_name(rows.dtype), C, kernels.BATCH_SUM_PARAMS,
+                           [C, B, self.xp.ascontiguousarray(rows), total])
+        return total
+
     def _steps(self, lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t, peep, acc,
                offsets, ws, observe, one_core=False):
-        if self.loop != "persistent" or observe is not None:
+        B, C = carried_h.shape
+        if observe is not None or not self.persistent(B, C):
             return super()._steps(lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t,
                                   peep, acc, offsets, ws, observe)
-        B, C = carried_h.shape
         w_rec = self.xp.ascontiguousarray(w_h_t.T)  # w's recurrent rows [C, 4C]: a block reads its own columns'
         args = [gates.shape[0], B, C, offsets["i"], offsets["f"], offsets["c"], offsets["o"], first,
                 *(acts[name] for name in ("i", "f", "o", "ci", "co", "h_grad", "cs_grad")), cs_ext, cs_prev, w_rec,
@@ -104,7 +120,7 @@ class DeviceLauncher:
         blocks = max(1, min(self._blocks, columns, kernels.LOOP_MOST_BLOCKS))
         barrier = self._cp.zeros(3, dtype=np.uint32)
         typed = tuple(_typed(ctype, value) for (ctype, _), value in zip(params, args, strict=True))
-        self._function(name)((blocks,), (kernels.THREADS,), (*typed, barrier))
+        self._function(name)((blocks,), (kernels.LOOP_THREADS,), (*typed, barrier))
         if int(barrier[2].get()):
             raise BackendUnavailableError(f"the GPU's blocks of the persistent time loop ({blocks}) were not all "
                                           f"running at once: use {LOOP_ENV}=steps")

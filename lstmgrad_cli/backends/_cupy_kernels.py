@@ -39,6 +39,7 @@ DTYPES = {
 OPTIONS = ("--fmad=false",)  # NVRTC: no contraction into fused multiply-adds
 HOST_OPTIONS = ("-O2", "-ffp-contract=off", "-std=c11")  # a C compiler building the same text for the host
 THREADS = 256  # threads a block
+LOOP_THREADS = 512  # threads a block of the loop kernel (one block a multiprocessor: 16 warps to hide latency)
 
 
 # The time loop of a chunk of steps in one launch (``loop_name``): a step's elementwise work (phase a) and its
@@ -74,17 +75,35 @@ _LOOP_A = r"""
 """
 _LOOP_B = r"""
     const int c0 = (int)((long long)C * blk / blocks), cols = (int)((long long)C * (blk + 1) / blocks) - c0;
+    const int groups = (cols + COLS_AT_ONCE - 1) / COLS_AT_ONCE;
     const long long G = 4LL * C;
     const T* gates = gates_all + (long long)k * B * G;
-    FOR_EACH_IN_BLOCK(j, (long long)B * cols) {
-        const long long b = j / cols, c = c0 + (j - b * cols);
+    /* carried_h[b, c] = gates[k, b, :] . w_rec[c, :] for up to COLS_AT_ONCE of the block's columns c at once, one
+       warp a row b: lane l sums every LANES-th product from q = l (the warp's reads of a row make whole cache lines,
+       and each gate is read once for all those columns), then the lanes' sums meet in a fixed tree */
+    FOR_EACH_WARP_IN_BLOCK(j, (long long)B * groups) {
+        const long long b = j / groups;
+        const int c_lo = c0 + (int)(j - b * groups) * COLS_AT_ONCE;
+        const int n_c = c0 + cols - c_lo < COLS_AT_ONCE ? c0 + cols - c_lo : COLS_AT_ONCE;
         const T* g = gates + b * G;
-        const T* w = w_rec + c * G;
-        S sum = 0;
-        for (long long q = 0; q < G; ++q) {
-            sum += LD(g[q]) * LD(w[q]);
+        LANE_SUMS(sum, COLS_AT_ONCE);
+        FOR_EACH_LANE(lane) {
+            S part[COLS_AT_ONCE];
+            UNROLL for (int m = 0; m < COLS_AT_ONCE; ++m) part[m] = 0;
+            for (long long q = lane; q < G; q += LANES) {
+                const S gate = LD(LOAD_SHARED(g + q));
+                UNROLL for (int m = 0; m < COLS_AT_ONCE; ++m) {
+                    if (m < n_c) part[m] += gate * LD(w_rec[(c_lo + m) * G + q]);
+                }
+            }
+            UNROLL for (int m = 0; m < COLS_AT_ONCE; ++m) LANE_SUM(sum, m, lane) = part[m];
         }
-        carried_h[b * C + c] = ST(sum);
+        UNROLL for (int m = 0; m < COLS_AT_ONCE; ++m) {
+            if (m < n_c) {
+                WARP_TREE_SUM(sum, m);
+                FIRST_LANE carried_h[b * C + c_lo + m] = ST(LANE_SUM(sum, m, 0));
+            }
+        }
     }
 """
 
@@ -110,7 +129,7 @@ def _loop(dtype, peephole: bool) -> str:
         f"DEVICE void {name}_a(int blk, int blocks, int k, {signature})\n{{\n{phase_a}}}\n"
         f"DEVICE void {name}_b(int blk, int blocks, int k, {signature})\n{{\n{phase_b}}}\n"
         "#if defined(__CUDACC_RTC__) || defined(__CUDACC__)\n"
-        f"KERNEL void {name}({signature}, unsigned int* barrier)\n{{\n"
+        f"KERNEL __launch_bounds__({LOOP_THREADS}) void {name}({signature}, unsigned int* barrier)\n{{\n"
         "    for (int k = n - 1; k >= 0; --k) {\n"
         f"        {name}_a(blockIdx.x, gridDim.x, k, {arguments});\n"
         "        if (grid_barrier(barrier, gridDim.x)) return;\n"
@@ -134,8 +153,25 @@ def params(peephole: bool) -> tuple[tuple[str, str], ...]:
     return PARAMS + PEEPHOLE_PARAMS if peephole else PARAMS
 
 
-KERNELS = tuple(name(dtype, peephole) for name in (kernel_name, loop_name) for dtype in DTYPES for peephole in
-                (False, True))
+def batch_sum_name(dtype) -> str:
+    return f"lstmgrad_batch_sum_{DTYPES[np.dtype(dtype)][0]}"
+
+
+# The sum over the batch of a [B, n] array (the peephole gradients' last step): rows in order, each sum rounded to
+# the dtype, as the numpy backend sums them (``XpGradient.batch_sum``); a parallel reduction would round otherwise.
+BATCH_SUM_PARAMS = (("long long", "n"), ("int", "B"), ("const T*", "rows"), ("T*", "total"))
+_BATCH_SUM = r"""
+    FOR_EACH_ELEMENT(c, n) {
+        S sum = B > 0 ? LD(rows[c]) : (S)0;
+        for (long long b = 1; b < B; ++b) {
+            sum = RD(sum + LD(rows[b * n + c]));
+        }
+        total[c] = ST(sum);
+    }
+"""
+
+KERNELS = (*(name(dtype, peephole) for name in (kernel_name, loop_name) for dtype in DTYPES
+             for peephole in (False, True)), *(batch_sum_name(dtype) for dtype in DTYPES))
 
 _PRELUDE = r"""
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
@@ -152,6 +188,23 @@ DEVICE unsigned short float_to_half(float f) {
     unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
 }
 #define FOR_EACH_IN_BLOCK(j, n) for (long long j = threadIdx.x; j < (n); j += blockDim.x)
+/* One warp an element (its lanes in turn at the element's terms): the lanes' partial sums meet in a shuffle tree,
+   lane l adding lane l + 16, then l + 8, ... 1, and lane 0 holds the sum; the host build adds in that order. */
+#define LANES 32
+#define COLS_AT_ONCE 8
+#define FOR_EACH_WARP_IN_BLOCK(j, n) \
+    for (long long j = threadIdx.x / LANES; j < (n); j += blockDim.x / LANES)
+#define LANE_SUMS(sum, m) S sum[m]
+#define FOR_EACH_LANE(lane) for (int lane = threadIdx.x % LANES, once_ = 1; once_; once_ = 0)
+#define LANE_SUM(sum, m, lane) sum[m]
+#define WARP_TREE_SUM(sum, m) \
+    for (int offset = LANES / 2; offset > 0; offset /= 2) { \
+        sum[m] += __shfl_down_sync(0xffffffffu, sum[m], offset); \
+    }
+#define UNROLL _Pragma("unroll")
+#define FIRST_LANE if (threadIdx.x % LANES == 0)
+/* what other blocks wrote before the grid barrier: read from L2 (__ldcg), never from a stale line of this SM's L1 */
+#define LOAD_SHARED(p) __ldcg(p)
 /* All blocks of the grid meet here (they are all resident: the loop is launched with at most one block a
    multiprocessor).  barrier[0] counts arrivals, barrier[1] is the generation, barrier[2] is set when a block waited
    past SPIN_LIMIT (blocks not resident after all): every block then stops, and the host says so. */
@@ -188,6 +241,19 @@ DEVICE int grid_barrier(unsigned int* barrier, unsigned int blocks) {
 #define RESTRICT restrict
 #define FOR_EACH_ELEMENT(e, n) for (long long e = 0; e < (n); ++e)
 #define FOR_EACH_IN_BLOCK(j, n) for (long long j = 0; j < (n); ++j)
+#define LANES 32
+#define COLS_AT_ONCE 8
+#define FOR_EACH_WARP_IN_BLOCK(j, n) for (long long j = 0; j < (n); ++j)
+#define LANE_SUMS(sum, m) S sum[m][LANES]
+#define FOR_EACH_LANE(lane) for (int lane = 0; lane < LANES; ++lane)
+#define LANE_SUM(sum, m, lane) sum[m][lane]
+#define WARP_TREE_SUM(sum, m) \
+    for (int offset = LANES / 2; offset > 0; offset /= 2) { \
+        for (int lane = 0; lane < offset; ++lane) { sum[m][lane] += sum[m][lane + offset]; } \
+    }
+#define UNROLL
+#define FIRST_LANE
+#define LOAD_SHARED(p) (*(p))
 DEVICE float half_to_float(unsigned short h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
 DEVICE unsigned short float_to_half(float f) {
     _Float16 v = (_Float16)f; unsigned short h; memcpy(&h, &v, 2); return h;
@@ -259,10 +325,15 @@ def _kernel(dtype, peephole: bool) -> str:
             f"{_typed(body, dtype, peephole)}}}\n")
 
 
+def _batch_sum(dtype) -> str:
+    return (f"KERNEL void {batch_sum_name(dtype)}({_signature(BATCH_SUM_PARAMS, dtype)})\n{{\n"
+            f"{_typed(_BATCH_SUM, dtype, False)}}}\n")
+
+
 def source() -> str:
     """The whole translation unit: every kernel ``KERNELS`` names."""
     return _PRELUDE + "".join(_kernel(dtype, peephole) + _loop(dtype, peephole)
-                              for dtype in DTYPES for peephole in (False, True))
+                              for dtype in DTYPES for peephole in (False, True)) + "".join(map(_batch_sum, DTYPES))
 
 
 def module(cp):

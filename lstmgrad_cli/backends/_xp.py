@@ -354,7 +354,7 @@ class XpGradient:
             if reader is not None:
                 reader.close()
 
-        peep_grads = [a.sum(axis=0) for a in acc] if use_peephole else [xp.zeros(C, dtype=cdt) for _ in range(3)]
+        peep_grads = [self.batch_sum(a) for a in acc] if use_peephole else [xp.zeros(C, dtype=cdt) for _ in range(3)]
 
         def out(a):  # no copy when the compute dtype is the output dtype
             return a.astype(out_dtype, copy=False)
@@ -366,6 +366,14 @@ class XpGradient:
         if return_dgates:
             return outs, dgates_all.astype(out_dtype)
         return outs
+
+    def batch_sum(self, rows):
+        """``rows`` [B, C] summed over the batch in one defined order, that of every backend: row after row, each
+        sum rounded to the dtype (a GPU's parallel reduction, or numpy's pairwise sum of one column, rounds
+        otherwise)."""
+        if not len(rows):
+            return self.xp.zeros(rows.shape[1:], dtype=rows.dtype)
+        return self.xp.add.accumulate(rows, axis=0)[-1]
 
     def _steps(self, lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t, peep, acc,
                offsets, ws, observe, one_core=False):

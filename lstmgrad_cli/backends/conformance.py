@@ -106,9 +106,10 @@ def _call(backend, case: Case, arrays: dict, seen: list | None = None):
     extras = {}
     if case.x_grad_out:
         extras["x_grad_out"] = np.zeros(arrays["x"].shape, arrays["x"].dtype)
-    if case.observe and seen is not None:
+    if case.observe and seen is not None:  # (the arrays are on the backend's device: copied back as they come)
+        host = getattr(backend, "to_host", None) or np.asarray
         extras["observe"] = lambda t, carried_h, carried_cs: seen.append(
-            (t, np.array(carried_h, copy=True), np.array(carried_cs, copy=True)))
+            (t, np.array(host(carried_h), copy=True), np.array(host(carried_cs), copy=True)))
     length = 1 if case.cell else case.seq_len_max
     result = backend.block_lstm_grad(SeqTensors(**tensors), seq_len_max=length, use_peephole=case.use_peephole,
                                      layout=case.layout, compute_dtype=np.dtype(case.compute_dtype),

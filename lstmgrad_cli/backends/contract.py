@@ -51,7 +51,7 @@ class Backend(Protocol):
         - ``x_grad_out``: None, or a zero-filled writable [T, B, I] array-like (an HDF5 dataset) that receives
           x_grad and is returned as the outputs' x_grad.
         - ``observe(t, carried_h, carried_cs)``: called after each step t (last first) with the gradients carried
-          into h and cs of step t - 1 (``--per-step``).
+          into h and cs of step t - 1 (``--per-step``), arrays on the backend's device (``to_host`` copies them).
         """
         ...
 

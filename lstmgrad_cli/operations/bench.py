@@ -265,16 +265,20 @@ def gpu_calls(shape, dtype: str, inputs: dict, use_peephole: bool, backend) -> t
                                 compute_dtype=compute)
         sync()
 
-    persistent = type(backend)(loop="persistent")  # the time loop in one launch (backends/_cupy.py)
+    def on_device_with(loop):  # each of the time loops (backends/_cupy.py), whichever the backend would choose
+        other = type(backend)(loop=loop)
 
-    def on_device_persistent():
-        persistent.block_lstm_grad(tensors, seq_len_max=T, use_peephole=use_peephole, layout=LAYOUT_V2,
-                                   compute_dtype=compute)
-        sync()
+        def call():
+            other.block_lstm_grad(tensors, seq_len_max=T, use_peephole=use_peephole, layout=LAYOUT_V2,
+                                  compute_dtype=compute)
+            sync()
+        return call
 
-    calls = {GPU_LIMIT: gemm, "cupy-device": on_device, "cupy-device-persistent": on_device_persistent}
-    versions = {GPU_LIMIT: None, "cupy-device": backend.version, "cupy-device-persistent": backend.version}
-    notes = {"cupy-device": "arrays already on the GPU, a step's kernel and cuBLAS product launched from Python",
+    loops = {"cupy-device-steps": "steps", "cupy-device-persistent": "persistent"}
+    calls = {GPU_LIMIT: gemm, "cupy-device": on_device, **{name: on_device_with(loop) for name, loop in loops.items()}}
+    versions = {GPU_LIMIT: None, **dict.fromkeys(("cupy-device", *loops), backend.version)}
+    notes = {"cupy-device": "arrays already on the GPU, the time loop the backend chooses",
+             "cupy-device-steps": "arrays already on the GPU, a step's kernel and cuBLAS product launched from Python",
              "cupy-device-persistent": "arrays already on the GPU, each chunk's time loop in one launch"}
     for name, make in (("pcie-floor", _pcie_floor_call), ("cupy-files", _files_call)):
         try:  # a measurement that cannot be made here is a note, never a broken benchmark
