@@ -1055,6 +1055,33 @@ def test_cupy_arrays_in_cupy_arrays_out(name):
 
 @pytest.mark.gpu
 @pytest.mark.skipif("not _gpu_usable()", reason="needs cupy and a CUDA device")
+def test_a_keras_layer_and_a_torch_module_from_gpu_tensors_give_gpu_gradients():
+    import cupy
+
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures"
+    with np.load(fixtures / "keras" / "keras_seq.in.npz") as data:
+        tensors = {k: data[k] for k in data.files}
+    want = lg.keras_lstm_grad(**tensors, backend="numpy")
+    got = lg.keras_lstm_grad(**{k: cupy.asarray(v) for k, v in tensors.items()})  # no backend named: cupy
+    for name, value in got._asdict().items():
+        assert isinstance(value, cupy.ndarray), name
+        np.testing.assert_allclose(cupy.asnumpy(value), getattr(want, name), rtol=1e-5, atol=1e-6, err_msg=name)
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        return
+    lstm = torch.nn.LSTM(4, 3, num_layers=2, bidirectional=True)
+    x = torch.randn(5, 2, 4)
+    out, _ = lstm(x)
+    h_grad = torch.randn_like(out)
+    want = lg.torch_lstm_grad(x, state_dict=lstm.state_dict(), h_grad=h_grad, backend="numpy")
+    got = lg.torch_lstm_grad(x.cuda(), state_dict=lstm.cuda().state_dict(), h_grad=h_grad.cuda())
+    for name, value in want.items():
+        assert isinstance(got[name], cupy.ndarray), name
+        np.testing.assert_allclose(cupy.asnumpy(got[name]), value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _gpu_usable()", reason="needs cupy and a CUDA device")
 def test_torch_cuda_tensors_and_the_forward_op_on_the_gpu():
     import cupy
 

@@ -159,3 +159,67 @@ def test_a_layer_read_for_a_gpu_backend_is_never_run_forward_on_the_host(path, o
     assert_same_bits(gradients(on_device, cuda_host.cupy_backend()), gradients(on_host, get_backend("numpy")))
     assert "i" not in ready(on_device.arrays)  # never made: the device computed the layer
     assert "i" in ready(on_host.arrays)  # made for the op's gradient on the host
+
+
+def _device_arrays(backend, tensors: dict) -> dict:
+    """The tensors as the backend's device holds them (the stand-in's: each marked as copied in)."""
+    return {name: backend.to_device(value) for name, value in tensors.items()}
+
+
+def assert_stays_on_device(got, want, kind) -> None:
+    for name, value in want.items():
+        assert isinstance(got[name], kind), name  # the device's array: not copied back
+        np.testing.assert_array_equal(np.asarray(got[name]), value, err_msg=name)
+
+
+@pytest.mark.parametrize("api", ["keras layer", "torch module", "torch cell"])
+def test_the_python_api_takes_a_layers_tensors_on_the_device_and_leaves_its_gradients_there(api):
+    """Tensors on the device (cupy's arrays; here the stand-in's) are brought to the host once each to be checked,
+    the layer is computed on the device, and each gradient is left there as the device's array: none copies back."""
+    from safetensors.numpy import load_file
+
+    copies = []
+    backend = cuda_host.cupy_backend(copies=copies)
+    if api == "keras layer":
+        with np.load(KERAS / "keras_seq.in.npz") as data:
+            tensors = {k: data[k] for k in data.files}
+
+        def grads(given, on):
+            return lg.keras_lstm_grad(**given, backend=on)._asdict()
+    elif api == "torch module":
+        case = TORCH_CASES["torch_packed_bidir2_bf"]
+        with np.load(TORCH / case["files"]["in"]) as data:
+            tensors = {k: data[k] for k in data.files if k != "lengths"}
+            lengths = data["lengths"]
+        state = load_file(str(TORCH / case["files"]["weights"]))
+        tensors.update(state)
+
+        def grads(given, on):
+            weights = {k: given.pop(k) for k in state}
+            return lg.torch_lstm_grad(**given, state_dict=weights, lengths=lengths, batch_first=True, backend=on)
+    else:
+        with np.load(TORCH / "torch_cell.in.npz") as data:
+            tensors = {k: data[k] for k in data.files}
+        state = load_file(str(TORCH / "torch_cell.weights.safetensors"))
+        tensors.update({k.removeprefix("decoder.cell."): v for k, v in state.items()})
+
+        def grads(given, on):
+            return lg.torch_cell_grad(**given, backend=on)._asdict()
+
+    want = {k: v for k, v in grads(dict(tensors), "numpy").items() if v is not None}
+    on_device = _device_arrays(backend, tensors)
+    del copies[:]
+    got = grads(dict(on_device), backend)
+    assert_stays_on_device({k: v for k, v in got.items() if v is not None}, want, backend.array_module.ndarray)
+    assert copies.count("out") == len(tensors)  # each given tensor brought back once, to be checked; no gradient
+
+
+def test_the_python_api_refuses_a_gpu_tensor_for_a_host_backend():
+    class OnGpu:  # what numba's device arrays and torch CUDA tensors offer
+        __cuda_array_interface__ = {"shape": (3, 5, 4), "typestr": "<f4", "data": (0, False), "version": 3}
+
+    with np.load(KERAS / "keras_seq.in.npz") as data:
+        tensors = {k: data[k] for k in data.files}
+    with pytest.raises(lg.InvalidArgumentError, match="^x is on a GPU, and the numpy backend computes host arrays: "
+                                                      "compute with backend cupy, or copy the tensors to the host$"):
+        lg.keras_lstm_grad(**{**tensors, "x": OnGpu()}, backend="numpy")

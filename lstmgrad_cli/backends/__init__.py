@@ -20,7 +20,7 @@ import warnings
 from dataclasses import dataclass
 from functools import cache
 
-from ..errors import BackendUnavailableError, UnknownBackendError
+from ..errors import BackendUnavailableError, InvalidArgumentError, UnknownBackendError
 
 ENTRY_POINT_GROUP = "lstmgrad.backends"
 ENV_VAR = "LSTMGRAD_BACKEND"
@@ -328,6 +328,19 @@ def gpu_array(value):
     if hasattr(value, "__dlpack__") and type(value).__module__ != "numpy":  # a host array is copied (asarray)
         return cupy.from_dlpack(value)
     return cupy.asarray(value)
+
+
+def backend_for_arrays(arrays: dict, backend=None):
+    """The backend object computing ``arrays``: ``backend`` (a name, an object, None for the default), or, for arrays
+    on a GPU and no backend named, cupy; a backend that computes host arrays is refused for GPU arrays."""
+    on_device = [name for name, a in arrays.items() if on_gpu(a)]
+    if not on_device:
+        return get_backend(backend)
+    chosen = get_backend(backend if backend is not None else "cupy")
+    if not takes_gpu_arrays(chosen):
+        raise InvalidArgumentError(f"{on_device[0]} is on a GPU, and the {chosen.name} backend computes host arrays: "
+                                   "compute with backend cupy, or copy the tensors to the host")
+    return chosen
 
 
 def placed(backend, arrays: dict) -> dict:

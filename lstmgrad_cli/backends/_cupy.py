@@ -166,8 +166,9 @@ class CupyBackend:
         return self._cp.ascontiguousarray(self._cp.asarray(a))
 
     def to_host(self, a):
-        """A device array copied back to the host (contract.OPTIONAL)."""
-        return np.asarray(self._cp.asnumpy(a))
+        """A device array (cupy's, or any other ``asarray`` takes without a copy: ``__cuda_array_interface__``)
+        copied back to the host (contract.OPTIONAL)."""
+        return np.asarray(self._cp.asnumpy(a if isinstance(a, self._cp.ndarray) else self._cp.asarray(a)))
 
     def block_lstm_grad(self, tensors, *, seq_len_max, use_peephole, layout, compute_dtype,
                         chunk_steps=None, return_dgates=False, x_grad_out=None, observe=None):

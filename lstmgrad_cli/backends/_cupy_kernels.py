@@ -90,7 +90,7 @@ _LOOP_B = r"""
         FOR_EACH_LANE(lane) {
             S part[COLS_AT_ONCE];
             UNROLL for (int m = 0; m < COLS_AT_ONCE; ++m) part[m] = 0;
-            for (long long q = lane; q < G; q += LANES) {
+            UNROLL_LOADS for (long long q = lane; q < G; q += LANES) {
                 const S gate = LD(LOAD_SHARED(g + q));
                 UNROLL for (int m = 0; m < COLS_AT_ONCE; ++m) {
                     if (m < n_c) part[m] += gate * LD(w_rec[(c_lo + m) * G + q]);
@@ -202,6 +202,8 @@ DEVICE unsigned short float_to_half(float f) {
         sum[m] += __shfl_down_sync(0xffffffffu, sum[m], offset); \
     }
 #define UNROLL _Pragma("unroll")
+/* a lane's loop over a row: several iterations' loads issued before their sums (the sums keep their order) */
+#define UNROLL_LOADS _Pragma("unroll 4")
 #define FIRST_LANE if (threadIdx.x % LANES == 0)
 /* what other blocks wrote before the grid barrier: read from L2 (__ldcg), never from a stale line of this SM's L1 */
 #define LOAD_SHARED(p) __ldcg(p)
@@ -252,6 +254,7 @@ DEVICE int grid_barrier(unsigned int* barrier, unsigned int blocks) {
         for (int lane = 0; lane < offset; ++lane) { sum[m][lane] += sum[m][lane + offset]; } \
     }
 #define UNROLL
+#define UNROLL_LOADS
 #define FIRST_LANE
 #define LOAD_SHARED(p) (*(p))
 DEVICE float half_to_float(unsigned short h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }

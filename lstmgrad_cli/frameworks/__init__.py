@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..backends import backend_for_arrays, on_gpu, takes_gpu_arrays
 from ..errors import InvalidArgumentError, LstmGradError
 from ..messages import TYPED, Command, Message, Param, cut, message_of
 from . import cells, keras, keras_config, pytorch, unused, weights_files
@@ -186,10 +187,10 @@ def keras_lstm_grad(x, kernel=None, recurrent_kernel=None, bias=None, *, weights
         if any(v is not None for v in given.values()):
             raise TypeError("keras_lstm_grad takes a Bidirectional's weights dict or kernel/recurrent_kernel/bias, "
                             "not both")
-        given = {k: _numpy(v) for k, v in weights.items()}
-    tensors = dict(x=x, **given, h0=h0, c0=c0, h_grad=h_grad, hn_grad=hn_grad, cn_grad=cn_grad, mask=mask)
-    out = plan("keras", {n: v for n, v in tensors.items() if v is not None}, options, layer).gradients(
-        backend, compute_dtype)
+        given = dict(weights)
+    held = _Held(dict(x=x, **given, h0=h0, c0=c0, h_grad=h_grad, hn_grad=hn_grad, cn_grad=cn_grad, mask=mask),
+                 backend)
+    out = held.gradients(plan("keras", held.tensors, options, layer), compute_dtype)
     if weights is not None:
         return out
     return KerasLSTMGradOutputs(out["x_grad"], out["kernel_grad"], out["recurrent_kernel_grad"], out.get("bias_grad"),
@@ -217,23 +218,19 @@ def torch_lstm_grad(x, weight_ih=None, weight_hh=None, bias_ih=None, bias_hh=Non
     backward one, run from x's last step), returned as ``TorchLSTMGradOutputs``; h0, c0 and the final-state
     gradients [B, C].  ``lengths`` [B]: a packed batch's per-example lengths (pack_padded_sequence).
     """
-    state = {n: None if v is None else _numpy(v) for n, v in (
-        ("x", x), ("h0", h0), ("c0", c0), ("h_grad", h_grad), ("hn_grad", hn_grad), ("cn_grad", cn_grad),
-        ("lengths", lengths))}
+    state = dict(x=x, h0=h0, c0=c0, h_grad=h_grad, hn_grad=hn_grad, cn_grad=cn_grad, lengths=lengths)
     if state_dict is not None:
         if weight_ih is not None or weight_hh is not None:
             raise TypeError("torch_lstm_grad takes a state_dict or weight_ih/weight_hh, not both")
         options = FrameworkOptions("torch", batch_first=batch_first, layer=layer, reverse=reverse)
         _refuse_model_state_dict(state_dict)
-        tensors = {**{k: _numpy(v) for k, v in state_dict.items()}, **state}
-        return plan("torch", {n: v for n, v in tensors.items() if v is not None}, options).gradients(
-            backend, compute_dtype)
+        held = _Held({**state_dict, **state}, backend)
+        return held.gradients(plan("torch", held.tensors, options), compute_dtype)
     options = FrameworkOptions("torch", batch_first=batch_first, layer=0, reverse=reverse)
     names = pytorch.names(0, reverse)
-    tensors = {names["weight_ih"]: weight_ih, names["weight_hh"]: weight_hh, names["bias_ih"]: bias_ih,
-               names["bias_hh"]: bias_hh}
-    tensors = {**{n: None if v is None else _numpy(v) for n, v in tensors.items()}, **state}
-    out = plan("torch", {n: v for n, v in tensors.items() if v is not None}, options).gradients(backend, compute_dtype)
+    held = _Held({names["weight_ih"]: weight_ih, names["weight_hh"]: weight_hh, names["bias_ih"]: bias_ih,
+                  names["bias_hh"]: bias_hh, **state}, backend)
+    out = held.gradients(plan("torch", held.tensors, options), compute_dtype)
     return TorchLSTMGradOutputs(out["x_grad"], out[f"{names['weight_ih']}_grad"], out[f"{names['weight_hh']}_grad"],
                                 out.get(f"{names['bias_ih']}_grad"), out.get(f"{names['bias_hh']}_grad"),
                                 out["h0_grad"], out["c0_grad"])
@@ -251,12 +248,11 @@ def torch_cell_grad(x, weight_ih=None, weight_hh=None, bias_ih=None, bias_hh=Non
         if weight_ih is not None or weight_hh is not None:
             raise TypeError("torch_cell_grad takes a state_dict or weight_ih/weight_hh, not both")
         _refuse_model_state_dict(state_dict, cell=True)
-        weights = {k: _numpy(v) for k, v in state_dict.items()}
+        weights = dict(state_dict)
     else:
         weights = dict(weight_ih=weight_ih, weight_hh=weight_hh, bias_ih=bias_ih, bias_hh=bias_hh)
-    tensors = {**weights, "x": x, "h0": h0, "c0": c0, "h1_grad": h1_grad, "c1_grad": c1_grad}
-    out = cells.plan("torch", {n: _numpy(v) for n, v in tensors.items() if v is not None}).gradients(
-        backend, compute_dtype)
+    held = _Held({**weights, "x": x, "h0": h0, "c0": c0, "h1_grad": h1_grad, "c1_grad": c1_grad}, backend)
+    out = held.gradients(cells.plan("torch", held.tensors), compute_dtype)
     return TorchCellGradOutputs(out["x_grad"], out["weight_ih_grad"], out["weight_hh_grad"], out.get("bias_ih_grad"),
                                 out.get("bias_hh_grad"), out["h0_grad"], out["c0_grad"])
 
@@ -269,10 +265,9 @@ def keras_cell_grad(x, kernel, recurrent_kernel, bias=None, *, h0=None, c0=None,
     (zeros when absent); ``h1_grad``, ``c1_grad`` the gradients arriving at h1 (out) and c1 (one may be absent).
     ``activation``/``recurrent_activation``: as the cell was made (tanh, sigmoid, hard_sigmoid, relu, linear)."""
     layer = KerasLayer(keras_activation(activation), keras_activation(recurrent_activation), source="the arguments")
-    tensors = dict(x=x, kernel=kernel, recurrent_kernel=recurrent_kernel, bias=bias, h0=h0, c0=c0, h1_grad=h1_grad,
-                   c1_grad=c1_grad)
-    out = cells.plan("keras", {n: _numpy(v) for n, v in tensors.items() if v is not None}, layer=layer).gradients(
-        backend, compute_dtype)
+    held = _Held(dict(x=x, kernel=kernel, recurrent_kernel=recurrent_kernel, bias=bias, h0=h0, c0=c0,
+                      h1_grad=h1_grad, c1_grad=c1_grad), backend)
+    out = held.gradients(cells.plan("keras", held.tensors, layer=layer), compute_dtype)
     return KerasCellGradOutputs(out["x_grad"], out["kernel_grad"], out["recurrent_kernel_grad"], out.get("bias_grad"),
                                 out["h0_grad"], out["c0_grad"])
 
@@ -298,6 +293,28 @@ def _refuse_model_state_dict(state_dict, cell: bool = False) -> None:
     cells = pytorch.cells_in(keys)
     if cells:
         raise InvalidArgumentError("; ".join(cells))
+
+
+class _Held:
+    """The API's tensors as a plan checks them (numpy arrays), the backend computing them, and whether the caller
+    holds them on that backend's GPU: arrays there (cupy's, a torch CUDA tensor, anything with
+    ``__cuda_array_interface__`` or DLPack) are copied to the host to be checked, computed on the device (cupy,
+    unless named), and their gradients returned as the device's arrays, never copied back."""
+
+    def __init__(self, tensors: dict, backend):
+        given = {name: value for name, value in tensors.items() if value is not None}
+        self.backend = backend_for_arrays(given, backend)
+        module = getattr(self.backend, "array_module", None) if takes_gpu_arrays(self.backend) else None
+
+        def there(value):  # (the backend's own device arrays too: a plugin's, the test suite's stand-in)
+            return on_gpu(value) or (module not in (None, np) and isinstance(value, module.ndarray))
+
+        self.on_device = any(there(v) for v in given.values())
+        self.tensors = {name: _numpy(self.backend.to_host(v) if there(v) and not hasattr(v, "detach") else v)
+                        for name, v in given.items()}
+
+    def gradients(self, plan: Plan, compute_dtype) -> dict:
+        return plan.gradients(self.backend, compute_dtype, on_device=self.on_device)
 
 
 def _numpy(value):

@@ -113,14 +113,14 @@ class Plan:
         T, B, I = self.x.shape
         return T, B, I, self.module.C
 
-    def gradients(self, backend=None, compute_dtype=None) -> dict:
+    def gradients(self, backend=None, compute_dtype=None, *, on_device: bool = False) -> dict:
         """Every gradient, in the framework's names and layouts.  A compute dtype wider than the tensors' (float64
         for float32 ones; float32, the default, for float16) holds through the whole pass, the recomputed forward
         included: the gradients are rounded to the tensors' dtype once, at the end.
 
         On a backend that computes GPU arrays (the cupy backend: layers/device.py) the whole pass runs on its
-        device: the tensors are copied there once each, the gradients back once each (they stay there when the
-        tensors were there already)."""
+        device: the tensors are copied there once each, the gradients back once each, or, ``on_device`` (the
+        caller's tensors were there), left there as the device's arrays."""
         backend = backends.get_backend(backend)
         device = devices.of(backend)
         dtype = self.x.dtype
@@ -138,7 +138,7 @@ class Plan:
             grads = module.backward(*wide[3:], backend=backend)
             grads = {name: value.astype(dtype) for name, value in self._named(grads, device.xp).items()}
         grads = self._retyped(grads)
-        if device.on_host or backends.on_gpu(self.x):  # (computed where the caller's tensors are)
+        if device.on_host or on_device:
             return grads
         return {name: device.back(value) for name, value in grads.items()}
 

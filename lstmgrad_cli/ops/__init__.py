@@ -7,9 +7,8 @@ before anything is computed; errors are ``InvalidArgumentError`` (a ``ValueError
 
 from __future__ import annotations
 
-from ..backends import get_backend, on_gpu, takes_gpu_arrays
+from ..backends import backend_for_arrays
 from ..backends.contract import Backend
-from ..errors import InvalidArgumentError
 from ..results import BlockLSTMGradOutputs, BlockLSTMOutputs, LSTMBlockCellGradFullOutputs, LSTMBlockCellGradOutputs
 from ..spec import (
     CELL_LAYOUT,
@@ -36,26 +35,14 @@ def _named(names, arguments: dict) -> dict:
     return {name: arguments[name] for name in names}
 
 
-def _backend_for(arrays: dict, backend):
-    """The backend object computing ``arrays``: ``backend`` (a name, an object, None for the default), or, for arrays
-    on a GPU and no backend named, cupy; a backend that computes host arrays is refused for GPU arrays."""
-    on_device = [name for name, a in arrays.items() if on_gpu(a)]
-    if not on_device:
-        return get_backend(backend)
-    chosen = get_backend(backend if backend is not None else "cupy")
-    if not takes_gpu_arrays(chosen):
-        raise InvalidArgumentError(f"{on_device[0]} is on a GPU, and the {chosen.name} backend computes host arrays: "
-                                   "compute with backend cupy, or copy the tensors to the host")
-    return chosen
-
-
 def _seq_grad(layout, seq_len_max, tensors: dict, use_peephole, backend, compute_dtype, chunk_steps=None):
     arrays = validation.as_float_arrays(tensors)
     dims = validation.check_block_lstm_grad(arrays)
     length = validation.check_seq_len_max(seq_len_max, dims.T)
     peephole = validation.check_use_peephole(use_peephole)
     cdt = validation.resolve_compute_dtype(arrays["x"].dtype, compute_dtype)
-    return block_lstm_grad_checked(_backend_for(arrays, backend), layout, length, arrays, peephole, cdt, chunk_steps)
+    return block_lstm_grad_checked(backend_for_arrays(arrays, backend), layout, length, arrays, peephole, cdt,
+                                   chunk_steps)
 
 
 def block_lstm_grad_checked(backend: Backend, layout: str, seq_len_max: int, arrays: dict, use_peephole: bool,
@@ -106,7 +93,7 @@ def lstm_block_cell_grad_full(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f,
     cdt = validation.resolve_compute_dtype(arrays["x"].dtype, compute_dtype)
     one_step = {name: a[None] if name in TIME_MAJOR else a for name, a in arrays.items()}
     # h is only read as the previous output of steps t >= 1, which a single step does not have.
-    outs, dgates = _backend_for(arrays, backend).block_lstm_grad(
+    outs, dgates = backend_for_arrays(arrays, backend).block_lstm_grad(
         SeqTensors(**one_step, h=None), seq_len_max=1, use_peephole=peephole, layout=CELL_LAYOUT,
         compute_dtype=cdt, return_dgates=True,
     )
