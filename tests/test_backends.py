@@ -852,7 +852,7 @@ def test_cupy_runs_a_small_steps_time_loop_in_one_launch_and_a_large_ones_from_p
     from lstmgrad_cli.backends._cupy import LOOP_ENV, PERSISTENT_MOST_MACS
 
     kw = dict(seq_len_max=3, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
-    for B, C, kernel in ((2, 4, _cupy_kernels.loop_name), (9, 1024, _cupy_kernels.kernel_name)):
+    for B, C, kernel in ((2, 4, _cupy_kernels.loop_name), (17, 1024, _cupy_kernels.kernel_name)):
         assert (B * C * 4 * C <= PERSISTENT_MOST_MACS) == (kernel is _cupy_kernels.loop_name)
         calls = []
         inputs = SeqTensors(**_random_inputs(np.random.default_rng(5), 3, B, 3, C, np.float32))

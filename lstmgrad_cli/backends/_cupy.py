@@ -23,9 +23,10 @@ from ._xp import XpGradient
 LOOP_ENV = "LSTMGRAD_CUPY_LOOP"
 LOOPS = ("auto", "steps", "persistent")
 # "auto" runs a chunk's time loop in one launch where a step's recurrent product, B * C * 4C multiply-adds, is at
-# most this: measured on an H100 (benchmarks/RESULTS.md, docs/speed.md), where the launches from Python cost more
-# than such a product, and cuBLAS wins on larger ones.
-PERSISTENT_MOST_MACS = 32 * 2**20
+# most this: measured on an H100 (benchmarks/RESULTS.md, docs/speed.md), where the one launch won up to 64 * 2**20
+# (1000,64,512,512: 62 against 84 ms) and lost at 128 * 2**20 (200,128,512,512: 51 against 22 ms, timed before the
+# loop's loads were unrolled, which halved its time at 64 * 2**20) to cuBLAS's tiled products.
+PERSISTENT_MOST_MACS = 64 * 2**20
 
 
 class CupyGradient(XpGradient):
