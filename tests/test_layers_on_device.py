@@ -15,6 +15,7 @@ C-contiguous, and an unbatched projected module's Fortran-ordered weights then r
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import cuda_host
@@ -214,12 +215,31 @@ def test_the_python_api_takes_a_layers_tensors_on_the_device_and_leaves_its_grad
     assert copies.count("out") == len(tensors)  # each given tensor brought back once, to be checked; no gradient
 
 
-def test_the_python_api_refuses_a_gpu_tensor_for_a_host_backend():
-    class OnGpu:  # what numba's device arrays and torch CUDA tensors offer
-        __cuda_array_interface__ = {"shape": (3, 5, 4), "typestr": "<f4", "data": (0, False), "version": 3}
+class _OnGpu:
+    """An array in GPU memory as numba's device arrays offer it (``__cuda_array_interface__``), which numpy cannot
+    read; ``torch=True``: a torch CUDA tensor, which copies itself to the host (``.detach().cpu().numpy()``)."""
 
+    def __init__(self, value, torch=False):
+        self.__cuda_array_interface__ = {"shape": value.shape, "typestr": value.dtype.str, "data": (0, False),
+                                         "version": 3}
+        if torch:
+            self.detach = lambda: self
+            self.cpu = lambda: types.SimpleNamespace(numpy=lambda: value.copy())
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("Implicit conversion to a NumPy array is not allowed")
+
+
+def test_the_python_api_copies_torch_gpu_tensors_for_a_host_backend_and_refuses_other_gpu_arrays():
     with np.load(KERAS / "keras_seq.in.npz") as data:
         tensors = {k: data[k] for k in data.files}
+    want = lg.keras_lstm_grad(**tensors, backend="numpy")
+    # None, where cupy is not usable (no GPU): the default backend, on the host
+    for backend in ("numpy",) if lg.backends.status("cupy").available else ("numpy", None):
+        got = lg.keras_lstm_grad(**{**tensors, "x": _OnGpu(tensors["x"], torch=True)}, backend=backend)
+        for name, value in want._asdict().items():
+            assert type(getattr(got, name)) is np.ndarray
+            np.testing.assert_array_equal(getattr(got, name), value, err_msg=name)
     with pytest.raises(lg.InvalidArgumentError, match="^x is on a GPU, and the numpy backend computes host arrays: "
                                                       "compute with backend cupy, or copy the tensors to the host$"):
-        lg.keras_lstm_grad(**{**tensors, "x": OnGpu()}, backend="numpy")
+        lg.keras_lstm_grad(**{**tensors, "x": _OnGpu(tensors["x"])}, backend="numpy")

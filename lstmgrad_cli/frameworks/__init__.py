@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..backends import backend_for_arrays, on_gpu, takes_gpu_arrays
+from ..backends import get_backend, on_gpu, status, takes_gpu_arrays
 from ..errors import InvalidArgumentError, LstmGradError
 from ..messages import TYPED, Command, Message, Param, cut, message_of
 from . import cells, keras, keras_config, pytorch, unused, weights_files
@@ -297,18 +297,28 @@ def _refuse_model_state_dict(state_dict, cell: bool = False) -> None:
 
 class _Held:
     """The API's tensors as a plan checks them (numpy arrays), the backend computing them, and whether the caller
-    holds them on that backend's GPU: arrays there (cupy's, a torch CUDA tensor, anything with
-    ``__cuda_array_interface__`` or DLPack) are copied to the host to be checked, computed on the device (cupy,
-    unless named), and their gradients returned as the device's arrays, never copied back."""
+    holds them on that backend's GPU.  Tensors on a GPU (cupy's arrays, torch CUDA tensors, anything with
+    ``__cuda_array_interface__`` or DLPack) are computed by cupy unless a backend is named (or cupy is not usable
+    here): copied to the host once to be checked, computed on the device, and their gradients left there as cupy
+    arrays.  A host backend takes torch tensors, wherever they are, as copies on the host (its gradients numpy
+    arrays); other GPU arrays it refuses."""
 
     def __init__(self, tensors: dict, backend):
         given = {name: value for name, value in tensors.items() if value is not None}
-        self.backend = backend_for_arrays(given, backend)
-        module = getattr(self.backend, "array_module", None) if takes_gpu_arrays(self.backend) else None
+        on_a_gpu = [name for name, value in given.items() if on_gpu(value)]
+        if backend is None and on_a_gpu and status("cupy").available:
+            backend = "cupy"
+        self.backend = get_backend(backend)
+        gpu_backend = takes_gpu_arrays(self.backend)
+        module = getattr(self.backend, "array_module", None) if gpu_backend else None
 
         def there(value):  # (the backend's own device arrays too: a plugin's, the test suite's stand-in)
-            return on_gpu(value) or (module not in (None, np) and isinstance(value, module.ndarray))
+            return gpu_backend and (on_gpu(value) or (module not in (None, np) and isinstance(value, module.ndarray)))
 
+        refused = [name for name in on_a_gpu if not gpu_backend and not hasattr(given[name], "detach")]
+        if refused:
+            raise InvalidArgumentError(f"{refused[0]} is on a GPU, and the {self.backend.name} backend computes host "
+                                       "arrays: compute with backend cupy, or copy the tensors to the host")
         self.on_device = any(there(v) for v in given.values())
         self.tensors = {name: _numpy(self.backend.to_host(v) if there(v) and not hasattr(v, "detach") else v)
                         for name, v in given.items()}
