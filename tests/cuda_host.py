@@ -99,13 +99,71 @@ CUPY_COMMON = ("zeros", "empty", "add", "subtract", "multiply", "matmul", "ascon
                "exp", "abs", "swapaxes")
 
 
+class Stream:
+    """A copy stream of the stand-in device: the copies given it (``DeviceArray.set``/``get`` with ``stream=``) run
+    only when an event recorded after them, or the stream, is synchronised, as a GPU's may run any time until then:
+    a host buffer reused before its copy is done shows in the copied data."""
+
+    def __init__(self, non_blocking=False):
+        self.pending: list = []
+        self.done = 0  # copies run so far
+
+    def record(self):
+        return Event(self, self.done + len(self.pending))
+
+    def run_until(self, count: int) -> None:
+        while self.done < count:
+            self.pending.pop(0)()
+            self.done += 1
+
+    def synchronize(self) -> None:
+        self.run_until(self.done + len(self.pending))
+
+    def wait_event(self, event) -> None:
+        event.synchronize()  # (what this stream runs later runs after it anyway)
+
+
+class Event:
+    def __init__(self, stream: Stream, count: int):
+        self.stream, self.count = stream, count
+
+    def synchronize(self) -> None:
+        self.stream.run_until(self.count)
+
+
 class DeviceArray(np.ndarray):
     """An array in the stand-in device's memory: numpy's, marked so that ``asarray`` takes it without a copy and
     ``asnumpy`` copies it back (as cupy does with its arrays).  ``host_operands`` (a list, on the class made by
     ``fake_cupy(strict=...)``): where a ufunc is given a host array beside a device one (cupy refuses those), the
-    ufunc's name is appended."""
+    ufunc's name is appended.  ``set`` and ``get`` copy from and to host arrays as cupy's do, on a ``Stream`` when
+    given one (``copied`` records them)."""
 
     host_operands = None
+    copied = None
+
+    def set(self, arr, stream=None):
+        assert type(arr) is np.ndarray and arr.shape == self.shape and arr.dtype == self.dtype
+        self._record("in", arr)
+        self._on(stream, lambda: np.copyto(self.view(np.ndarray), arr))
+
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        assert out is not None and type(out) is np.ndarray and out.shape == self.shape and out.dtype == self.dtype
+        self._record("out", out)
+        self._on(stream, lambda: np.copyto(out, self.view(np.ndarray)))
+        if blocking and stream is not None:
+            stream.synchronize()
+        return out
+
+    def _record(self, way, arr):
+        if self.copied is not None:
+            self.copied.append((way, arr.dtype, arr.shape))
+
+    @staticmethod
+    def _on(stream, copy):
+        if stream is None:
+            copy()
+        else:
+            stream.pending.append(copy)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if self.host_operands is not None and any(
@@ -132,13 +190,13 @@ def fake_cupy(available: bool = True, free_bytes: int = 2**40, copies: list | No
     ("in", dtype, shape) to ``copied``) and takes a device array as it is; ``asnumpy`` copies a device array back
     ("out") and returns a host array as it is; a device with ``free_bytes`` of free memory.  ``host_operands``: a
     list receiving the name of every ufunc given a host array beside a device one (cupy raises there)."""
-    kind = type("DeviceArray", (DeviceArray,), {"host_operands": host_operands})
+    copied = [] if copied is None else copied
+    kind = type("DeviceArray", (DeviceArray,), {"host_operands": host_operands, "copied": copied})
     fake = types.SimpleNamespace(**{name: _device_function(getattr(np, name), kind) for name in CUPY_COMMON})
     fake.ndarray = kind
     fake.__version__ = "0.0-host"
     fake.is_available = lambda: available
     copies = [] if copies is None else copies
-    copied = [] if copied is None else copied
 
     def to_device(a):
         if isinstance(a, DeviceArray):
@@ -157,7 +215,8 @@ def fake_cupy(available: bool = True, free_bytes: int = 2**40, copies: list | No
 
     fake.asarray, fake.asnumpy = to_device, to_host
     device = types.SimpleNamespace(mem_info=(free_bytes, 2 * free_bytes))
-    fake.cuda = types.SimpleNamespace(Device=lambda: device)
+    current = Stream()  # (the stand-in's kernels and ufuncs run at once: nothing is ever queued on it)
+    fake.cuda = types.SimpleNamespace(Device=lambda: device, Stream=Stream, get_current_stream=lambda: current)
     fake.get_default_memory_pool = lambda: types.SimpleNamespace(free_bytes=lambda: 0)
     return fake
 
@@ -168,10 +227,13 @@ def _device_function(function, kind):
     return on_device
 
 
-def cupy_backend(calls: list | None = None, loop: str | None = "steps", blocks: int = 3, **device):
+def cupy_backend(calls: list | None = None, loop: str | None = "steps", blocks: int = 3, pinned: bool = False,
+                 **device):
     """The cupy backend run on the host with its own kernels (``HostLauncher``), its time loop a chunk's steps
     one by one, the persistent loop kernel in ``blocks`` blocks, or as the backend chooses ("auto"; None: as
-    LSTMGRAD_CUPY_LOOP says); ``device``: ``fake_cupy``'s."""
+    LSTMGRAD_CUPY_LOOP says); host arrays copied by ``asarray``/``asnumpy`` or, ``pinned``, through staging
+    buffers (host memory standing in for pinned memory); ``device``: ``fake_cupy``'s."""
     from lstmgrad_cli.backends._cupy import CupyBackend
 
-    return CupyBackend(cp=fake_cupy(**device), launcher=HostLauncher(calls, blocks), loop=loop)
+    return CupyBackend(cp=fake_cupy(**device), launcher=HostLauncher(calls, blocks), loop=loop,
+                       copies="pinned" if pinned else "pageable", pinned_empty=np.empty)

@@ -71,7 +71,8 @@ def cpu_backends():
     if cuda_host.compiler() is not None:
         out += [("cupy-kernels-on-host", cuda_host.cupy_backend()),
                 ("cupy-persistent-loop-on-host", cuda_host.cupy_backend(loop="persistent")),
-                ("cupy-persistent-loop-one-block", cuda_host.cupy_backend(loop="persistent", blocks=1))]
+                ("cupy-persistent-loop-one-block", cuda_host.cupy_backend(loop="persistent", blocks=1)),
+                ("cupy-pinned-copies-on-host", cuda_host.cupy_backend(pinned=True))]
     return out
 
 
@@ -863,6 +864,43 @@ def test_cupy_runs_a_small_steps_time_loop_in_one_launch_and_a_large_ones_from_p
     monkeypatch.setenv(LOOP_ENV, "fast")
     with pytest.raises(BackendUnavailableError, match="LSTMGRAD_CUPY_LOOP='fast' is not one of auto, steps, "):
         cuda_host.cupy_backend(loop=None)
+
+
+def test_pinned_copies_cross_in_slices_through_two_buffers_and_lose_no_byte():
+    """Host arrays to the (stand-in) device and back through two staging buffers of 1 MiB, on a copy stream that
+    runs each copy only once an event after it is waited for: a buffer refilled before its copy ran would show."""
+    from lstmgrad_cli.backends._cupy_copies import PinnedCopies
+
+    copied = []
+    cp = cuda_host.fake_cupy(copied=copied)
+    rng = np.random.default_rng(2)
+    arrays = [rng.standard_normal((700, 1000)).astype(np.float32),  # 2.7 slices, each copied by 3 threads
+              rng.standard_normal((3, 5))[:, ::2],  # not contiguous
+              np.float16(1.5) * np.ones((0, 4), np.float16), np.array(7.0), None,
+              rng.integers(0, 9, (2**18 + 3,)).astype(np.int8)]
+    pinned = PinnedCopies(cp, np.empty, slice_bytes=2**20, threads=3)
+    on_device = pinned.to_device(arrays)
+    assert on_device[4] is None
+    for a, d in zip(arrays, on_device, strict=True):
+        if a is not None:
+            assert isinstance(d, cp.ndarray) and d.flags.c_contiguous
+            np.testing.assert_array_equal(np.asarray(d), a)
+    assert sum(n for way, _, (n,) in copied if way == "in") == sum(a.nbytes for a in arrays if a is not None)
+    back = pinned.to_host([d for d in on_device if d is not None])
+    for a, h in zip([a for a in arrays if a is not None], back, strict=True):
+        assert type(h) is np.ndarray and h.dtype == a.dtype
+        np.testing.assert_array_equal(h, a)
+
+
+def test_the_cupy_backends_copies_are_named_by_the_environment(monkeypatch):
+    from lstmgrad_cli.backends._cupy import COPIES_ENV
+
+    monkeypatch.setenv(COPIES_ENV, "zero-copy")
+    with pytest.raises(BackendUnavailableError, match="^LSTMGRAD_CUPY_COPIES='zero-copy' is not one of pageable, "
+                                                      "pinned$"):
+        from lstmgrad_cli.backends._cupy import CupyBackend
+
+        CupyBackend(cp=cuda_host.fake_cupy())
 
 
 @needs_host_kernels

@@ -18,8 +18,12 @@ import numpy as np
 
 from ..errors import BackendUnavailableError
 from . import _cupy_kernels as kernels
+from . import on_gpu
+from ._cupy_copies import PinnedCopies
 from ._xp import XpGradient
 
+COPIES_ENV = "LSTMGRAD_CUPY_COPIES"
+COPIES = ("pageable", "pinned")  # how host arrays cross: cupy's own copies, or _cupy_copies.PinnedCopies
 LOOP_ENV = "LSTMGRAD_CUPY_LOOP"
 LOOPS = ("auto", "steps", "persistent")
 # "auto" runs a chunk's time loop in one launch where a step's recurrent product, B * C * 4C multiply-adds, is at
@@ -145,13 +149,23 @@ class CupyBackend:
     name = "cupy"
     gpu_arrays = True
 
-    def __init__(self, cp=None, launcher=None, loop: str | None = None):
+    def __init__(self, cp=None, launcher=None, loop: str | None = None, copies: str | None = None,
+                 pinned_empty=None):
         if cp is None:
             import cupy as cp  # noqa: PLC0415 - imported only when this backend is used
         if not cp.is_available():
             raise BackendUnavailableError(f"cupy is installed but no CUDA device is usable{_why_not(cp)}")
         self._cp = cp
         self._gradient = CupyGradient(cp, launcher, loop)
+        copies = copies or os.environ.get(COPIES_ENV) or "pageable"
+        if copies not in COPIES:
+            raise BackendUnavailableError(f"{COPIES_ENV}={copies!r} is not one of {', '.join(COPIES)}")
+        self._pinned = None
+        if copies == "pinned":
+            if pinned_empty is None:
+                from cupyx import empty_pinned as pinned_empty  # noqa: PLC0415 - with cupy
+
+            self._pinned = PinnedCopies(cp, pinned_empty)
 
     @property
     def version(self) -> str:
@@ -171,14 +185,31 @@ class CupyBackend:
         copied back to the host (contract.OPTIONAL)."""
         return np.asarray(self._cp.asnumpy(a if isinstance(a, self._cp.ndarray) else self._cp.asarray(a)))
 
+    def _to_device(self, arrays: list) -> list:
+        """Arrays (None passes) on the device, C-contiguous: host ones copied there (through pinned buffers with
+        ``copies="pinned"``), device ones as they are."""
+        cp = self._cp
+        host = [i for i, a in enumerate(arrays) if a is not None and not isinstance(a, cp.ndarray) and not on_gpu(a)]
+        out = [None if a is None else cp.ascontiguousarray(cp.asarray(a)) if i not in host or self._pinned is None
+               else None for i, a in enumerate(arrays)]
+        if self._pinned is not None and host:
+            for i, copied in zip(host, self._pinned.to_device([arrays[i] for i in host]), strict=True):
+                out[i] = copied
+        return out
+
+    def _to_host(self, arrays: list) -> list:
+        if self._pinned is not None:
+            return self._pinned.to_host(arrays)
+        return [np.asarray(self._cp.asnumpy(a)) for a in arrays]
+
     def block_lstm_grad(self, tensors, *, seq_len_max, use_peephole, layout, compute_dtype,
                         chunk_steps=None, return_dgates=False, x_grad_out=None, observe=None):
         cp = self._cp
         _check_fits(cp, tensors, seq_len_max, compute_dtype, return_dgates)
         try:
             # One copy in (lazy inputs such as h5py datasets are read whole: the device holds them all).
-            on_device = type(tensors)(*(None if a is None else cp.ascontiguousarray(
-                cp.asarray(a[()] if not hasattr(a, "__array__") else a)) for a in tensors))
+            on_device = type(tensors)(*self._to_device([None if a is None else a if hasattr(a, "__array__") or
+                                                        isinstance(a, cp.ndarray) else a[()] for a in tensors]))
             result = self._gradient.block_lstm_grad(
                 on_device, seq_len_max, use_peephole, layout, compute_dtype, chunk_steps, return_dgates,
                 observe=observe,
@@ -191,7 +222,7 @@ class CupyBackend:
         outs, dgates = result if return_dgates else (result, None)
         if isinstance(tensors.x, getattr(cp, "ndarray", ())):  # the caller's arrays are on the device: so are these
             return (outs, dgates) if return_dgates else outs
-        outs = _to_host(cp, outs)
+        outs = type(outs)(*self._to_host(list(outs)))  # one copy out
         if x_grad_out is not None:  # one copy out, into the caller's lazy output
             x_grad_out[...] = outs.x_grad
             outs = outs._replace(x_grad=x_grad_out)
@@ -273,5 +304,3 @@ def _device_error(err: Exception) -> Exception:
     return err
 
 
-def _to_host(cp, outs):
-    return type(outs)(*(np.asarray(cp.asnumpy(a)) for a in outs))  # one copy out

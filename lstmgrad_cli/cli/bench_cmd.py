@@ -46,12 +46,12 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
     back-to-back median.  Engines run in another interpreter (--compare-python) are rated
     against a GEMM limit timed in their own rounds.  With the cupy backend on a GPU, the GPU's
     engines are rated against the GPU's own GEMM limit (gpu-gemm-limit): cupy from host arrays
-    (copies included), cupy-device on arrays already there (cupy-device-steps and
-    cupy-device-persistent: each of its time loops), cupy-files from one NPZ file to
-    another, pcie-floor (the pass's bytes copied in from pinned memory and out to it), and
-    PyTorch's cuDNN backward with TF32 off and on when a CUDA-enabled torch is importable.  For
-    stable numbers on OpenBLAS,
-    run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset.
+    (copies included; cupy-pinned through pinned staging buffers), cupy-device on arrays already
+    there (cupy-device-steps and cupy-device-persistent: each of its time loops), cupy-files from
+    one NPZ file to another, pcie-floor (the pass's bytes copied in from pinned memory and out to
+    it), and PyTorch's cuDNN backward with TF32 off and on when a CUDA-enabled torch is
+    importable.  For stable numbers on OpenBLAS, run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
+    unset.
 
     \b
     lstmgrad bench

@@ -275,11 +275,13 @@ def gpu_calls(shape, dtype: str, inputs: dict, use_peephole: bool, backend) -> t
         return call
 
     loops = {"cupy-device-steps": "steps", "cupy-device-persistent": "persistent"}
-    calls = {GPU_LIMIT: gemm, "cupy-device": on_device, **{name: on_device_with(loop) for name, loop in loops.items()}}
-    versions = {GPU_LIMIT: None, **dict.fromkeys(("cupy-device", *loops), backend.version)}
+    calls = {GPU_LIMIT: gemm, "cupy-device": on_device, **{name: on_device_with(loop) for name, loop in loops.items()},
+             "cupy-pinned": _backend_call(type(backend)(copies="pinned"), inputs, use_peephole)}
+    versions = {GPU_LIMIT: None, **dict.fromkeys(("cupy-device", *loops, "cupy-pinned"), backend.version)}
     notes = {"cupy-device": "arrays already on the GPU, the time loop the backend chooses",
              "cupy-device-steps": "arrays already on the GPU, a step's kernel and cuBLAS product launched from Python",
-             "cupy-device-persistent": "arrays already on the GPU, each chunk's time loop in one launch"}
+             "cupy-device-persistent": "arrays already on the GPU, each chunk's time loop in one launch",
+             "cupy-pinned": "host arrays, copied in and out through pinned staging buffers (LSTMGRAD_CUPY_COPIES)"}
     for name, make in (("pcie-floor", _pcie_floor_call), ("cupy-files", _files_call)):
         try:  # a measurement that cannot be made here is a note, never a broken benchmark
             call, versions[name], notes[name] = make(cupy, shape, inputs, backend, sync)

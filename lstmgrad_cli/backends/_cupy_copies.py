@@ -1,0 +1,134 @@
+"""Host arrays to a GPU and back through pinned staging buffers, for the cupy backend (``copies="pinned"``).
+
+cupy copies a host array, pageable memory, through the driver's own staging, one piece after another: ~7 GB/s on the
+H100 machine lent here, where copies from pinned memory ran at ~54 GB/s (benchmarks/RESULTS.md).  Here each array
+crosses in slices of at most ``SLICE_BYTES`` through two pinned buffers taking turns: while one slice's DMA runs on
+a copy stream, the next is copied into the other buffer by ``THREADS`` host threads (numpy lets go of the GIL for
+large copies), and back the other way likewise.  Opt-in (``LSTMGRAD_CUPY_COPIES=pinned``) until a GPU has timed it
+against cupy's own copies (`lstmgrad bench`'s ``cupy-pinned`` row).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+SLICE_BYTES = 32 * 2**20  # a staging buffer
+THREADS = 4  # host threads copying a slice into or out of a staging buffer
+ONE_THREAD_BYTES = 2**20  # a slice this small is copied by one thread
+
+
+class PinnedCopies:
+    """Copies between host arrays and ``cp``'s device through two pinned buffers (``pinned_empty``: cupyx's
+    ``empty_pinned``) and one copy stream; each call returns once every copy it made is complete."""
+
+    def __init__(self, cp, pinned_empty, slice_bytes: int = SLICE_BYTES, threads: int = THREADS):
+        self._cp, self._pinned_empty = cp, pinned_empty
+        self._slice, self._threads = int(slice_bytes), int(threads)
+
+    def to_device(self, arrays) -> list:
+        """Each host array of ``arrays`` (None passes through) as a new C-contiguous device array."""
+        cp = self._cp
+        stream = self._copy_stream()
+        with _Staging(self._pinned_empty, self._slice, self._threads) as staging:
+            out = []
+            for a in arrays:
+                if a is None:
+                    out.append(None)
+                    continue
+                host = np.ascontiguousarray(a)
+                device = cp.empty(host.shape, host.dtype)
+                source, target = _bytes(host), device.reshape(-1).view(np.uint8)
+                for lo in range(0, source.size, self._slice):
+                    hi = min(lo + self._slice, source.size)
+                    buffer = staging.take(hi - lo)  # (once the DMA that last read it is done)
+                    staging.copy(buffer, source[lo:hi])
+                    target[lo:hi].set(buffer, stream=stream)
+                    staging.give_back(stream.record())
+                out.append(device)
+            stream.synchronize()
+        return out
+
+    def to_host(self, arrays) -> list:
+        """Each device array of ``arrays`` as a new host array: a slice's DMA into one buffer runs while the slice
+        before is copied out of the other."""
+        stream = self._copy_stream()
+        with _Staging(self._pinned_empty, self._slice, self._threads) as staging:
+            out, waiting = [], None  # (event, buffer, where its bytes go) of the slice in flight
+            for a in arrays:
+                a = self._cp.ascontiguousarray(a)
+                host = np.empty(a.shape, a.dtype)
+                source, target = a.reshape(-1).view(np.uint8), _bytes(host)
+                for lo in range(0, target.size, self._slice):
+                    hi = min(lo + self._slice, target.size)
+                    buffer = staging.take(hi - lo)
+                    source[lo:hi].get(out=buffer, stream=stream, blocking=False)
+                    event = stream.record()
+                    if waiting is not None:
+                        staging.drain(*waiting)
+                    waiting = (event, buffer, target[lo:hi])
+                out.append(host)
+            if waiting is not None:
+                staging.drain(*waiting)
+        return out
+
+
+    def _copy_stream(self):
+        """A stream of its own, after all the current stream has queued: the arrays it reads were computed there, and
+        the memory the pool hands out for those it writes may be in use there still."""
+        cuda = self._cp.cuda
+        stream = cuda.Stream(non_blocking=True)
+        stream.wait_event(cuda.get_current_stream().record())
+        return stream
+
+
+class _Staging:
+    """Two pinned buffers taken in turn; a buffer is handed out again once the copy stream's work that used it
+    (``give_back``'s event) is complete."""
+
+    def __init__(self, pinned_empty, slice_bytes: int, threads: int):
+        self._buffers = [pinned_empty((slice_bytes,), np.uint8) for _ in range(2)]
+        self._events = [None, None]
+        self._turn = 0
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="lstmgrad-pinned") if threads > 1 else None
+        self._threads = threads
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def take(self, n: int):
+        self._turn ^= 1
+        event = self._events[self._turn]
+        if event is not None:
+            event.synchronize()
+            self._events[self._turn] = None
+        return self._buffers[self._turn][:n]
+
+    def give_back(self, event) -> None:
+        self._events[self._turn] = event
+
+    def drain(self, event, buffer, target) -> None:
+        """Wait for ``event`` (the DMA into ``buffer``), then copy the buffer out to ``target``."""
+        event.synchronize()
+        self.copy(target, buffer)
+
+    def copy(self, target, source) -> None:
+        """``target[:] = source`` (equal byte sizes), by the pool's threads when it is large."""
+        if self._pool is None or source.size < ONE_THREAD_BYTES:
+            np.copyto(target, source)
+            return
+        bounds = np.linspace(0, source.size, self._threads + 1).astype(np.int64)
+        parts = [self._pool.submit(np.copyto, target[lo:hi], source[lo:hi])
+                 for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+        for part in parts:
+            part.result()
+
+
+def _bytes(host: np.ndarray) -> np.ndarray:
+    """A C-contiguous host array's bytes, as a flat uint8 view."""
+    return host.reshape(-1).view(np.uint8)
