@@ -8,7 +8,8 @@
    TensorFlow's) with LSTMGRAD_TEST_BACKEND=cupy, the time loop as the backend chooses (in one launch for these
    small problems); and again with the time loop launched a step at a time from Python (LSTMGRAD_CUPY_LOOP=steps);
 5. `lstmgrad bench` on the GPU for issue 39's six shapes (`make bench-gpu`'s, in two runs: the four small
-   shapes, then the two large ones): the cupy backend from host arrays, on device arrays (both time loops) and
+   shapes, then the two large ones; medians of 3 rounds, to stay inside the budget): the cupy backend from host
+   arrays (cupy's copies, and through pinned buffers), on device arrays (the loop it chooses, and each loop) and
    from one file to another, the PCIe floor and the GPU's own GEMM limit, PyTorch's cuDNN backward with TF32 off
    and on;
 6. what a user waits for, numpy against cupy with its kernel cache warm (median of 3): `lstmgrad seq` on one
@@ -171,7 +172,7 @@ def main(argv: list[str]) -> int:
         rows.append(("golden cases on cupy", *run("golden cases on cupy", [*pytest, *GOLDEN_TESTS], 150,
                                                   {"LSTMGRAD_TEST_BACKEND": "cupy"})))
     for k, shapes in enumerate(SHAPES, 1):  # (--no-compare: no CPU framework; cuDNN is timed all the same)
-        bench = [python, "-m", "lstmgrad_cli", "bench", "--backend", "cupy", "--repeats", "5", "--markdown",
+        bench = [python, "-m", "lstmgrad_cli", "bench", "--backend", "cupy", "--repeats", "3", "--markdown",
                  "--no-compare", *(arg for shape in shapes for arg in ("--shape", shape))]
         rows.append((f"bench {k} (cupy, cuDNN)", *run(f"bench {k}", bench, 150)))
     if importlib.util.find_spec("pytest") is not None:
