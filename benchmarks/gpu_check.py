@@ -64,8 +64,8 @@ def run(title: str, cmd: list[str], timeout: float, env: dict | None = None) -> 
         return "SKIPPED", "no time left in the budget", 0.0
     print(f"\n== {title}: {' '.join(cmd)}", flush=True)
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
 
     def echo():  # as it comes: a step stopped by its time still shows what it printed
@@ -81,18 +81,24 @@ def run(title: str, cmd: list[str], timeout: float, env: dict | None = None) -> 
         proc.kill()
         proc.wait()
         reader.join(5)
-        return "TIMEOUT", f"stopped after {timeout:.0f} s", time.perf_counter() - start
-    reader.join(5)
-    tail = " / ".join(line for line in [line for line in lines if line][-2:])
-    return ("ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"), tail, time.perf_counter() - start
+        result = "TIMEOUT", f"stopped after {timeout:.0f} s", time.perf_counter() - start
+    else:
+        reader.join(5)
+        tail = " / ".join(line for line in [line for line in lines if line][-2:])
+        result = ("ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"), tail, \
+            time.perf_counter() - start
+    print(f"-- {title}: {result[0]} in {result[2]:.0f} s", flush=True)  # (the table comes at the end, if ever)
+    return result
 
 
 def wall(cmd: list[str], repeats: int = 3) -> float:
-    """Median seconds of ``cmd`` over ``repeats`` runs, after one untimed run (it warms cupy's kernel cache)."""
+    """Median seconds of ``cmd`` over ``repeats`` runs, after one untimed run (it warms cupy's kernel cache);
+    TimeoutExpired once the budget is spent."""
     times = []
     for k in range(repeats + 1):
         start = time.perf_counter()
-        subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=max(1.0, BUDGET.left()))
         if k:
             times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
@@ -186,6 +192,8 @@ def main(argv: list[str]) -> int:
         print("\n== start-up and a batch, numpy against cupy", flush=True)
         try:
             rows.append(("start-up and batch", *waits(python)))
+        except subprocess.TimeoutExpired:
+            rows.append(("start-up and batch", "TIMEOUT", "stopped: no time left in the budget", 0.0))
         except (subprocess.CalledProcessError, OSError) as err:
             rows.append(("start-up and batch", f"FAILED ({err})", "", 0.0))
     print("\n| step | result | last lines | seconds |\n| --- | --- | --- | ---: |")

@@ -866,6 +866,76 @@ def test_cupy_runs_a_small_steps_time_loop_in_one_launch_and_a_large_ones_from_p
         cuda_host.cupy_backend(loop=None)
 
 
+@needs_host_kernels
+def test_the_persistent_loops_product_adds_in_the_warps_fixed_order():
+    """carried_h[b, c] = gates[b, :] . w_rec[c, :] as a warp adds it: lane l sums the products q = l, l + 32, ...
+    in turn, then lane l adds lane l + 16, l + 8, ... 1 (the shuffle tree); lane 0's sum, in float32 throughout.
+    One step, so h_prev_grad is that product of its gate gradients (the numpy backend's, bit for bit)."""
+    B, I, C = 2, 3, 20  # 4C = 80: lanes with 3 products and lanes with 2
+    inputs = SeqTensors(**_random_inputs(np.random.default_rng(8), 1, B, I, C, np.float32))
+    kw = dict(seq_len_max=1, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
+    _, gates = NumpyBackend().block_lstm_grad(inputs, **kw, return_dgates=True)
+    got = cuda_host.cupy_backend(loop="persistent").block_lstm_grad(inputs, **kw).h_prev_grad
+    w_rec = inputs.w[I:]
+    want = np.empty((B, C), np.float32)
+    for b in range(B):
+        for c in range(C):
+            lanes = [np.float32(0)] * 32
+            for q in range(4 * C):
+                lanes[q % 32] = np.float32(lanes[q % 32] + np.float32(gates[0, b, q] * w_rec[c, q]))
+            for offset in (16, 8, 4, 2, 1):
+                for lane in range(offset):
+                    lanes[lane] = np.float32(lanes[lane] + lanes[lane + offset])
+            want[b, c] = lanes[0]
+    np.testing.assert_array_equal(got, want)
+
+
+@needs_host_kernels
+def test_a_persistent_loop_whose_blocks_cannot_all_run_is_redone_a_step_at_a_time_when_chosen():
+    """Another program holding part of the GPU leaves some of the loop's blocks waiting: the loop stops them all
+    and says so.  Where the backend chose that loop ("auto") it computes the pass again from its inputs with the
+    loop of steps; where it was asked for, the error stands (one line, naming the way out)."""
+    from lstmgrad_cli.backends._cupy import CupyBackend, NotAllResident
+
+    class Crowded(cuda_host.HostLauncher):
+        def loop(self, name, columns, params, args):
+            raise NotAllResident("the GPU's blocks of the persistent time loop (3) were not all running at once "
+                                 "(another program is using the GPU?): use LSTMGRAD_CUPY_LOOP=steps")
+
+    inputs = SeqTensors(**_random_inputs(np.random.default_rng(4), 6, 3, 4, 5, np.float32))
+    kw = dict(seq_len_max=6, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float32"))
+    calls = []
+    got = CupyBackend(cp=cuda_host.fake_cupy(), launcher=Crowded(calls), loop="auto").block_lstm_grad(inputs, **kw)
+    want = NumpyBackend().block_lstm_grad(inputs, **kw)
+    for field, a, b in zip(want._fields, want, got, strict=True):
+        np.testing.assert_array_equal(b, a, err_msg=field)
+    assert _cupy_kernels.kernel_name(np.float32, True) in calls  # the steps' kernels
+    with pytest.raises(BackendUnavailableError, match="use LSTMGRAD_CUPY_LOOP=steps$"):
+        CupyBackend(cp=cuda_host.fake_cupy(), launcher=Crowded(), loop="persistent").block_lstm_grad(inputs, **kw)
+
+
+def test_the_auto_loop_takes_one_launch_up_to_its_threshold_exactly():
+    from lstmgrad_cli.backends._cupy import PERSISTENT_MOST_MACS, CupyGradient
+
+    auto = CupyGradient(np, loop="auto")
+    assert 16 * 1024 * 4 * 1024 == PERSISTENT_MOST_MACS
+    assert auto.persistent(16, 1024) and not auto.persistent(17, 1024)
+    assert CupyGradient(np, loop="persistent").persistent(1024, 1024)
+    assert not CupyGradient(np, loop="steps").persistent(1, 1)
+
+
+def test_pinned_copies_wait_for_what_the_current_stream_still_has_to_do():
+    """A device array whose last write is still queued on the current stream (a kernel not yet run) is copied
+    back only after it: the copy stream waits for the current stream first."""
+    from lstmgrad_cli.backends._cupy_copies import PinnedCopies
+
+    cp = cuda_host.fake_cupy()
+    device = cp.asarray(np.zeros(1000, np.float32))
+    cp.cuda.get_current_stream().pending.append(lambda: device.view(np.ndarray).fill(7))  # queued, not run
+    (host,) = PinnedCopies(cp, np.empty).to_host([device])
+    np.testing.assert_array_equal(host, np.full(1000, 7, np.float32))
+
+
 def test_pinned_copies_cross_in_slices_through_two_buffers_and_lose_no_byte():
     """Host arrays to the (stand-in) device and back through two staging buffers of 1 MiB, on a copy stream that
     runs each copy only once an event after it is waited for: a buffer refilled before its copy ran would show."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import BackendUnavailableError
 from . import _cupy_kernels as kernels
-from . import on_gpu
+from . import gpu_array, on_gpu
 from ._cupy_copies import PinnedCopies
 from ._xp import XpGradient
 
@@ -29,7 +29,8 @@ LOOPS = ("auto", "steps", "persistent")
 # "auto" runs a chunk's time loop in one launch where a step's recurrent product, B * C * 4C multiply-adds, is at
 # most this: measured on an H100 (benchmarks/RESULTS.md, docs/speed.md), where the one launch won up to 64 * 2**20
 # (1000,64,512,512: 62 against 84 ms) and lost at 128 * 2**20 (200,128,512,512: 51 against 22 ms, timed before the
-# loop's loads were unrolled, which halved its time at 64 * 2**20) to cuBLAS's tiled products.
+# loop's loads were unrolled, which halved its time at 64 * 2**20) to cuBLAS's tiled products.  Measured in float32;
+# float64 and float16 (computed in float32) take the same threshold, not measured apart.
 PERSISTENT_MOST_MACS = 64 * 2**20
 
 
@@ -127,8 +128,12 @@ class DeviceLauncher:
         typed = tuple(_typed(ctype, value) for (ctype, _), value in zip(params, args, strict=True))
         self._function(name)((blocks,), (kernels.LOOP_THREADS,), (*typed, barrier))
         if int(barrier[2].get()):
-            raise BackendUnavailableError(f"the GPU's blocks of the persistent time loop ({blocks}) were not all "
-                                          f"running at once: use {LOOP_ENV}=steps")
+            raise NotAllResident(f"the GPU's blocks of the persistent time loop ({blocks}) were not all running at "
+                                 f"once (another program is using the GPU?): use {LOOP_ENV}=steps")
+
+
+class NotAllResident(BackendUnavailableError):
+    """The persistent loop's blocks could not all run at once, so they stopped; the pass's state is spent."""
 
 
 def _typed(ctype: str, value):
@@ -181,9 +186,9 @@ class CupyBackend:
         return self._cp.ascontiguousarray(self._cp.asarray(a))
 
     def to_host(self, a):
-        """A device array (cupy's, or any other ``asarray`` takes without a copy: ``__cuda_array_interface__``)
-        copied back to the host (contract.OPTIONAL)."""
-        return np.asarray(self._cp.asnumpy(a if isinstance(a, self._cp.ndarray) else self._cp.asarray(a)))
+        """A device array (cupy's, or any other on a GPU: ``__cuda_array_interface__``, DLPack) copied back to the
+        host (contract.OPTIONAL)."""
+        return np.asarray(self._cp.asnumpy(a if isinstance(a, self._cp.ndarray) else gpu_array(a)))
 
     def _to_device(self, arrays: list) -> list:
         """Arrays (None passes) on the device, C-contiguous: host ones copied there (through pinned buffers with
@@ -210,10 +215,15 @@ class CupyBackend:
             # One copy in (lazy inputs such as h5py datasets are read whole: the device holds them all).
             on_device = type(tensors)(*self._to_device([None if a is None else a if hasattr(a, "__array__") or
                                                         isinstance(a, cp.ndarray) else a[()] for a in tensors]))
-            result = self._gradient.block_lstm_grad(
-                on_device, seq_len_max, use_peephole, layout, compute_dtype, chunk_steps, return_dgates,
-                observe=observe,
-            )
+            args = (on_device, seq_len_max, use_peephole, layout, compute_dtype, chunk_steps, return_dgates)
+            try:
+                result = self._gradient.block_lstm_grad(*args, observe=observe)
+            except NotAllResident:
+                if self._gradient.loop != "auto":
+                    raise
+                # chosen, not asked for: the pass again from its inputs (left as they were), a step at a time
+                steps = CupyGradient(self._cp, self._gradient.launcher, "steps")
+                result = steps.block_lstm_grad(*args, observe=observe)
         except Exception as err:
             reported = _device_error(err)
             if reported is err:

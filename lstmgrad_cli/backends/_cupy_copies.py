@@ -26,52 +26,60 @@ class PinnedCopies:
     def __init__(self, cp, pinned_empty, slice_bytes: int = SLICE_BYTES, threads: int = THREADS):
         self._cp, self._pinned_empty = cp, pinned_empty
         self._slice, self._threads = int(slice_bytes), int(threads)
+        self._pool = None  # the host threads, made on first use and kept
+
+    def _staging(self, arrays) -> _Staging:
+        if self._pool is None and self._threads > 1:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="lstmgrad-pinned")
+        largest = max((a.nbytes for a in arrays if a is not None), default=0)
+        return _Staging(self._pinned_empty, max(1, min(self._slice, largest)), self._pool, self._threads)
 
     def to_device(self, arrays) -> list:
         """Each host array of ``arrays`` (None passes through) as a new C-contiguous device array."""
         cp = self._cp
-        stream = self._copy_stream()
-        with _Staging(self._pinned_empty, self._slice, self._threads) as staging:
-            out = []
-            for a in arrays:
-                if a is None:
-                    out.append(None)
+        hosts = [None if a is None else np.ascontiguousarray(a) for a in arrays]
+        devices = [None if a is None else cp.empty(a.shape, a.dtype) for a in hosts]
+        stream = self._copy_stream()  # (after the allocations: their memory may be in use on the current stream)
+        try:
+            staging = self._staging(hosts)
+            for host, device in zip(hosts, devices, strict=True):
+                if host is None:
                     continue
-                host = np.ascontiguousarray(a)
-                device = cp.empty(host.shape, host.dtype)
                 source, target = _bytes(host), device.reshape(-1).view(np.uint8)
-                for lo in range(0, source.size, self._slice):
-                    hi = min(lo + self._slice, source.size)
+                for lo in range(0, source.size, staging.size):
+                    hi = min(lo + staging.size, source.size)
                     buffer = staging.take(hi - lo)  # (once the DMA that last read it is done)
                     staging.copy(buffer, source[lo:hi])
                     target[lo:hi].set(buffer, stream=stream)
                     staging.give_back(stream.record())
-                out.append(device)
+        finally:  # (never a pinned buffer freed, nor an error raised, while a copy from it runs)
             stream.synchronize()
-        return out
+        return devices
 
     def to_host(self, arrays) -> list:
         """Each device array of ``arrays`` as a new host array: a slice's DMA into one buffer runs while the slice
         before is copied out of the other."""
+        devices = [self._cp.ascontiguousarray(a) for a in arrays]  # (queued on the current stream: before it)
+        hosts = [np.empty(a.shape, a.dtype) for a in devices]
         stream = self._copy_stream()
-        with _Staging(self._pinned_empty, self._slice, self._threads) as staging:
-            out, waiting = [], None  # (event, buffer, where its bytes go) of the slice in flight
-            for a in arrays:
-                a = self._cp.ascontiguousarray(a)
-                host = np.empty(a.shape, a.dtype)
-                source, target = a.reshape(-1).view(np.uint8), _bytes(host)
-                for lo in range(0, target.size, self._slice):
-                    hi = min(lo + self._slice, target.size)
+        try:
+            staging = self._staging(devices)
+            waiting = None  # (event, buffer, where its bytes go) of the slice in flight
+            for device, host in zip(devices, hosts, strict=True):
+                source, target = device.reshape(-1).view(np.uint8), _bytes(host)
+                for lo in range(0, target.size, staging.size):
+                    hi = min(lo + staging.size, target.size)
                     buffer = staging.take(hi - lo)
                     source[lo:hi].get(out=buffer, stream=stream, blocking=False)
                     event = stream.record()
                     if waiting is not None:
                         staging.drain(*waiting)
                     waiting = (event, buffer, target[lo:hi])
-                out.append(host)
             if waiting is not None:
                 staging.drain(*waiting)
-        return out
+        finally:
+            stream.synchronize()
+        return hosts
 
 
     def _copy_stream(self):
@@ -84,22 +92,15 @@ class PinnedCopies:
 
 
 class _Staging:
-    """Two pinned buffers taken in turn; a buffer is handed out again once the copy stream's work that used it
-    (``give_back``'s event) is complete."""
+    """Two pinned buffers of ``size`` bytes taken in turn; a buffer is handed out again once the copy stream's work
+    that used it (``give_back``'s event) is complete.  ``pool``: the threads copying large slices, or None."""
 
-    def __init__(self, pinned_empty, slice_bytes: int, threads: int):
-        self._buffers = [pinned_empty((slice_bytes,), np.uint8) for _ in range(2)]
+    def __init__(self, pinned_empty, size: int, pool, threads: int):
+        self.size = size
+        self._buffers = [pinned_empty((size,), np.uint8) for _ in range(2)]
         self._events = [None, None]
         self._turn = 0
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="lstmgrad-pinned") if threads > 1 else None
-        self._threads = threads
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        self._pool, self._threads = pool, threads
 
     def take(self, n: int):
         self._turn ^= 1

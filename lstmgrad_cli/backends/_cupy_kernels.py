@@ -209,8 +209,9 @@ DEVICE unsigned short float_to_half(float f) {
 #define LOAD_SHARED(p) __ldcg(p)
 /* All blocks of the grid meet here (they are all resident: the loop is launched with at most one block a
    multiprocessor).  barrier[0] counts arrivals, barrier[1] is the generation, barrier[2] is set when a block waited
-   past SPIN_LIMIT (blocks not resident after all): every block then stops, and the host says so. */
-#define SPIN_LIMIT (1ll << 31)
+   past WAIT_CYCLES, about a second (blocks not resident after all: another program holds part of the GPU): every
+   block then stops, and the host says so. */
+#define WAIT_CYCLES (1ll << 31)
 DEVICE int grid_barrier(unsigned int* barrier, unsigned int blocks) {
     __shared__ int failed;
     __syncthreads();
@@ -225,9 +226,9 @@ DEVICE int grid_barrier(unsigned int* barrier, unsigned int blocks) {
             __threadfence();
             atomicAdd(barrier + 1, 1u);
         } else {
-            long long spins = 0;
+            const long long began = clock64();
             while (*generation == gen && !*stop) {
-                if (++spins > SPIN_LIMIT) { atomicExch(barrier + 2, 1u); }
+                if (clock64() - began > WAIT_CYCLES) { atomicExch(barrier + 2, 1u); }
             }
             failed = *stop != 0;
         }

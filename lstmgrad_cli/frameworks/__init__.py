@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..backends import get_backend, on_gpu, status, takes_gpu_arrays
+from ..backends import get_backend, gpu_array, on_gpu, status, takes_gpu_arrays
 from ..errors import InvalidArgumentError, LstmGradError
 from ..messages import TYPED, Command, Message, Param, cut, message_of
 from . import cells, keras, keras_config, pytorch, unused, weights_files
@@ -319,8 +319,9 @@ class _Held:
         if refused:
             raise InvalidArgumentError(f"{refused[0]} is on a GPU, and the {self.backend.name} backend computes host "
                                        "arrays: compute with backend cupy, or copy the tensors to the host")
+        to_host = getattr(self.backend, "to_host", None) or (lambda value: gpu_array(value).get())
         self.on_device = any(there(v) for v in given.values())
-        self.tensors = {name: _numpy(self.backend.to_host(v) if there(v) and not hasattr(v, "detach") else v)
+        self.tensors = {name: _numpy(to_host(v) if there(v) and not hasattr(v, "detach") else v)
                         for name, v in given.items()}
 
     def gradients(self, plan: Plan, compute_dtype) -> dict:
