@@ -432,39 +432,3 @@ def test_provenance_is_one_json_attribute_and_older_outputs_still_count(tmp_path
         fh["x_grad"] = np.zeros(3)
         fh.attrs.update({"tool": "lstmgrad", "source": str(src.resolve()), "use_peephole": True, "seq_len_max": 5})
     assert io.read_metadata(old)["source"] == str(src.resolve()) and is_complete_output(old, src)
-
-
-def _data_offset(path, member: str) -> int:
-    with zipfile.ZipFile(path) as zf:
-        info = zf.getinfo(member)
-    with open(path, "rb") as fh:
-        fh.seek(info.header_offset + 26)
-        name, extra = np.frombuffer(fh.read(4), "<u2")
-    return info.header_offset + 30 + int(name) + int(extra)
-
-
-def test_a_large_npz_is_read_by_several_threads_with_the_same_tensors_and_the_same_first_error(tmp_path,
-                                                                                                 monkeypatch):
-    """Tensors holding io.declared.PARALLEL_BYTES or more are read at once by several threads (three here, whatever
-    the cores), each member from its own place in the file; what is read, and which of several corrupt members is
-    named, do not change."""
-    from lstmgrad_cli.io import declared, npy
-    from lstmgrad_cli.operations.bench import make_inputs
-
-    monkeypatch.setattr(npy, "READ_THREADS", 3)
-
-    tensors = make_inputs((128, 64, 256, 256), "float32")
-    assert sum(a.nbytes for a in tensors.values()) >= declared.PARALLEL_BYTES
-    path = tmp_path / "large.npz"
-    np.savez(path, **tensors, seq_len_max=np.int64(128), use_peephole=np.bool_(False))
-    names = list(tensors)
-    with io.open_inputs(path, names, ["seq_len_max", "use_peephole"]) as loaded:
-        for name, value in tensors.items():
-            np.testing.assert_array_equal(loaded.tensors[name], value, err_msg=name)
-    data = bytearray(path.read_bytes())
-    for member in ("co.npy", "f.npy"):  # f comes first in the op's order, co after it
-        data[_data_offset(path, member) + 4096] ^= 0xFF
-    path.write_bytes(bytes(data))
-    with pytest.raises(InputFileError, match=r"large\.npz: f is corrupt or truncated \(Bad CRC-32 for file 'f\.npy'"):
-        with io.open_inputs(path, names, ["seq_len_max", "use_peephole"]):
-            pass

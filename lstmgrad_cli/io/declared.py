@@ -22,12 +22,10 @@ inspect`` reads every key) are bounded by the budget alone.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,29 +89,14 @@ def checked(loaded: LoadedFile, budget: Budget, names: Iterable[str], scalars: I
 
 
 def read_checked(loaded: LoadedFile, declared: dict[str, Declared | InputFileError], scalars, collect: bool = False,
-                 collect_scalars: bool = True, threads: int = 1) -> None:
+                 collect_scalars: bool = True) -> None:
     """Read what ``checked`` passed into ``loaded``, in order; a refusal or a read error is raised, or with
-    ``collect`` recorded in ``loaded.errors`` (scalars too unless ``collect_scalars`` is false).
-
-    ``threads`` > 1 (readers whose tensors can be read at once, each from its own place: ``.npy`` streams): where the
-    tensors passed hold ``PARALLEL_BYTES`` or more, they are read by that many threads, and taken here in order all
-    the same (the same refusal said first); every read has ended when this returns or raises."""
-    passed = [entry for entry in declared.values() if isinstance(entry, Declared)]
-    threads = min(threads, len(passed)) if sum(d.nbytes for d in passed) >= PARALLEL_BYTES else 1
-    with contextlib.ExitStack() as running:
-        reads = {}
-        if threads > 1:
-            pool = running.enter_context(ThreadPoolExecutor(threads, thread_name_prefix="lstmgrad-read"))
-            running.callback(pool.shutdown, wait=True, cancel_futures=True)  # (before the caller closes the file)
-            reads = {entry.name: pool.submit(entry.read) for entry in passed}
-        for name, entry in declared.items():
-            with collecting(loaded, name, collect and (collect_scalars or name not in scalars)):
-                if isinstance(entry, InputFileError):
-                    raise entry
-                store(loaded, entry, reads[name].result() if name in reads else entry.read(), scalars)
-
-
-PARALLEL_BYTES = 64 * 2**20  # tensors read by several threads from this much (a batch's small files: by one)
+    ``collect`` recorded in ``loaded.errors`` (scalars too unless ``collect_scalars`` is false)."""
+    for name, entry in declared.items():
+        with collecting(loaded, name, collect and (collect_scalars or name not in scalars)):
+            if isinstance(entry, InputFileError):
+                raise entry
+            store(loaded, entry, entry.read(), scalars)
 
 
 def store(loaded: LoadedFile, declared: Declared, value, scalars) -> None:

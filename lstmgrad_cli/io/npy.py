@@ -13,7 +13,6 @@ import contextlib
 import io
 import lzma
 import math
-import os
 import re
 import tokenize
 import warnings
@@ -30,7 +29,6 @@ from .declared import Declared, checked, read_checked
 NPY_MAGIC = b"\x93NUMPY"
 NPY_MAX_HEADER = 10000  # numpy's own limit for a .npy header it will parse
 WHOLE_READ = 1 << 20  # streams up to this size are read in one call
-READ_THREADS = min(4, os.cpu_count() or 1)  # the streams of a large input read at once (each from its own place)
 HEADER_READ = 16 + NPY_MAX_HEADER  # the most of a stream its header can take (magic, version, length, text)
 # The header numpy writes: {'descr': '<f4', 'fortran_order': False, 'shape': (20, 16, 64), } padded to 64 bytes.
 CANONICAL_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d{0,4})', 'fortran_order': (True|False), "
@@ -193,5 +191,4 @@ def read_npy_tensors(loaded: LoadedFile, keys, open_stream, names, scalars, coll
             stored, stream, read = open_stream(key, opened)
             return Declared(name, stored, stream.shape, stream.dtype, read, verify=stream.verify)
 
-        read_checked(loaded, checked(loaded, Budget(path, kind), names, scalars, declare), scalars, collect_errors,
-                     threads=READ_THREADS)
+        read_checked(loaded, checked(loaded, Budget(path, kind), names, scalars, declare), scalars, collect_errors)

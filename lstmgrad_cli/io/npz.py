@@ -14,7 +14,6 @@ import io
 import lzma
 import os
 import struct
-import threading
 import zipfile
 import zlib
 from pathlib import Path
@@ -191,7 +190,8 @@ class StoredMember(io.RawIOBase):
         n = min(len(view), self._end - self._pos)
         if n <= 0:
             return 0
-        got = _read_at(self._fh, view[:n], self._pos)
+        self._fh.seek(self._pos)
+        got = self._fh.readinto(view[:n])
         if not got:
             raise EOFError(f"the archive ends inside {self._name}")
         self._crc = zlib.crc32(view[:got], self._crc)
@@ -201,19 +201,6 @@ class StoredMember(io.RawIOBase):
         return got
 
 
-def _read_at(fh, view, position: int) -> int:
-    """Bytes of ``fh`` from ``position`` into ``view``, without moving or using its file position (``os.preadv``),
-    so that the members of one archive can be read by several threads at once; where the system has no
-    positional read (Windows), a seek and a read under the file's lock."""
-    if _PREADV:
-        return os.preadv(fh.fileno(), [view], position)
-    with _SEEK_LOCK:
-        fh.seek(position)
-        return fh.readinto(view)
-
-
-_PREADV = hasattr(os, "preadv")
-_SEEK_LOCK = threading.Lock()
 STORED_HEAD = 4096  # a stored member's first bytes, read at once (the .npy header's small reads come from them)
 _LOCAL_HEADER = struct.Struct("<4x2xH18xHH")  # a member's local header: its flags, name and extra lengths
 _PATCHED, _STRONG_ENCRYPTION, _UTF8_NAME = 1 << 5, 1 << 6, 1 << 11
