@@ -281,6 +281,23 @@ def test_backends_command_json(runner):
     assert rows["cupy"]["available"] or rows["cupy"]["reason"]
 
 
+def test_backends_says_how_cupy_runs_its_loop_and_copies(runner, monkeypatch):
+    from lstmgrad_cli.cli import main
+
+    if reg.status("cupy", probe_device=False).version is None:
+        pytest.skip("cupy is not installed here")
+    doc = json.loads(runner.invoke(main, ["backends", "--json"], catch_exceptions=False).stdout)
+    assert doc["gpu_schedule"] == ("cupy: a chunk's time loop in one launch where a step's product is at most "
+                                   "6.7e+07 multiply-adds, else a step at a time (LSTMGRAD_CUPY_LOOP=auto), host "
+                                   "arrays copied by cupy from pageable memory (LSTMGRAD_CUPY_COPIES=pageable)")
+    monkeypatch.setenv("LSTMGRAD_CUPY_LOOP", "steps")
+    monkeypatch.setenv("LSTMGRAD_CUPY_COPIES", "pinned")
+    monkeypatch.setenv("COLUMNS", "400")
+    table = runner.invoke(main, ["backends"], catch_exceptions=False).stdout
+    assert ("cupy: a chunk's time loop a step at a time (LSTMGRAD_CUPY_LOOP=steps), host arrays copied through "
+            "pinned staging buffers (LSTMGRAD_CUPY_COPIES=pinned)") in " ".join(table.split())
+
+
 def test_backends_command_table(runner):
     from lstmgrad_cli.cli import main
 

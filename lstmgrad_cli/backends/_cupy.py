@@ -34,6 +34,20 @@ LOOPS = ("auto", "steps", "persistent")
 PERSISTENT_MOST_MACS = 64 * 2**20
 
 
+def describe() -> str:
+    """How the cupy backend runs its time loop and copies host arrays here, in words (cupy is not imported)."""
+    loop = os.environ.get(LOOP_ENV) or "auto"
+    copies = os.environ.get(COPIES_ENV) or "pageable"
+    loops = {"auto": f"in one launch where a step's product is at most {PERSISTENT_MOST_MACS:.2g} multiply-adds, "
+                     "else a step at a time",
+             "steps": "a step at a time", "persistent": "in one launch"}
+    how = {"pageable": "by cupy from pageable memory", "pinned": "through pinned staging buffers"}
+    if loop not in loops or copies not in how:
+        return f"cupy: {LOOP_ENV}={loop!r} or {COPIES_ENV}={copies!r} is not a setting it takes"
+    return (f"cupy: a chunk's time loop {loops[loop]} ({LOOP_ENV}={loop}), host arrays copied {how[copies]} "
+            f"({COPIES_ENV}={copies})")
+
+
 class CupyGradient(XpGradient):
     """``XpGradient`` over cupy with each step's elementwise work in a kernel of ``_cupy_kernels``.
 

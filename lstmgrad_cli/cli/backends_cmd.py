@@ -28,7 +28,9 @@ def backends_command(as_json: bool, check: bool, arch: str | None) -> None:
     --backend NAME or LSTMGRAD_BACKEND; `auto` means cupy with a usable GPU, else numba, else numpy.  The numpy and
     numba backends do their matrix products on numpy's OpenBLAS, or on MKL where the mkl wheel is
     installed (pip install 'lstmgrad[mkl]') and a backward pass on it is faster on this processor
-    (timed once, then cached); LSTMGRAD_BLAS=openblas|mkl|auto chooses.
+    (timed once, then cached); LSTMGRAD_BLAS=openblas|mkl|auto chooses.  On a GPU,
+    LSTMGRAD_CUPY_LOOP=auto|steps|persistent chooses how cupy runs the time loop and
+    LSTMGRAD_CUPY_COPIES=pageable|pinned how it copies host arrays.
     """
     if arch is not None and not check:
         raise click.UsageError("--arch names what --check compiles the cupy kernels for: give --check too")
@@ -40,9 +42,10 @@ def backends_command(as_json: bool, check: bool, arch: str | None) -> None:
     auto = registry.resolve_name("auto")
     blas, why = cpu_blas.describe(), cpu_blas.why_chosen()
     schedule = overlap_calibration.describe()
+    gpu = _gpu_schedule(rows)
     if as_json:
         print_json({"default": default, "auto": auto, "host_blas": blas, "host_blas_why": why,
-                    "host_schedule": schedule, "backends": [
+                    "host_schedule": schedule, "gpu_schedule": gpu, "backends": [
             {"name": r.name, "available": r.available, "reason": r.reason or None, "version": r.version,
              "source": r.source} for r in rows]})
         return
@@ -55,7 +58,16 @@ def backends_command(as_json: bool, check: bool, arch: str | None) -> None:
         name = f"{r.name} ({', '.join(tags)})" if tags else r.name
         table.add_row(name, mark, r.version or "-", r.source, escape(r.reason))  # hints hold [extras]
     print_table(stdout_console(), table, "lstmgrad backends", f"numpy and numba products on {blas}: {escape(why)}; "
-                f"{escape(schedule)}")
+                f"{escape(schedule)}" + (f"; {escape(gpu)}" if gpu else ""))
+
+
+def _gpu_schedule(rows) -> str | None:
+    """The cupy backend's time loop and copies, in words, where cupy is installed (None elsewhere)."""
+    if not any(r.name == "cupy" and r.version is not None for r in rows):
+        return None
+    from ..backends import _cupy  # noqa: PLC0415 - its settings only: cupy itself is not imported
+
+    return _cupy.describe()
 
 
 def _check(as_json: bool, arch: str | None) -> None:
