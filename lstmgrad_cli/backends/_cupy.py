@@ -208,11 +208,11 @@ class CupyBackend:
         """Arrays (None passes) on the device, C-contiguous: host ones copied there (through pinned buffers with
         ``copies="pinned"``), device ones as they are."""
         cp = self._cp
-        host = [i for i, a in enumerate(arrays) if a is not None and not isinstance(a, cp.ndarray) and not on_gpu(a)]
-        out = [None if a is None else cp.ascontiguousarray(cp.asarray(a)) if i not in host or self._pinned is None
-               else None for i, a in enumerate(arrays)]
-        if self._pinned is not None and host:
-            for i, copied in zip(host, self._pinned.to_device([arrays[i] for i in host]), strict=True):
+        staged = [] if self._pinned is None else [
+            i for i, a in enumerate(arrays) if a is not None and not isinstance(a, cp.ndarray) and not on_gpu(a)]
+        out = [None if a is None or i in staged else cp.ascontiguousarray(cp.asarray(a)) for i, a in enumerate(arrays)]
+        if staged:
+            for i, copied in zip(staged, self._pinned.to_device([arrays[i] for i in staged]), strict=True):
                 out[i] = copied
         return out
 
@@ -326,5 +326,3 @@ def _device_error(err: Exception) -> Exception:
     if kind.startswith("CUDA") or type(err).__module__.startswith(("cupy", "cupy_backends")):
         return BackendUnavailableError(f"the GPU failed: {kind}: {' '.join(str(err).split())}")
     return err
-
-
