@@ -219,3 +219,25 @@ def test_a_folder_named_like_a_framework_is_not_compared(tmp_path, monkeypatch):
     report = bench.run(["numpy"], shapes=[(2, 1, 2, 2)], repeats=1)
     assert "torch" not in {r.engine for r in report.results}
     assert not any("torch" in note for note in report.notes)
+
+
+def test_on_a_gpu_the_bench_states_issue_39s_ratios():
+    """Device time over cuDNN's, and host and file times over max(PCIe floor, device time), from the medians of
+    one shape's GPU rows; a shape without GPU rows gives none, and a row not timed is None."""
+    def timing(engine, median, shape=(50, 32, 128, 128)):
+        return bench.Timing(engine, None, shape, "float32", [median], median, 1.0, 1.0)
+
+    report = bench.BenchReport({}, {}, [
+        timing("numpy", 9.0, (3, 2, 5, 4)),
+        timing("torch-cudnn", 0.002), timing("cupy-device", 0.003), timing("cupy-device-steps", 0.006),
+        timing("cupy-device-persistent", 0.003), timing("cupy", 0.009), timing("cupy-files", 0.030),
+        timing("pcie-floor", 0.004)])
+    (row,) = bench.gpu_summary(report)
+    assert row["shape"] == [50, 32, 128, 128] and row["host_pinned"] is None and row["host_pinned_over_bound"] is None
+    assert row["device_over_cudnn"] == pytest.approx(1.5)
+    assert row["host_over_bound"] == pytest.approx(9 / 4) and row["files_over_bound"] == pytest.approx(30 / 4)
+    table = bench.markdown_gpu_summary([row])
+    assert "| 50,32,128,128 | 2.0 ms | 3.0 ms (1.50x) | 6.0 ms | 3.0 ms | 9.0 ms (2.25x) | - (-) | 30.0 ms (7.50x) | " \
+           "4.0 ms |" in table
+    assert report.to_json()["gpu_summary"] == [row]
+    assert bench.markdown_gpu_summary(bench.gpu_summary(bench.BenchReport({}, {}, report.results[:1]))) == ""

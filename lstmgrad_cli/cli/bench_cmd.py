@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from ._common import handle_errors, one_line, print_json, print_table, say, stderr_console, stdout_console
@@ -50,8 +51,9 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
     there (cupy-device-steps and cupy-device-persistent: each of its time loops), cupy-files from
     one NPZ file to another, pcie-floor (the pass's bytes copied in from pinned memory and out to
     it), and PyTorch's cuDNN backward with TF32 off and on when a CUDA-enabled torch is
-    importable.  For stable numbers on OpenBLAS, run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
-    unset.
+    importable; a second table gives, for each shape, the device time over cuDNN's and the host
+    and file times over max(PCIe floor, device time).  For stable numbers on OpenBLAS, run with
+    OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset.
 
     \b
     lstmgrad bench
@@ -74,6 +76,9 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
     if markdown:
         click.echo(f"{machine}; {dtype}, {'peephole' if peephole else 'no peephole'}, median of {repeats} rounds\n")
         click.echo(bench.markdown_table(report))
+        gpu = bench.markdown_gpu_summary(bench.gpu_summary(report))
+        if gpu:
+            click.echo(f"\nOn the GPU (bound: max(PCIe floor, device time)):\n\n{gpu}")
         for note in report.notes:
             click.echo(f"Warning: not compared: {one_line(note)}", err=True)
         return
@@ -92,5 +97,8 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
     console = stdout_console()
     print_table(console, table,
                 f"lstmgrad bench: {dtype}, {'peephole' if peephole else 'no peephole'}, median of {repeats}", machine)
+    gpu = bench.markdown_gpu_summary(bench.gpu_summary(report))
+    if gpu:
+        console.print(f"\nOn the GPU (bound: max(PCIe floor, device time)):\n\n{escape(gpu)}", highlight=False)
     for note in report.notes:
         say(console, f"not compared: {note}", style="yellow")

@@ -69,7 +69,7 @@ class BenchReport:
         from .. import __version__
 
         return {"lstmgrad": __version__, "schema": SCHEMA, "machine": self.machine, "settings": self.settings,
-                "results": [asdict(r) for r in self.results], "notes": self.notes}
+                "results": [asdict(r) for r in self.results], "notes": self.notes, "gpu_summary": gpu_summary(self)}
 
 
 def flops(shape) -> int:
@@ -519,6 +519,51 @@ def markdown_table(report: BenchReport) -> str:
     for r in report.results:
         lines.append(f"| {','.join(map(str, r.shape))} | {r.engine} | {r.version or '-'} | {seconds_text(r.median)} | "
                      f"{r.gflops:.0f} | {r.ratio_to_gemm:.2f} | {seconds_text(r.back_to_back_median)} |")
+    return "\n".join(lines)
+
+
+def gpu_summary(report: BenchReport) -> list[dict]:
+    """Issue 39's figures for each shape timed on a GPU (one with a ``cupy-device`` row): the medians of cuDNN's
+    backward (TF32 off), lstmgrad on device arrays (the loop it chooses, and each loop), from host arrays (cupy's
+    copies, pinned buffers), file to file and the PCIe floor, and the ratios its goals are stated in: device time
+    over cuDNN's, and host and file times over max(PCIe floor, device time).  Absent rows are None."""
+    by_shape: dict[tuple, dict[str, float | None]] = {}
+    for r in report.results:
+        by_shape.setdefault(tuple(r.shape), {})[r.engine] = r.median
+    rows = []
+    for shape, median in by_shape.items():
+        device = median.get("cupy-device")
+        if device is None:
+            continue
+        cudnn, floor = median.get("torch-cudnn"), median.get("pcie-floor")
+        bound = max(device, floor) if floor is not None else None
+        names = {"device": "cupy-device", "steps": "cupy-device-steps", "persistent": "cupy-device-persistent",
+                 "host": "cupy", "host_pinned": "cupy-pinned", "files": "cupy-files"}
+        row = {"shape": list(shape), "cudnn": cudnn, **{key: median.get(name) for key, name in names.items()},
+               "pcie_floor": floor}
+        for key, base in (("device", cudnn), ("host", bound), ("host_pinned", bound), ("files", bound)):
+            ratio = row[key] / base if row[key] is not None and base else None
+            row[f"{key}_over_{'cudnn' if key == 'device' else 'bound'}"] = ratio
+        rows.append(row)
+    return rows
+
+
+def markdown_gpu_summary(rows: list[dict]) -> str:
+    """``gpu_summary``'s rows as a Markdown table ("" when there are none)."""
+    if not rows:
+        return ""
+
+    def ratio(value):
+        return "-" if value is None else f"{value:.2f}x"
+
+    lines = ["| T,B,I,C | cuDNN | device (x cuDNN) | steps | persistent | host (x bound) | pinned (x bound) | "
+             "files (x bound) | PCIe floor |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {','.join(map(str, r['shape']))} | {seconds_text(r['cudnn'])} | {seconds_text(r['device'])} "
+                     f"({ratio(r['device_over_cudnn'])}) | {seconds_text(r['steps'])} | "
+                     f"{seconds_text(r['persistent'])} | {seconds_text(r['host'])} ({ratio(r['host_over_bound'])}) | "
+                     f"{seconds_text(r['host_pinned'])} ({ratio(r['host_pinned_over_bound'])}) | "
+                     f"{seconds_text(r['files'])} ({ratio(r['files_over_bound'])}) | {seconds_text(r['pcie_floor'])} |")
     return "\n".join(lines)
 
 
