@@ -93,7 +93,7 @@ class HostLauncher:
 
 
 # The array-module functions the shared code may use: all of them exist in cupy with numpy's meaning.
-CUPY_COMMON = ("zeros", "empty", "add", "subtract", "multiply", "matmul", "ascontiguousarray",
+CUPY_COMMON = ("zeros", "empty", "add", "subtract", "multiply", "matmul", "ascontiguousarray", "asarray", "ndarray",
                # ... and those the layer engine and the forward op use (layers/, ops/forward.py)
                "zeros_like", "ones_like", "arange", "concatenate", "where", "maximum", "minimum", "clip", "tanh",
                "exp", "abs", "swapaxes")
@@ -147,7 +147,9 @@ class DeviceArray(np.ndarray):
         self._on(stream, lambda: np.copyto(self.view(np.ndarray), arr))
 
     def get(self, stream=None, order="C", out=None, blocking=True):
-        assert out is not None and type(out) is np.ndarray and out.shape == self.shape and out.dtype == self.dtype
+        if out is None:
+            out = np.empty(self.shape, self.dtype)
+        assert type(out) is np.ndarray and out.shape == self.shape and out.dtype == self.dtype
         self._record("out", out)
         self._on(stream, lambda: np.copyto(out, self.view(np.ndarray)))
         if blocking and stream is not None:

@@ -243,3 +243,31 @@ def test_the_python_api_copies_torch_gpu_tensors_for_a_host_backend_and_refuses_
     with pytest.raises(lg.InvalidArgumentError, match="^x is on a GPU, and the numpy backend computes host arrays: "
                                                       "compute with backend cupy, or copy the tensors to the host$"):
         lg.keras_lstm_grad(**{**tensors, "x": _OnGpu(tensors["x"])}, backend="numpy")
+
+
+def test_a_lazy_input_reaches_the_device_a_chunk_of_steps_at_a_time():
+    """An HDF5 input's time-major tensors (read by slicing) cross to the device a chunk of steps at a time, and a
+    lazy x_grad output is filled a chunk at a time from the device: no tensor of all T steps is ever on the
+    device, and the gradients are the numpy backend's."""
+    from lstmgrad_cli.backends._numpy import NumpyBackend
+    from lstmgrad_cli.backends.conformance import LazyRows
+    from lstmgrad_cli.spec import TIME_MAJOR, SeqTensors
+
+    rng = np.random.default_rng(6)
+    T, B, I, C = 12, 3, 4, 5  # noqa: E741
+    shapes = dict(x=(T, B, I), cs_prev=(B, C), h_prev=(B, C), w=(I + C, 4 * C), wci=(C,), wcf=(C,), wco=(C,),
+                  b=(4 * C,), **{name: (T, B, C) for name in ("i", "cs", "f", "o", "ci", "co", "h", "cs_grad",
+                                                                 "h_grad")})
+    arrays = {name: rng.uniform(0.05, 0.95, shape).astype(np.float32) for name, shape in shapes.items()}
+    kw = dict(seq_len_max=T, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float32"), chunk_steps=4)
+    want = NumpyBackend().block_lstm_grad(SeqTensors(**arrays), **kw)
+    lazy = SeqTensors(**{k: LazyRows(v) if k in TIME_MAJOR else v for k, v in arrays.items()})
+    copied, host_operands = [], []
+    x_grad = np.zeros((T, B, I), np.float32)
+    got = cuda_host.cupy_backend(copied=copied, host_operands=host_operands).block_lstm_grad(
+        lazy, **kw, x_grad_out=x_grad)
+    assert got.x_grad is x_grad and host_operands == []
+    for field, a, b in zip(want._fields, want, got, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=field)
+    steps = [shape[0] for _, _, shape in copied if len(shape) == 3]
+    assert steps and max(steps) == 4 + 1 < T  # a chunk's steps at most (cs with the step before the chunk)

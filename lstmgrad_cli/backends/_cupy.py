@@ -1,9 +1,9 @@
 """The cupy backend: the numpy backend's array code (``_xp``) on a CUDA device, plus fused kernels.
 
-The inputs are copied to the device once, the whole backward pass runs there (cuBLAS for the
-matrix products, one fused elementwise kernel per time step: ``_cupy_kernels``), and the outputs
-are copied back once.  The kernels keep TensorFlow's bracketing and contract no multiply-add:
-results equal the numpy backend's up to the matrix products.
+The inputs are copied to the device once (a lazy input, an HDF5 file's, a chunk of steps at a time), the
+whole backward pass runs there (cuBLAS for the matrix products, the time loop in fused kernels:
+``_cupy_kernels``), and the outputs are copied back once.  The kernels keep TensorFlow's bracketing and
+contract no multiply-add: results equal the numpy backend's up to the matrix products.
 
 Usable only when ``cupy.is_available()`` (cupy installed *and* a CUDA device); the registry checks
 that before importing this module.  Without a GPU the test suite runs all of it on the CPU: the
@@ -20,7 +20,7 @@ from ..errors import BackendUnavailableError
 from . import _cupy_kernels as kernels
 from . import gpu_array, on_gpu
 from ._cupy_copies import PinnedCopies
-from ._xp import XpGradient
+from ._xp import CHUNK_BYTES, XpGradient
 
 COPIES_ENV = "LSTMGRAD_CUPY_COPIES"
 COPIES = ("pageable", "pinned")  # how host arrays cross: cupy's own copies, or _cupy_copies.PinnedCopies
@@ -206,11 +206,13 @@ class CupyBackend:
 
     def _to_device(self, arrays: list) -> list:
         """Arrays (None passes) on the device, C-contiguous: host ones copied there (through pinned buffers with
-        ``copies="pinned"``), device ones as they are."""
+        ``copies="pinned"``), device ones as they are; lazy inputs (an HDF5 file's) stay on disk, for the pass to
+        copy a chunk of steps at a time."""
         cp = self._cp
         staged = [] if self._pinned is None else [
             i for i, a in enumerate(arrays) if a is not None and not isinstance(a, cp.ndarray) and not on_gpu(a)]
-        out = [None if a is None or i in staged else cp.ascontiguousarray(cp.asarray(a)) for i, a in enumerate(arrays)]
+        out = [a if a is None or _lazy(cp, a) else None if i in staged else cp.ascontiguousarray(cp.asarray(a))
+               for i, a in enumerate(arrays)]
         if staged:
             for i, copied in zip(staged, self._pinned.to_device([arrays[i] for i in staged]), strict=True):
                 out[i] = copied
@@ -224,20 +226,19 @@ class CupyBackend:
     def block_lstm_grad(self, tensors, *, seq_len_max, use_peephole, layout, compute_dtype,
                         chunk_steps=None, return_dgates=False, x_grad_out=None, observe=None):
         cp = self._cp
-        _check_fits(cp, tensors, seq_len_max, compute_dtype, return_dgates)
+        _check_fits(cp, tensors, seq_len_max, compute_dtype, return_dgates, x_grad_out is not None)
         try:
-            # One copy in (lazy inputs such as h5py datasets are read whole: the device holds them all).
-            on_device = type(tensors)(*self._to_device([None if a is None else a if hasattr(a, "__array__") or
-                                                        isinstance(a, cp.ndarray) else a[()] for a in tensors]))
+            # One copy in; lazy inputs (an HDF5 file's) a chunk of steps at a time, and a lazy x_grad_out filled so.
+            on_device = type(tensors)(*self._to_device(list(tensors)))
             args = (on_device, seq_len_max, use_peephole, layout, compute_dtype, chunk_steps, return_dgates)
             try:
-                result = self._gradient.block_lstm_grad(*args, observe=observe)
+                result = self._gradient.block_lstm_grad(*args, observe=observe, x_grad_out=x_grad_out)
             except NotAllResident:
                 if self._gradient.loop != "auto":
                     raise
                 # chosen, not asked for: the pass again from its inputs (left as they were), a step at a time
                 steps = CupyGradient(self._cp, self._gradient.launcher, "steps")
-                result = steps.block_lstm_grad(*args, observe=observe)
+                result = steps.block_lstm_grad(*args, observe=observe, x_grad_out=x_grad_out)
         except Exception as err:
             reported = _device_error(err)
             if reported is err:
@@ -246,10 +247,9 @@ class CupyBackend:
         outs, dgates = result if return_dgates else (result, None)
         if isinstance(tensors.x, getattr(cp, "ndarray", ())):  # the caller's arrays are on the device: so are these
             return (outs, dgates) if return_dgates else outs
-        outs = type(outs)(*self._to_host(list(outs)))  # one copy out
-        if x_grad_out is not None:  # one copy out, into the caller's lazy output
-            x_grad_out[...] = outs.x_grad
-            outs = outs._replace(x_grad=x_grad_out)
+        back = [a for a in outs if a is not x_grad_out]  # (a lazy x_grad_out was filled as the pass went)
+        copied = iter(self._to_host(back))  # one copy out
+        outs = type(outs)(*(a if a is x_grad_out else next(copied) for a in outs))
         return (outs, cp.asnumpy(dgates)) if return_dgates else outs
 
 
@@ -274,24 +274,39 @@ def _why_not(cp) -> str:
 WORKING_BYTES = 160 * 2**20
 
 
-def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool = False) -> int:
-    """About the device memory a pass of these tensors takes: every input, the outputs, the gate gradients of all
-    steps when ``return_dgates``, and ``WORKING_BYTES``."""
-    inputs = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in tensors if a is not None)
+def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool = False,
+                 x_grad_streamed: bool = False) -> int:
+    """About the device memory a pass of these tensors takes: every input (a lazy one, read a chunk of steps at a
+    time, as ``LAZY_BYTES`` for them all), the outputs (x_grad not, when it is ``x_grad_streamed`` to a lazy output),
+    the gate gradients of all steps when ``return_dgates``, and ``WORKING_BYTES``."""
+    inputs = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in tensors
+                 if a is not None and hasattr(a, "__array__"))
+    lazy = LAZY_BYTES if any(a is not None and not hasattr(a, "__array__") for a in tensors) else 0
     T, B, I = tensors.x.shape  # noqa: E741
     C = tensors.w.shape[1] // 4
     itemsize = np.dtype(compute_dtype).itemsize
-    outputs = (T * B * I + 2 * B * C + (I + C + 1) * 4 * C + 3 * C) * np.dtype(tensors.x.dtype).itemsize
+    outputs = ((0 if x_grad_streamed else T * B * I) + 2 * B * C + (I + C + 1) * 4 * C + 3 * C) * np.dtype(
+        tensors.x.dtype).itemsize
     dgates = seq_len_max * B * 4 * C * itemsize if return_dgates else 0
-    return inputs + outputs + dgates + WORKING_BYTES
+    return inputs + lazy + outputs + dgates + WORKING_BYTES
 
 
-def _check_fits(cp, tensors, seq_len_max, compute_dtype, return_dgates) -> None:
+# A chunk of steps of the lazy inputs on the device, their rows cast to the compute dtype, and x_grad's rows on
+# their way to a lazy output: the chunks are sized for the host's _xp.CHUNK_BYTES, so twice that at most.
+LAZY_BYTES = 2 * CHUNK_BYTES
+
+
+def _lazy(cp, a) -> bool:
+    """An input read by slicing (an HDF5 file's dataset), neither an array nor the device's."""
+    return not hasattr(a, "__array__") and not isinstance(a, cp.ndarray)
+
+
+def _check_fits(cp, tensors, seq_len_max, compute_dtype, return_dgates, x_grad_streamed=False) -> None:
     """Refuse, before anything is copied, a problem the device's free memory cannot hold (inputs already on the
     device, as the layer engine gives them, hold their memory already: not counted again)."""
     free = _free_bytes(cp)
     there = sum(int(a.nbytes) for a in tensors if isinstance(a, getattr(cp, "ndarray", ())))
-    need = device_bytes(tensors, seq_len_max, compute_dtype, return_dgates) - there
+    need = device_bytes(tensors, seq_len_max, compute_dtype, return_dgates, x_grad_streamed) - there
     if free is not None and need > free:
         raise BackendUnavailableError(
             f"the problem needs about {_mb(need)} of GPU memory and {_mb(free)} are free: compute it on the host "

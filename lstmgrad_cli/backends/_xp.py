@@ -140,12 +140,19 @@ class _ReadAhead:
         return source.read_into(a, b, buf[:b - a])
 
 
-def _rows_into(source, lo: int, hi: int, out, dest) -> None:
-    """``out[dest] = source[lo:hi]``; a lazy input of ``out``'s dtype (h5py) is read straight into place."""
-    if hasattr(source, "read_into") and isinstance(out, np.ndarray) and source.dtype == out.dtype:
+def _rows_into(source, lo: int, hi: int, out, dest, xp=np) -> None:
+    """``out[dest] = source[lo:hi]``; a lazy input of ``out``'s dtype (h5py) is read straight into place, or, for
+    a device's ``out`` (``xp`` not numpy), read and then copied there."""
+    if hasattr(source, "read_into") and type(out) is np.ndarray and source.dtype == out.dtype:
         source.read_into(lo, hi, out, dest)
     else:
-        out[dest] = source[lo:hi]
+        out[dest] = _on(xp, source[lo:hi])
+
+
+def _on(xp, rows):
+    """Rows read from a lazy input (a host array) where ``xp`` computes: copied to its device, unless that is the
+    host or they are there already."""
+    return rows if xp is np or isinstance(rows, xp.ndarray) else xp.asarray(rows)
 
 
 def chunk_bounds(L: int, K: int, short_first: bool = False) -> list[tuple[int, int]]:  # noqa: E741
@@ -312,7 +319,7 @@ class XpGradient:
             """``t.<name>[a:b]`` (``src``: those rows, read already) in the compute dtype (a view when no cast is
             needed)."""
             if src is None:
-                src = getattr(t, name)[a:b]
+                src = _on(xp, getattr(t, name)[a:b])  # (a lazy input's rows reach a device a chunk at a time)
             if src.dtype == cdt:
                 return src
             buf = cast_bufs.get(name)
@@ -516,12 +523,14 @@ class XpGradient:
         n, B, G4 = gates.shape
         I = w_x_t.shape[1]  # noqa: E741
         flat = gates.reshape(n * B, G4)
-        if x_grad.dtype == cdt and hasattr(x_grad, "reshape"):  # an array (not a lazy output) to write into
+        if x_grad.dtype == cdt and isinstance(x_grad, xp.ndarray):  # an array where xp computes, to write into
             self._matmul(flat, w_x_t, x_grad[lo:hi].reshape(n * B, I))
-        else:  # another dtype, or a lazy output such as an h5py dataset
+        else:  # another dtype, or a lazy output such as an h5py dataset (on the host: a device's rows copied back)
             product = xp.empty((n * B, I), dtype=cdt)
             self._matmul(flat, w_x_t, product)
-            x_grad[lo:hi] = product.reshape(n, B, I).astype(x_grad.dtype, copy=False)
+            rows = product.reshape(n, B, I).astype(x_grad.dtype, copy=False)
+            on_host = xp is not np and not isinstance(x_grad, xp.ndarray)
+            x_grad[lo:hi] = rows.get() if on_host else rows
 
     def _wb_product(self, t, lo, hi, gates, wb_grad, h_prev, xh_buf, first):
         """w_grad and b_grad of steps [lo, hi): ``[w_grad; b_grad] += [x, h_prev, 1]^T @ dgates``.
@@ -538,14 +547,14 @@ class XpGradient:
         C = wb_grad.shape[0] - I - 1
         flat = gates.reshape(n * B, G4)
         xh = xh_buf[:n]
-        _rows_into(t.x, lo, hi, xh_buf, np.s_[:n, :, :I])
+        _rows_into(t.x, lo, hi, xh_buf, np.s_[:n, :, :I], xp)
         # h_prev of step s is h[s-1], and the input h_prev at s = 0 (never read h at t = L-1).
         if lo > 0:
-            _rows_into(t.h, lo - 1, hi - 1, xh_buf, np.s_[:n, :, I:I + C])
+            _rows_into(t.h, lo - 1, hi - 1, xh_buf, np.s_[:n, :, I:I + C], xp)
         else:
             xh[0, :, I:I + C] = h_prev
             if n > 1:
-                _rows_into(t.h, 0, hi - 1, xh_buf, np.s_[1:n, :, I:I + C])
+                _rows_into(t.h, 0, hi - 1, xh_buf, np.s_[1:n, :, I:I + C], xp)
         xh = xh.reshape(n * B, I + C + 1)
         if cpu_blas.matmul_into(xh.T, flat, wb_grad, accumulate=not first):
             return  # one BLAS call adds the product in: no [I+C+1, 4C] temporary, no extra pass
