@@ -84,7 +84,7 @@ class HostLauncher:
             if ctype in _C_TYPES:
                 values.append(int(value))
                 continue
-            assert isinstance(value, np.ndarray) and value.flags.c_contiguous, pname
+            assert isinstance(value, DeviceArray) and value.flags.c_contiguous, pname  # (never a host array)
             assert value.dtype.itemsize == {"f16": 2, "f32": 4, "f64": 8}[name.rsplit("_", 1)[1]], pname
             assert ctype.startswith("const") or value.flags.writeable, pname
             values.append(value.ctypes.data)
@@ -166,6 +166,11 @@ class DeviceArray(np.ndarray):
             copy()
         else:
             stream.pending.append(copy)
+
+    def __setitem__(self, index, value):
+        if self.host_operands is not None and type(value) is np.ndarray and value.ndim:
+            self.host_operands.append("__setitem__")  # (cupy takes no host array there either)
+        super().__setitem__(index, value)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if self.host_operands is not None and any(

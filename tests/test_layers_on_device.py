@@ -245,7 +245,8 @@ def test_the_python_api_copies_torch_gpu_tensors_for_a_host_backend_and_refuses_
         lg.keras_lstm_grad(**{**tensors, "x": _OnGpu(tensors["x"])}, backend="numpy")
 
 
-def test_a_lazy_input_reaches_the_device_a_chunk_of_steps_at_a_time():
+@pytest.mark.parametrize("loop, pinned", [("steps", False), ("persistent", False), ("auto", True)])
+def test_a_lazy_input_reaches_the_device_a_chunk_of_steps_at_a_time(loop, pinned):
     """An HDF5 input's time-major tensors (read by slicing) cross to the device a chunk of steps at a time, and a
     lazy x_grad output is filled a chunk at a time from the device: no tensor of all T steps is ever on the
     device, and the gradients are the numpy backend's."""
@@ -264,7 +265,7 @@ def test_a_lazy_input_reaches_the_device_a_chunk_of_steps_at_a_time():
     lazy = SeqTensors(**{k: LazyRows(v) if k in TIME_MAJOR else v for k, v in arrays.items()})
     copied, host_operands = [], []
     x_grad = np.zeros((T, B, I), np.float32)
-    got = cuda_host.cupy_backend(copied=copied, host_operands=host_operands).block_lstm_grad(
+    got = cuda_host.cupy_backend(loop=loop, pinned=pinned, copied=copied, host_operands=host_operands).block_lstm_grad(
         lazy, **kw, x_grad_out=x_grad)
     assert got.x_grad is x_grad and host_operands == []
     for field, a, b in zip(want._fields, want, got, strict=True):

@@ -2,8 +2,9 @@
 
 The inputs are copied to the device once (a lazy input, an HDF5 file's, a chunk of steps at a time), the
 whole backward pass runs there (cuBLAS for the matrix products, the time loop in fused kernels:
-``_cupy_kernels``), and the outputs are copied back once.  The kernels keep TensorFlow's bracketing and
-contract no multiply-add: results equal the numpy backend's up to the matrix products.
+``_cupy_kernels``), and the outputs are copied back once (a lazy x_grad output a chunk at a time).  The kernels
+keep TensorFlow's bracketing and contract no multiply-add: results equal the numpy backend's up to the matrix
+products.
 
 Usable only when ``cupy.is_available()`` (cupy installed *and* a CUDA device); the registry checks
 that before importing this module.  Without a GPU the test suite runs all of it on the CPU: the
@@ -209,8 +210,8 @@ class CupyBackend:
         ``copies="pinned"``), device ones as they are; lazy inputs (an HDF5 file's) stay on disk, for the pass to
         copy a chunk of steps at a time."""
         cp = self._cp
-        staged = [] if self._pinned is None else [
-            i for i, a in enumerate(arrays) if a is not None and not isinstance(a, cp.ndarray) and not on_gpu(a)]
+        staged = [] if self._pinned is None else [i for i, a in enumerate(arrays) if a is not None and not _lazy(cp, a)
+                                                  and not isinstance(a, cp.ndarray) and not on_gpu(a)]
         out = [a if a is None or _lazy(cp, a) else None if i in staged else cp.ascontiguousarray(cp.asarray(a))
                for i, a in enumerate(arrays)]
         if staged:
