@@ -556,7 +556,7 @@ class XpGradient:
             if n > 1:
                 _rows_into(t.h, 0, hi - 1, xh_buf, np.s_[1:n, :, I:I + C], xp)
         xh = xh.reshape(n * B, I + C + 1)
-        if cpu_blas.matmul_into(xh.T, flat, wb_grad, accumulate=not first):
+        if xp is np and cpu_blas.matmul_into(xh.T, flat, wb_grad, accumulate=not first):
             return  # one BLAS call adds the product in: no [I+C+1, 4C] temporary, no extra pass
         if first:  # not written yet
             xp.matmul(xh.T, flat, out=wb_grad)
