@@ -16,9 +16,10 @@
    small TF file and on one PyTorch layer file (issue 38: cupy within 1 s of numpy), and a batch of 100 small
    files (issue 39: no slower per file than numpy).
 
-Runs with the machine's own Python from the repository root (`make gpu-check` sets PYTHONPATH): the device
-machine has cupy, torch, numba, h5py, click and rich; pytest and hypothesis come from build/gpu-pylibs when
-it is carried (`make gpu-pylibs` makes it here).  Paste what it prints into benchmarks/RESULTS.md with the date.
+Runs with the machine's own Python from the repository root (`make gpu-check PYTHON=python3` sets PYTHONPATH): the
+device tool's machines have cupy, torch, numba, h5py, click, rich, pytest and hypothesis (2026-11-27, an H100);
+elsewhere pytest and hypothesis come from build/gpu-pylibs when it is carried (`make gpu-pylibs` makes it here).
+Paste what it prints into benchmarks/RESULTS.md with the card and the date.
 
 The steps share a time budget (``--budget SECONDS``, 400 by default; a lent GPU's time is short): each step gets
 at most what is left, and one left without time says so in the table, which is always printed.
