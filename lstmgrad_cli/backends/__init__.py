@@ -338,9 +338,14 @@ def backend_for_arrays(arrays: dict, backend=None):
         return get_backend(backend)
     chosen = get_backend(backend if backend is not None else "cupy")
     if not takes_gpu_arrays(chosen):
-        raise InvalidArgumentError(f"{on_device[0]} is on a GPU, and the {chosen.name} backend computes host arrays: "
-                                   "compute with backend cupy, or copy the tensors to the host")
+        raise host_backend_refused(on_device[0], chosen)
     return chosen
+
+
+def host_backend_refused(name: str, backend) -> InvalidArgumentError:
+    """The error for a tensor on a GPU given to a backend that computes host arrays."""
+    return InvalidArgumentError(f"{name} is on a GPU, and the {backend.name} backend computes host arrays: compute "
+                                "with backend cupy, or copy the tensors to the host")
 
 
 def placed(backend, arrays: dict) -> dict:

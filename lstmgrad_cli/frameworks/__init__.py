@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..backends import get_backend, gpu_array, on_gpu, status, takes_gpu_arrays
+from ..backends import get_backend, gpu_array, host_backend_refused, on_gpu, status, takes_gpu_arrays
 from ..errors import InvalidArgumentError, LstmGradError
 from ..messages import TYPED, Command, Message, Param, cut, message_of
 from . import cells, keras, keras_config, pytorch, unused, weights_files
@@ -317,8 +317,7 @@ class _Held:
 
         refused = [name for name in on_a_gpu if not gpu_backend and not hasattr(given[name], "detach")]
         if refused:
-            raise InvalidArgumentError(f"{refused[0]} is on a GPU, and the {self.backend.name} backend computes host "
-                                       "arrays: compute with backend cupy, or copy the tensors to the host")
+            raise host_backend_refused(refused[0], self.backend)
         to_host = getattr(self.backend, "to_host", None) or (lambda value: gpu_array(value).get())
         self.on_device = any(there(v) for v in given.values())
         self.tensors = {name: _numpy(to_host(v) if there(v) and not hasattr(v, "detach") else v)
