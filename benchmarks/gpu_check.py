@@ -7,12 +7,14 @@
    tests/test_ops_golden.py, test_frameworks.py, test_modules.py and test_forward_cmd.py (the forward ops against
    TensorFlow's) with LSTMGRAD_TEST_BACKEND=cupy, the time loop as the backend chooses (in one launch for these
    small problems); and again with the time loop launched a step at a time from Python (LSTMGRAD_CUPY_LOOP=steps);
-5. `lstmgrad bench` on the GPU for issue 39's six shapes (`make bench-gpu`'s, in two runs: the four small
+5. benchmarks/gpu_loop_anatomy.py: the persistent loop's time per step, the grid barrier's, the elementwise
+   phase's and the product phase's, and its answers against the loop of steps', for the six shapes;
+6. `lstmgrad bench` on the GPU for issue 39's six shapes (`make bench-gpu`'s, in two runs: the four small
    shapes, then the two large ones; medians of 3 rounds, to stay inside the budget): the cupy backend from host
    arrays (cupy's copies, and through pinned buffers), on device arrays (the loop it chooses, and each loop) and
    from one file to another, the PCIe floor and the GPU's own GEMM limit, PyTorch's cuDNN backward with TF32 off
    and on;
-6. what a user waits for, numpy against cupy with its kernel cache warm (median of 3): `lstmgrad seq` on one
+7. what a user waits for, numpy against cupy with its kernel cache warm (median of 3): `lstmgrad seq` on one
    small TF file and on one PyTorch layer file (issue 38: cupy within 1 s of numpy), and a batch of 100 small
    files (issue 39: no slower per file than numpy).
 
@@ -178,6 +180,8 @@ def main(argv: list[str]) -> int:
         rows.append(("gpu tests", *run("gpu tests", [*pytest, "-m", "gpu", "-rs", "tests/test_backends.py"], 120)))
         rows.append(("golden cases on cupy", *run("golden cases on cupy", [*pytest, *GOLDEN_TESTS], 150,
                                                   {"LSTMGRAD_TEST_BACKEND": "cupy"})))
+    rows.append(("loop anatomy", *run("where the persistent loop's time goes",
+                                      [python, "benchmarks/gpu_loop_anatomy.py", "--repeats", "3"], 100)))
     for k, shapes in enumerate(SHAPES, 1):  # (--no-compare: no CPU framework; cuDNN is timed all the same)
         bench = [python, "-m", "lstmgrad_cli", "bench", "--backend", "cupy", "--repeats", "3", "--markdown",
                  "--no-compare", *(arg for shape in shapes for arg in ("--shape", shape))]

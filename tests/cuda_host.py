@@ -42,7 +42,7 @@ def compile_host(directory: Path) -> Path:
     src = directory / "lstmgrad_kernels.c"
     src.write_text(kernels.source())
     lib = directory / "lstmgrad_kernels.so"
-    subprocess.run([cc, *kernels.HOST_OPTIONS, "-fPIC", "-shared", "-Wall", "-Werror", str(src), "-o", str(lib)],
+    subprocess.run([cc, *kernels.HOST_OPTIONS, "-fPIC", "-shared", "-Wall", "-Werror", str(src), "-o", str(lib), "-lm"],
                    check=True, capture_output=True, text=True)
     return lib
 
@@ -62,18 +62,30 @@ class HostLauncher:
     another, ``loop`` as ``blocks`` blocks taking their turns at each step's two phases (the device's grid barrier
     between them).  Appends each kernel's name to ``calls``."""
 
-    def __init__(self, calls: list | None = None, blocks: int = 3):
+    def __init__(self, calls: list | None = None, blocks: int = 3, row_groups: int | None = None):
         self._lib = library()
         self.calls = [] if calls is None else calls
         self.blocks = blocks
+        self.row_groups = row_groups  # None: as ``_cupy_kernels.loop_grid`` splits the step over ``blocks``
 
     def step(self, name, n, params, args) -> None:
         assert int(args[0]) == n
         self._call(name, name, params, args)
 
-    def loop(self, name, columns, params, args) -> None:
-        blocks = max(1, min(self.blocks, columns))
-        self._call(name, f"{name}_host", (*params, ("int", "blocks")), (*args, blocks))
+    def loop_grid(self, B, C, dtype):
+        """As the device's launcher, for a device of ``blocks`` multiprocessors with ample shared memory; with
+        ``row_groups`` set, that many groups of rows, the columns over the rest of the blocks."""
+        if self.row_groups is None:
+            return kernels.loop_grid(B, C, dtype, self.blocks, 2**40)
+        col_blocks = max(1, min(C, self.blocks // self.row_groups))
+        return kernels.LoopGrid(self.row_groups * col_blocks, self.row_groups, 0)
+
+    def loop(self, name, batch, columns, params, args) -> None:
+        named = {pname: value for (_, pname), value in zip(params, args, strict=True)}
+        grid = self.loop_grid(batch, columns, named["carried_h"].dtype)
+        assert 1 <= grid.row_groups <= batch and grid.blocks // grid.row_groups <= columns
+        self._call(name, f"{name}_host", (*params, ("int", "row_groups"), ("int", "blocks")),
+                   (*args, grid.row_groups, grid.blocks))
 
     def _call(self, name, symbol, params, args) -> None:
         function = getattr(self._lib, symbol)

@@ -883,27 +883,59 @@ def test_cupy_runs_a_small_steps_time_loop_in_one_launch_and_a_large_ones_from_p
         cuda_host.cupy_backend(loop=None)
 
 
+def _fma32(a, b, c) -> np.float32:
+    """float32's fused multiply-add, a * b + c rounded once (to nearest, ties to even), as CUDA's fmaf and C's."""
+    from fractions import Fraction
+
+    exact = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
+    near = np.float32(float(exact))
+    candidates = (np.nextafter(near, np.float32(-np.inf)), near, np.nextafter(near, np.float32(np.inf)))
+    return min(candidates, key=lambda r: (abs(Fraction(float(r)) - exact), int(np.array(r).view(np.int32)) & 1))
+
+
 @needs_host_kernels
-def test_the_persistent_loops_product_adds_in_the_warps_fixed_order():
-    """carried_h[b, c] = gates[b, :] . w_rec[c, :] as a warp adds it: lane l sums the products q = l, l + 32, ...
-    in turn, then lane l adds lane l + 16, l + 8, ... 1 (the shuffle tree); lane 0's sum, in float32 throughout.
-    One step, so h_prev_grad is that product of its gate gradients (the numpy backend's, bit for bit)."""
-    B, I, C = 2, 3, 20  # 4C = 80: lanes with 3 products and lanes with 2
+@pytest.mark.parametrize(("B", "C", "blocks", "row_groups"), [
+    (2, 20, 3, None),  # as loop_grid splits it: one row group, columns 7, 7, 6
+    (40, 6, 4, 2),  # two row groups of 20 rows: 25 ranges of q (not a power of two) over 24 terms, one empty
+    (600, 1, 1, None),  # more rows than threads: two tiles of rows, one range each
+])
+def test_the_persistent_loops_product_adds_in_its_fixed_order(B, C, blocks, row_groups):
+    """carried_h[b, c] = gates[b, :] . w_rec[c, :] as a block of the loop adds it: its rows in tiles of at most
+    LOOP_THREADS, the 4C terms cut into LOOP_THREADS // tile ranges, each range's terms added in order by fused
+    multiply-adds, then the ranges' sums in a fixed tree (s takes s + span for span = 1, 2, 4, ...); float32
+    throughout.  One step, so h_prev_grad is that product of its gate gradients (the numpy backend's, bit for
+    bit)."""
+    I = 3  # noqa: E741
     inputs = SeqTensors(**_random_inputs(np.random.default_rng(8), 1, B, I, C, np.float32))
     kw = dict(seq_len_max=1, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
     _, gates = NumpyBackend().block_lstm_grad(inputs, **kw, return_dgates=True)
-    got = cuda_host.cupy_backend(loop="persistent").block_lstm_grad(inputs, **kw).h_prev_grad
-    w_rec = inputs.w[I:]
+    from lstmgrad_cli.backends._cupy import CupyBackend
+
+    launcher = cuda_host.HostLauncher(blocks=blocks, row_groups=row_groups)
+    got = CupyBackend(cp=cuda_host.fake_cupy(), launcher=launcher, loop="persistent").block_lstm_grad(
+        inputs, **kw).h_prev_grad
+    grid = launcher.loop_grid(B, C, np.float32)
+    w_rec, G = inputs.w[I:], 4 * C
     want = np.empty((B, C), np.float32)
-    for b in range(B):
-        for c in range(C):
-            lanes = [np.float32(0)] * 32
-            for q in range(4 * C):
-                lanes[q % 32] = np.float32(lanes[q % 32] + np.float32(gates[0, b, q] * w_rec[c, q]))
-            for offset in (16, 8, 4, 2, 1):
-                for lane in range(offset):
-                    lanes[lane] = np.float32(lanes[lane] + lanes[lane + offset])
-            want[b, c] = lanes[0]
+    for group in range(grid.row_groups):
+        r0, r1 = B * group // grid.row_groups, B * (group + 1) // grid.row_groups
+        tile = min(r1 - r0, _cupy_kernels.LOOP_THREADS)
+        slices = _cupy_kernels.LOOP_THREADS // tile
+        for b in range(r0, r1):
+            for c in range(C):
+                parts = []
+                for s in range(slices):
+                    acc = np.float32(0)
+                    for q in range(G * s // slices, G * (s + 1) // slices):
+                        acc = _fma32(gates[0, b, q], w_rec[c, q], acc)
+                    parts.append(acc)
+                span = 1
+                while span < slices:
+                    for s in range(0, slices, 2 * span):
+                        if s + span < slices:
+                            parts[s] = np.float32(parts[s] + parts[s + span])
+                    span *= 2
+                want[b, c] = parts[0]
     np.testing.assert_array_equal(got, want)
 
 
@@ -915,7 +947,7 @@ def test_a_persistent_loop_whose_blocks_cannot_all_run_is_redone_a_step_at_a_tim
     from lstmgrad_cli.backends._cupy import CupyBackend, NotAllResident
 
     class Crowded(cuda_host.HostLauncher):
-        def loop(self, name, columns, params, args):
+        def loop(self, name, batch, columns, params, args):
             raise NotAllResident("the GPU's blocks of the persistent time loop (3) were not all running at once "
                                  "(another program is using the GPU?): use LSTMGRAD_CUPY_LOOP=steps")
 
@@ -939,6 +971,41 @@ def test_the_auto_loop_takes_one_launch_up_to_its_threshold_exactly():
     assert auto.persistent(16, 1024) and not auto.persistent(17, 1024)
     assert CupyGradient(np, loop="persistent").persistent(1024, 1024)
     assert not CupyGradient(np, loop="steps").persistent(1, 1)
+
+
+def test_the_loop_splits_a_step_into_row_and_column_groups_that_fit_shared_memory():
+    """On an H100 (132 multiprocessors, 227 KiB of shared memory a block): a small batch keeps all its rows in
+    each block; a larger one splits them, so that a block reads fewer rows of the gate gradients a step, while its
+    columns' rows of w_rec still fit; a w_rec no split can hold is refused (None)."""
+    from lstmgrad_cli.backends._cupy_kernels import LoopGrid, loop_grid
+
+    h100 = dict(multiprocessors=132, shared_limit=227 * 1024)
+    assert loop_grid(16, 256, np.float32, **h100) == LoopGrid(132, 1, (2 * 1024 + 512 * 2) * 4)
+    assert loop_grid(128, 512, np.float32, **h100) == LoopGrid(132, 4, (16 * 2048 + 512 * 16) * 4)
+    assert loop_grid(128, 512, np.float64, **h100).row_groups == 2  # (doubles: half as many columns fit)
+    assert loop_grid(256, 1024, np.float32, **h100) == LoopGrid(132, 1, (8 * 4096 + 512 * 8) * 4)
+    assert loop_grid(256, 1024, np.float64, **h100) is None
+    assert loop_grid(8, 2048, np.float32, **h100) is None  # 16 columns of 8192 floats: 512 KiB
+    assert loop_grid(1, 64, np.float16, **h100) == LoopGrid(64, 1, (256 + 512) * 4)  # a block a column at most
+
+
+@needs_host_kernels
+def test_a_loop_that_cannot_hold_its_weights_runs_a_step_at_a_time_or_is_refused_when_asked_for():
+    from lstmgrad_cli.backends._cupy import CupyBackend
+
+    class Small(cuda_host.HostLauncher):
+        def loop_grid(self, B, C, dtype):
+            return None
+
+    inputs = SeqTensors(**_random_inputs(np.random.default_rng(6), 4, 3, 2, 5, np.float32))
+    kw = dict(seq_len_max=4, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
+    calls = []
+    got = CupyBackend(cp=cuda_host.fake_cupy(), launcher=Small(calls), loop="auto").block_lstm_grad(inputs, **kw)
+    assert set(calls) == {_cupy_kernels.kernel_name(np.float32, False)}
+    want = NumpyBackend().block_lstm_grad(inputs, **kw)
+    np.testing.assert_allclose(got.h_prev_grad, want.h_prev_grad, rtol=1e-5, atol=1e-6)
+    with pytest.raises(BackendUnavailableError, match="cannot hold w's recurrent rows .* use LSTMGRAD_CUPY_LOOP=st"):
+        CupyBackend(cp=cuda_host.fake_cupy(), launcher=Small(), loop="persistent").block_lstm_grad(inputs, **kw)
 
 
 def test_pinned_copies_wait_for_what_the_current_stream_still_has_to_do():

@@ -100,18 +100,31 @@ class CupyGradient(XpGradient):
     def _steps(self, lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t, peep, acc,
                offsets, ws, observe, one_core=False):
         B, C = carried_h.shape
-        if observe is not None or not self.persistent(B, C):
+        if observe is not None or not B or not self.persistent(B, C) or not self._loop_fits(B, C, carried_h.dtype):
             return super()._steps(lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t,
                                   peep, acc, offsets, ws, observe)
-        w_rec = self.xp.ascontiguousarray(w_h_t.T)  # w's recurrent rows [C, 4C]: a block reads its own columns'
+        xp = self.xp
+        w_rec = xp.ascontiguousarray(w_h_t.T)  # w's recurrent rows [C, 4C]: a block holds its own columns'
+        gates_t = xp.empty((2, 4 * C, B), dtype=gates.dtype)  # a step's gate gradients laid out [4C, B], two steps
         args = [gates.shape[0], B, C, offsets["i"], offsets["f"], offsets["c"], offsets["o"], first,
                 *(acts[name] for name in ("i", "f", "o", "ci", "co", "h_grad", "cs_grad")), cs_ext, cs_prev, w_rec,
-                carried_h, carried_cs, gates]
+                carried_h, carried_cs, gates, gates_t]
         if peep is not None:
             args += [*peep, *acc]
         peephole = peep is not None
-        self.launcher.loop(kernels.loop_name(carried_h.dtype, peephole), C, kernels.loop_params(peephole), args)
+        self.launcher.loop(kernels.loop_name(carried_h.dtype, peephole), B, C, kernels.loop_params(peephole), args)
         return carried_cs, new_cs  # (the loop updates carried_cs in place)
+
+    def _loop_fits(self, B: int, C: int, dtype) -> bool:
+        """Whether the launcher can run this loop in one launch (each block's share of w_rec in its shared
+        memory); asked for by name ("persistent"), a loop that cannot is refused."""
+        if self.launcher.loop_grid(B, C, dtype) is not None:
+            return True
+        if self.loop == "persistent":
+            raise BackendUnavailableError(
+                f"the persistent time loop cannot hold w's recurrent rows ({C} cells) in this GPU's shared memory: "
+                f"use {LOOP_ENV}=steps")
+        return False
 
 
 class DeviceLauncher:
@@ -121,7 +134,7 @@ class DeviceLauncher:
         self._cp = cp
         self._module = kernels.module(cp)
         self._functions = {}
-        self._blocks = None
+        self._device = None
 
     def _function(self, name):
         function = self._functions.get(name)
@@ -133,18 +146,28 @@ class DeviceLauncher:
         typed = tuple(_typed(ctype, value) for (ctype, _), value in zip(params, args, strict=True))
         self._function(name)((kernels.blocks(n),), (kernels.THREADS,), typed)
 
-    def loop(self, name, columns, params, args) -> None:
-        """A loop kernel on one block a multiprocessor (all resident: its blocks wait for each other every step),
-        at most one a column; a block that waited too long (some were not resident) stops them all: refused."""
-        if self._blocks is None:
-            self._blocks = int(self._cp.cuda.Device().attributes["MultiProcessorCount"])
-        blocks = max(1, min(self._blocks, columns, kernels.LOOP_MOST_BLOCKS))
+    def loop_grid(self, B: int, C: int, dtype):
+        """How a loop launch splits the step on this device (``_cupy_kernels.loop_grid``), or None."""
+        if self._device is None:
+            attributes = self._cp.cuda.Device().attributes
+            self._device = (int(attributes["MultiProcessorCount"]), int(attributes["MaxSharedMemoryPerBlockOptin"]))
+        return kernels.loop_grid(B, C, dtype, *self._device)
+
+    def loop(self, name, batch, columns, params, args) -> None:
+        """A loop kernel on at most one block a multiprocessor (all resident: its blocks wait for each other every
+        step); a block that waited too long (some were not resident) stops them all: refused."""
+        named = {pname: value for (_, pname), value in zip(params, args, strict=True)}
+        grid = self.loop_grid(batch, columns, named["carried_h"].dtype)
         barrier = self._cp.zeros(3, dtype=np.uint32)
         typed = tuple(_typed(ctype, value) for (ctype, _), value in zip(params, args, strict=True))
-        self._function(name)((blocks,), (kernels.LOOP_THREADS,), (*typed, barrier))
+        function = self._function(name)
+        if function.max_dynamic_shared_size_bytes < grid.shared_bytes:
+            function.max_dynamic_shared_size_bytes = grid.shared_bytes
+        function((grid.blocks,), (kernels.LOOP_THREADS,), (*typed, np.int32(grid.row_groups), barrier),
+                 shared_mem=grid.shared_bytes)
         if int(barrier[2].get()):
-            raise NotAllResident(f"the GPU's blocks of the persistent time loop ({blocks}) were not all running at "
-                                 f"once (another program is using the GPU?): use {LOOP_ENV}=steps")
+            raise NotAllResident(f"the GPU's blocks of the persistent time loop ({grid.blocks}) were not all running "
+                                 f"at once (another program is using the GPU?): use {LOOP_ENV}=steps")
 
 
 class NotAllResident(BackendUnavailableError):

@@ -43,67 +43,102 @@ LOOP_THREADS = 512  # threads a block of the loop kernel (one block a multiproce
 
 
 # The time loop of a chunk of steps in one launch (``loop_name``): a step's elementwise work (phase a) and its
-# recurrent product carried_h = gates[k] @ w_rec^T (phase b) for every step of the chunk, last first.  Each block
-# owns a range of the C columns of carried_h and carried_cs: phase a of a step needs only its own columns, and
-# phase b its own columns of every row of w_rec ([C, 4C], w's recurrent rows) but every block's gate gradients, so
-# the grid meets once a step, between the two.
+# recurrent product carried_h = gates[k] @ w_rec^T (phase b) for every step of the chunk, last first.  The blocks
+# split the [B, C] step into row groups x column groups (``loop_grid``): phase a of a step needs only the block's own
+# elements, and phase b the block's rows of every block's gate gradients (a copy of them laid out [4C, B],
+# ``gates_t``, so that a warp's reads of 32 rows make one cache line) and its own columns' rows of w_rec ([C, 4C]:
+# w's recurrent rows, held in shared memory for the whole launch), so the grid meets once a step, between the two.
 LOOP_PARAMS = (
     ("int", "n"), ("int", "B"), ("int", "C"), ("int", "off_i"), ("int", "off_f"), ("int", "off_c"), ("int", "off_o"),
     ("int", "first"),
     ("const T*", "in_gate_all"), ("const T*", "f_all"), ("const T*", "o_all"), ("const T*", "ci_all"),
     ("const T*", "co_all"), ("const T*", "h_grad_all"), ("const T*", "cs_grad_all"),
     ("const T*", "cs_ext"), ("const T*", "cs_prev0"), ("const T*", "w_rec"),
-    ("T*", "carried_h"), ("T*", "carried_cs"), ("T*", "gates_all"),
+    ("T*", "carried_h"), ("T*", "carried_cs"), ("T*", "gates_all"), ("T*", "gates_t2"),
 )
 LOOP_PEEPHOLE_PARAMS = (("const T*", "wci"), ("const T*", "wcf"), ("const T*", "wco"),
                         ("T*", "acc_i"), ("T*", "acc_f"), ("T*", "acc_o"))
-LOOP_MOST_BLOCKS = 1024  # blocks of a loop launch, at most (one a multiprocessor, and at most one a column)
+LOOP_MOST_BLOCKS = 1024  # blocks of a loop launch, at most (one a multiprocessor)
+LOOP_MOST_COLUMNS = 16  # columns of carried_h a block of the loop owns, at most (a thread's sums are registers)
+LOOP_LEAST_ROWS = 16  # rows a block of the loop owns, at least, when the rows are split among blocks
 
-_LOOP_A = r"""
+_LOOP_BLOCK = r"""
+    int r0, rows, c0, cols;
+    loop_block(blk, blocks, row_groups, B, C, &r0, &rows, &c0, &cols);
+"""
+_LOOP_STAGE = _LOOP_BLOCK + r"""
+    /* the block's rows of w_rec, [cols, 4C], into shared memory (in the compute dtype) */
+    FOR_EACH_IN_BLOCK(j, (long long)cols * 4 * C) shared[j] = LD(w_rec[(long long)c0 * 4 * C + j]);
+"""
+_LOOP_A = _LOOP_BLOCK + r"""
     const long long BC = (long long)B * C, step = (long long)k * BC;
-    const int c0 = (int)((long long)C * blk / blocks), cols = (int)((long long)C * (blk + 1) / blocks) - c0;
     const T* in_gate = in_gate_all + step; const T* f = f_all + step; const T* o = o_all + step;
     const T* ci = ci_all + step; const T* co = co_all + step;
     const T* h_grad = h_grad_all + step; const T* cs_grad = cs_grad_all + step;
     const T* cs_prev = k + first > 0 ? cs_ext + (k + first - 1) * BC : cs_prev0;  /* cs of the step before */
     PEEPHOLE const T* cs = cs_ext + (k + first) * BC;
     T* gates = gates_all + (long long)k * B * 4LL * C;
+    T* gates_t = gates_t2 + (long long)(k & 1) * 4LL * C * B;  /* the same, [4C, B]; two, as a slow block may
+                                                                  still read the step after's */
     T* new_cs = carried_cs;  /* in place: each element is read before it is written, by the same thread */
-    FOR_EACH_IN_BLOCK(j, (long long)B * cols) {
-        const long long b = j / cols, c = c0 + (j - b * cols), e = b * C + c;
-@ELEMENT@    }
+    FOR_EACH_IN_BLOCK(j, (long long)rows * cols) {
+        const long long b = r0 + j / cols, c = c0 + (j - (j / cols) * cols), e = b * C + c;
+@ELEMENT@        gates_t[(off_i * C + c) * B + b] = ST(d_i);
+        gates_t[(off_f * C + c) * B + b] = ST(d_f);
+        gates_t[(off_c * C + c) * B + b] = ST(d_c);
+        gates_t[(off_o * C + c) * B + b] = ST(d_o);
+        if (k > 0) {  /* the step before's inputs on their way to L2 while this step finishes */
+            PREFETCH(in_gate + e - BC); PREFETCH(f + e - BC); PREFETCH(o + e - BC); PREFETCH(ci + e - BC);
+            PREFETCH(co + e - BC); PREFETCH(h_grad + e - BC); PREFETCH(cs_grad + e - BC);
+        }
+    }
 """
-_LOOP_B = r"""
-    const int c0 = (int)((long long)C * blk / blocks), cols = (int)((long long)C * (blk + 1) / blocks) - c0;
-    const int groups = (cols + COLS_AT_ONCE - 1) / COLS_AT_ONCE;
-    const long long G = 4LL * C;
-    const T* gates = gates_all + (long long)k * B * G;
-    /* carried_h[b, c] = gates[k, b, :] . w_rec[c, :] for up to COLS_AT_ONCE of the block's columns c at once, one
-       warp a row b: lane l sums every LANES-th product from q = l (the warp's reads of a row make whole cache lines,
-       and each gate is read once for all those columns), then the lanes' sums meet in a fixed tree */
-    FOR_EACH_WARP_IN_BLOCK(j, (long long)B * groups) {
-        const long long b = j / groups;
-        const int c_lo = c0 + (int)(j - b * groups) * COLS_AT_ONCE;
-        const int n_c = c0 + cols - c_lo < COLS_AT_ONCE ? c0 + cols - c_lo : COLS_AT_ONCE;
-        const T* g = gates + b * G;
-        LANE_SUMS(sum, COLS_AT_ONCE);
-        FOR_EACH_LANE(lane) {
-            S part[COLS_AT_ONCE];
-            UNROLL for (int m = 0; m < COLS_AT_ONCE; ++m) part[m] = 0;
-            UNROLL_LOADS for (long long q = lane; q < G; q += LANES) {
-                const S gate = LD(LOAD_SHARED(g + q));
-                UNROLL for (int m = 0; m < COLS_AT_ONCE; ++m) {
-                    if (m < n_c) part[m] += gate * LD(w_rec[(c_lo + m) * G + q]);
+_LOOP_B = _LOOP_BLOCK + r"""
+    /* carried_h[b, c] = gates[k, b, :] . w_rec[c, :] for the block's rows and columns: the 4C terms cut into
+       `slices` ranges of q; thread t takes row r = t % tile of a tile of rows and range s = t / tile, adding its
+       terms in order (fused multiply-adds), then the ranges' sums meet in a fixed tree (s takes s + span for
+       span = 1, 2, 4, ...) */
+    if (rows == 0 || cols == 0) return;  /* (never launched so: the backend runs an empty batch's steps alone) */
+    const int G = 4 * C;
+    const T* gates_t = gates_t2 + (long long)(k & 1) * G * B;
+    const S* w = shared;                          /* [cols, 4C] (staged) */
+    S* part = shared + (long long)cols * G;       /* [slices, tile, cols] */
+    const int tile = rows < LOOP_THREADS ? rows : LOOP_THREADS, slices = LOOP_THREADS / tile;
+    for (int p0 = 0; p0 < rows; p0 += tile) {
+        const int n_rows = rows - p0 < tile ? rows - p0 : tile;
+        FOR_EACH_THREAD(t) {
+            const int r = t % tile, s = t / tile;
+            if (s < slices && r < n_rows) {
+                const int q0 = (int)((long long)G * s / slices), q1 = (int)((long long)G * (s + 1) / slices);
+                const T* g = gates_t + r0 + p0 + r;
+                S acc[LOOP_MOST_COLUMNS];
+                UNROLL for (int m = 0; m < LOOP_MOST_COLUMNS; ++m) acc[m] = 0;
+                UNROLL_LOADS for (int q = q0; q < q1; ++q) {
+                    const S gate = LD(LOAD_SHARED(g + (long long)q * B));
+                    UNROLL for (int m = 0; m < LOOP_MOST_COLUMNS; ++m) {
+                        if (m < cols) acc[m] = FMA(gate, w[m * G + q], acc[m]);
+                    }
+                }
+                UNROLL for (int m = 0; m < LOOP_MOST_COLUMNS; ++m) {
+                    if (m < cols) part[(s * tile + r) * cols + m] = acc[m];
                 }
             }
-            UNROLL for (int m = 0; m < COLS_AT_ONCE; ++m) LANE_SUM(sum, m, lane) = part[m];
         }
-        UNROLL for (int m = 0; m < COLS_AT_ONCE; ++m) {
-            if (m < n_c) {
-                WARP_TREE_SUM(sum, m);
-                FIRST_LANE carried_h[b * C + c_lo + m] = ST(LANE_SUM(sum, m, 0));
+        SYNC_BLOCK;
+        for (int span = 1; span < slices; span *= 2) {
+            const int pairs = (slices + 2 * span - 1) / (2 * span);
+            FOR_EACH_IN_BLOCK(j, (long long)pairs * n_rows * cols) {
+                const int i = (int)(j / (n_rows * cols)), rm = (int)(j - (long long)i * n_rows * cols);
+                const int s = 2 * span * i, r = rm / cols, m = rm - r * cols;
+                if (s + span < slices) part[(s * tile + r) * cols + m] += part[((s + span) * tile + r) * cols + m];
             }
+            SYNC_BLOCK;
         }
+        FOR_EACH_IN_BLOCK(j, (long long)n_rows * cols) {
+            const int r = (int)(j / cols), m = (int)(j - (long long)r * cols);
+            carried_h[(long long)(r0 + p0 + r) * C + c0 + m] = ST(part[r * cols + m]);
+        }
+        SYNC_BLOCK;
     }
 """
 
@@ -113,9 +148,49 @@ def loop_name(dtype, peephole: bool) -> str:
 
 
 def loop_params(peephole: bool) -> tuple[tuple[str, str], ...]:
-    """The loop kernel's parameters; the device's takes ``barrier`` (unsigned int[3], zeros) after them, the host
-    build ``blocks`` (how many blocks to run one after another)."""
+    """The loop kernel's parameters; after them the device's takes ``row_groups`` and ``barrier`` (unsigned
+    int[3], zeros), the host build ``row_groups`` and ``blocks`` (how many blocks to run one after another)."""
     return LOOP_PARAMS + LOOP_PEEPHOLE_PARAMS if peephole else LOOP_PARAMS
+
+
+def compute_itemsize(dtype) -> int:
+    """Bytes of the type a kernel computes in for ``dtype`` (float16 is computed in float32)."""
+    return 8 if np.dtype(dtype) == np.float64 else 4
+
+
+@dataclass(frozen=True)
+class LoopGrid:
+    """How a loop launch splits a [B, C] step: ``row_groups`` x ``blocks // row_groups`` column groups, and the
+    shared memory a block takes (its columns' rows of w_rec and its partial sums)."""
+
+    blocks: int
+    row_groups: int
+    shared_bytes: int
+
+
+def loop_grid(B: int, C: int, dtype, multiprocessors: int, shared_limit: int) -> LoopGrid | None:
+    """The split of a loop launch over at most ``multiprocessors`` blocks (one each: all resident), or None when a
+    block's share of w_rec cannot be held in ``shared_limit`` bytes or in ``LOOP_MOST_COLUMNS`` columns.
+
+    Among the splits that fit, the one whose block does least a step, counted as its gate reads (rows x 4C) and its
+    multiply-adds (rows x cols x 4C) at four multiply-adds a read: rows x (4 + cols).  More row groups read fewer
+    rows but own more columns; a block keeps at least ``LOOP_LEAST_ROWS`` rows, as one warp's reads of a column
+    of the gates are then at least half a cache line."""
+    best = None
+    most = max(1, min(multiprocessors, LOOP_MOST_BLOCKS))
+    for row_groups in range(1, min(B, most) + 1):
+        rows = -(-B // row_groups)
+        if row_groups > 1 and rows < LOOP_LEAST_ROWS:
+            break
+        col_blocks = min(C, most // row_groups)
+        cols = -(-C // col_blocks)
+        shared = (cols * 4 * C + LOOP_THREADS * cols) * compute_itemsize(dtype)
+        if cols > LOOP_MOST_COLUMNS or shared > shared_limit:
+            continue
+        cost = rows * (4 + cols)
+        if best is None or cost < best[0]:
+            best = (cost, LoopGrid(row_groups * col_blocks, row_groups, shared))
+    return None if best is None else best[1]
 
 
 def _loop(dtype, peephole: bool) -> str:
@@ -123,25 +198,37 @@ def _loop(dtype, peephole: bool) -> str:
     names = loop_params(peephole)
     signature = _signature(names, dtype, restrict=False)
     arguments = ", ".join(n for _, n in names)
-    phase_a = _typed(_LOOP_A.replace("@ELEMENT@", _ELEMENT), dtype, peephole)
-    phase_b = _typed(_LOOP_B, dtype, peephole)
+    computed = DTYPES[np.dtype(dtype)][2]
+    head = f"(int blk, int blocks, int row_groups, int k, {computed}* shared, {signature})"
+    phases = "".join(f"DEVICE void {name}_{part}{head}\n{{\n{_typed(text, dtype, peephole)}}}\n"
+                     for part, text in (("stage", _LOOP_STAGE), ("a", _LOOP_A.replace("@ELEMENT@", _ELEMENT)),
+                                        ("b", _LOOP_B)))
+    call = f"(blockIdx.x, gridDim.x, row_groups, k, shared, {arguments});"
+    host_call = f"(blk, blocks, row_groups, k, shared, {arguments});"
     return (
-        f"DEVICE void {name}_a(int blk, int blocks, int k, {signature})\n{{\n{phase_a}}}\n"
-        f"DEVICE void {name}_b(int blk, int blocks, int k, {signature})\n{{\n{phase_b}}}\n"
+        phases +
         "#if defined(__CUDACC_RTC__) || defined(__CUDACC__)\n"
-        f"KERNEL __launch_bounds__({LOOP_THREADS}) void {name}({signature}, unsigned int* barrier)\n{{\n"
+        f"KERNEL __launch_bounds__({LOOP_THREADS}) void {name}({signature}, int row_groups, unsigned int* barrier)"
+        "\n{\n"
+        f"    {computed}* shared = ({computed}*)lstmgrad_shared;\n"
+        f"    {{ const int k = n - 1; {name}_stage{call} }}\n"
+        "    __syncthreads();\n"
         "    for (int k = n - 1; k >= 0; --k) {\n"
-        f"        {name}_a(blockIdx.x, gridDim.x, k, {arguments});\n"
+        f"        {name}_a{call}\n"
         "        if (grid_barrier(barrier, gridDim.x)) return;\n"
-        f"        {name}_b(blockIdx.x, gridDim.x, k, {arguments});\n"
-        "        __syncthreads();\n"
+        f"        {name}_b{call}\n"
         "    }\n}\n"
         "#else\n"
-        f"KERNEL void {name}_host({signature}, int blocks)\n{{\n"
+        f"KERNEL void {name}_host({signature}, int row_groups, int blocks)\n{{\n"
+        "    const int col_blocks = blocks / row_groups, most = (C + col_blocks - 1) / col_blocks;\n"
+        f"    {computed}* shared = ({computed}*)malloc(sizeof({computed}) * (size_t)most * "
+        f"(4 * (size_t)C + {LOOP_THREADS}));\n"
+        "    if (!shared) return;\n"
         "    for (int k = n - 1; k >= 0; --k) {\n"
-        f"        for (int blk = 0; blk < blocks; ++blk) {name}_a(blk, blocks, k, {arguments});\n"
-        f"        for (int blk = 0; blk < blocks; ++blk) {name}_b(blk, blocks, k, {arguments});\n"
-        "    }\n}\n"
+        f"        for (int blk = 0; blk < blocks; ++blk) {name}_a{host_call}\n"
+        f"        for (int blk = 0; blk < blocks; ++blk) {{ {name}_stage{host_call} {name}_b{host_call} }}\n"
+        "    }\n"
+        "    free(shared);\n}\n"
         "#endif\n")
 
 
@@ -188,25 +275,17 @@ DEVICE unsigned short float_to_half(float f) {
     unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
 }
 #define FOR_EACH_IN_BLOCK(j, n) for (long long j = threadIdx.x; j < (n); j += blockDim.x)
-/* One warp an element (its lanes in turn at the element's terms): the lanes' partial sums meet in a shuffle tree,
-   lane l adding lane l + 16, then l + 8, ... 1, and lane 0 holds the sum; the host build adds in that order. */
-#define LANES 32
-#define COLS_AT_ONCE 8
-#define FOR_EACH_WARP_IN_BLOCK(j, n) \
-    for (long long j = threadIdx.x / LANES; j < (n); j += blockDim.x / LANES)
-#define LANE_SUMS(sum, m) S sum[m]
-#define FOR_EACH_LANE(lane) for (int lane = threadIdx.x % LANES, once_ = 1; once_; once_ = 0)
-#define LANE_SUM(sum, m, lane) sum[m]
-#define WARP_TREE_SUM(sum, m) \
-    for (int offset = LANES / 2; offset > 0; offset /= 2) { \
-        sum[m] += __shfl_down_sync(0xffffffffu, sum[m], offset); \
-    }
+#define FOR_EACH_THREAD(t) for (int t = threadIdx.x, once_ = 1; once_; once_ = 0)
+#define SYNC_BLOCK __syncthreads()
 #define UNROLL _Pragma("unroll")
-/* a lane's loop over a row: several iterations' loads issued before their sums (the sums keep their order) */
-#define UNROLL_LOADS _Pragma("unroll 4")
-#define FIRST_LANE if (threadIdx.x % LANES == 0)
+/* a thread's loop over its terms: several iterations' loads issued before their sums (the sums keep their order) */
+#define UNROLL_LOADS _Pragma("unroll 8")
 /* what other blocks wrote before the grid barrier: read from L2 (__ldcg), never from a stale line of this SM's L1 */
 #define LOAD_SHARED(p) __ldcg(p)
+#define PREFETCH(p) asm volatile("prefetch.global.L2 [%0];" :: "l"(p))
+extern __shared__ double lstmgrad_shared[];  /* a loop block's: its share of w_rec, then its partial sums */
+DEVICE float fma_f(float a, float b, float c) { return fmaf(a, b, c); }
+DEVICE double fma_d(double a, double b, double c) { return fma(a, b, c); }
 /* All blocks of the grid meet here (they are all resident: the loop is launched with at most one block a
    multiprocessor).  barrier[0] counts arrivals, barrier[1] is the generation, barrier[2] is set when a block waited
    past WAIT_CYCLES, about a second (blocks not resident after all: another program holds part of the GPU): every
@@ -238,26 +317,22 @@ DEVICE int grid_barrier(unsigned int* barrier, unsigned int blocks) {
     return failed;
 }
 #else  /* the host: one element after another */
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #define KERNEL
 #define DEVICE static inline
 #define RESTRICT restrict
 #define FOR_EACH_ELEMENT(e, n) for (long long e = 0; e < (n); ++e)
 #define FOR_EACH_IN_BLOCK(j, n) for (long long j = 0; j < (n); ++j)
-#define LANES 32
-#define COLS_AT_ONCE 8
-#define FOR_EACH_WARP_IN_BLOCK(j, n) for (long long j = 0; j < (n); ++j)
-#define LANE_SUMS(sum, m) S sum[m][LANES]
-#define FOR_EACH_LANE(lane) for (int lane = 0; lane < LANES; ++lane)
-#define LANE_SUM(sum, m, lane) sum[m][lane]
-#define WARP_TREE_SUM(sum, m) \
-    for (int offset = LANES / 2; offset > 0; offset /= 2) { \
-        for (int lane = 0; lane < offset; ++lane) { sum[m][lane] += sum[m][lane + offset]; } \
-    }
+#define FOR_EACH_THREAD(t) for (int t = 0; t < LOOP_THREADS; ++t)
+#define SYNC_BLOCK
 #define UNROLL
 #define UNROLL_LOADS
-#define FIRST_LANE
 #define LOAD_SHARED(p) (*(p))
+#define PREFETCH(p) (void)(p)
+DEVICE float fma_f(float a, float b, float c) { return fmaf(a, b, c); }  /* C's fmaf: one rounding, as the GPU's */
+DEVICE double fma_d(double a, double b, double c) { return fma(a, b, c); }
 DEVICE float half_to_float(unsigned short h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
 DEVICE unsigned short float_to_half(float f) {
     _Float16 v = (_Float16)f; unsigned short h; memcpy(&h, &v, 2); return h;
@@ -273,6 +348,15 @@ DEVICE float rd_f32(float x) { return x; }
 DEVICE double ld_f64(double x) { return x; }
 DEVICE double st_f64(double x) { return x; }
 DEVICE double rd_f64(double x) { return x; }
+/* A loop block's share of a [B, C] step: row group blk / col_blocks, column group blk % col_blocks, each range cut
+   as evenly as integers allow */
+DEVICE void loop_block(int blk, int blocks, int row_groups, int B, int C, int* r0, int* rows, int* c0, int* cols) {
+    const int col_blocks = blocks / row_groups, rg = blk / col_blocks, cb = blk - rg * col_blocks;
+    *r0 = (int)((long long)B * rg / row_groups);
+    *rows = (int)((long long)B * (rg + 1) / row_groups) - *r0;
+    *c0 = (int)((long long)C * cb / col_blocks);
+    *cols = (int)((long long)C * (cb + 1) / col_blocks) - *c0;
+}
 """
 
 # One element e = b * C + c of a step; gate g's gradient goes to gates[b, off_g * C + c] ([B, 4C]).  Lines marked
@@ -313,8 +397,10 @@ def _typed(text: str, dtype, peephole: bool) -> str:
     suffix, stored, computed = DTYPES[np.dtype(dtype)]
     body = "".join(line.replace("PEEPHOLE ", "") for line in text.splitlines(keepends=True)
                    if peephole or "PEEPHOLE " not in line)
+    fma = "fma_d" if computed == "double" else "fma_f"
     return (f"#define T {stored}\n#define S {computed}\n#define LD ld_{suffix}\n#define ST st_{suffix}"
-            f"\n#define RD rd_{suffix}\n{body}#undef T\n#undef S\n#undef LD\n#undef ST\n#undef RD\n")
+            f"\n#define RD rd_{suffix}\n#define FMA {fma}\n{body}"
+            "#undef T\n#undef S\n#undef LD\n#undef ST\n#undef RD\n#undef FMA\n")
 
 
 def _signature(names, dtype, restrict: bool = True) -> str:
@@ -336,7 +422,8 @@ def _batch_sum(dtype) -> str:
 
 def source() -> str:
     """The whole translation unit: every kernel ``KERNELS`` names."""
-    return _PRELUDE + "".join(_kernel(dtype, peephole) + _loop(dtype, peephole)
+    sizes = f"#define LOOP_THREADS {LOOP_THREADS}\n#define LOOP_MOST_COLUMNS {LOOP_MOST_COLUMNS}\n"
+    return sizes + _PRELUDE + "".join(_kernel(dtype, peephole) + _loop(dtype, peephole)
                               for dtype in DTYPES for peephole in (False, True)) + "".join(map(_batch_sum, DTYPES))
 
 

@@ -243,6 +243,7 @@ def gpu_calls(shape, dtype: str, inputs: dict, use_peephole: bool, backend) -> t
     out) is the ``backend`` row ``run`` times anyway."""
     import cupy  # noqa: PLC0415 - only with the cupy backend
 
+    from ..errors import BackendUnavailableError  # noqa: PLC0415
     from ..ops.validation import resolve_compute_dtype  # noqa: PLC0415
     from ..spec import LAYOUT_V2, SeqTensors  # noqa: PLC0415
 
@@ -277,11 +278,18 @@ def gpu_calls(shape, dtype: str, inputs: dict, use_peephole: bool, backend) -> t
     loops = {"cupy-device-steps": "steps", "cupy-device-persistent": "persistent"}
     calls = {GPU_LIMIT: gemm, "cupy-device": on_device, **{name: on_device_with(loop) for name, loop in loops.items()},
              "cupy-pinned": _backend_call(type(backend)(copies="pinned"), inputs, use_peephole)}
+    refused = {}
+    try:  # a loop this GPU cannot run for the shape (its weights do not fit a block) is a note, not a failure
+        calls["cupy-device-persistent"]()
+    except BackendUnavailableError as err:
+        refused["cupy-device-persistent"] = f"not run: {err}"
+        del calls["cupy-device-persistent"]
     versions = {GPU_LIMIT: None, **dict.fromkeys(("cupy-device", *loops, "cupy-pinned"), backend.version)}
     notes = {"cupy-device": "arrays already on the GPU, the time loop the backend chooses",
              "cupy-device-steps": "arrays already on the GPU, a step's kernel and cuBLAS product launched from Python",
              "cupy-device-persistent": "arrays already on the GPU, each chunk's time loop in one launch",
-             "cupy-pinned": "host arrays, copied in and out through pinned staging buffers (LSTMGRAD_CUPY_COPIES)"}
+             "cupy-pinned": "host arrays, copied in and out through pinned staging buffers (LSTMGRAD_CUPY_COPIES)",
+             **refused}
     for name, make in (("pcie-floor", _pcie_floor_call), ("cupy-files", _files_call)):
         try:  # a measurement that cannot be made here is a note, never a broken benchmark
             call, versions[name], notes[name] = make(cupy, shape, inputs, backend, sync)
@@ -494,7 +502,7 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
                     limits[name] = float(np.median(child_limit))
                     notes[name] = "; ".join(filter(None, [notes[name], limit_note]))
         for name, note in notes.items():  # an engine that could not be timed says why (a framework, a GPU row)
-            if name not in times and note.startswith("failed"):
+            if name not in times and note.startswith(("failed", "not run")):
                 skipped.setdefault(f"{shape} {name}", f"{name} at {','.join(map(str, shape))}: {note}")
         limit = float(np.median(times["gemm-limit"]))
         if GPU_LIMIT in times:

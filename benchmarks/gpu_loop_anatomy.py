@@ -1,0 +1,125 @@
+"""Where the cupy backend's time goes on a GPU, per shape: the whole pass on device arrays, its persistent time loop
+alone, and that loop's parts (the grid barrier alone, with the elementwise phase, with the product phase), per step;
+and the persistent loop's answers against the loop of steps' (both on the GPU).  Issue 39's six shapes by default.
+
+    python benchmarks/gpu_loop_anatomy.py [--repeats N] [T,B,I,C ...]
+
+The parts are timed by building the loop kernel's text with a phase's call left out (the results of those
+variants are wrong by design and never compared); each launch is timed with CUDA events, medians of ``--repeats``.
+Runs on a machine with a CUDA GPU and cupy, from the repository root (PYTHONPATH=.); prints markdown.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+SHAPES = ((50, 32, 128, 128), (100, 64, 256, 256), (200, 128, 512, 512), (100, 256, 1024, 1024),
+          (500, 16, 256, 256), (1000, 64, 512, 512))
+
+
+def main(argv: list[str]) -> int:
+    import cupy as cp
+
+    from lstmgrad_cli.backends import _cupy_kernels as kernels
+    from lstmgrad_cli.backends._cupy import CupyBackend, DeviceLauncher
+    from lstmgrad_cli.operations.bench import make_inputs
+    from lstmgrad_cli.spec import LAYOUT_V2, SeqTensors
+
+    repeats = 5
+    if argv[:1] == ["--repeats"]:
+        repeats, argv = int(argv[1]), argv[2:]
+    shapes = [tuple(int(d) for d in a.split(",")) for a in argv] or SHAPES
+
+    variants = {"loop": kernels.source()}
+    for label, left_out in (("barrier only", ("a", "b")), ("barrier + elementwise", ("b",)),
+                            ("barrier + product", ("a",))):
+        text = kernels.source()
+        for part in left_out:
+            for dtype in kernels.DTYPES:
+                for peephole in (False, True):
+                    name = kernels.loop_name(dtype, peephole)
+                    call = f"        {name}_{part}(blockIdx.x, gridDim.x, row_groups, k, shared,"
+                    assert call in text, call
+                    text = text.replace(call, f"        if (0) {name}_{part}(blockIdx.x, gridDim.x, row_groups, k, "
+                                              "shared,")
+        variants[label] = text
+
+    class Timed(DeviceLauncher):
+        """The device launcher, its loop launches timed with events (on a variant's module, when given one)."""
+
+        def __init__(self, code=None):
+            super().__init__(cp)
+            if code is not None:
+                self._module = cp.RawModule(code=code, options=kernels.OPTIONS)
+            self.seconds = []
+
+        def loop(self, name, batch, columns, params, args):
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            super().loop(name, batch, columns, params, args)
+            end.record()
+            end.synchronize()
+            self.seconds.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
+
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    print(f"{props['name'].decode() if isinstance(props['name'], bytes) else props['name']}, "
+          f"{props['multiProcessorCount']} SMs, cupy {cp.__version__}; float32, no peepholes; medians of {repeats}\n")
+    print("| T,B,I,C | grid (blocks, row groups) | pass, persistent | pass, steps | loop | barrier only | "
+          "+ elementwise | + product | per step: loop, barrier, elementwise, product | max rel. diff vs steps |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    for shape in shapes:
+        T, B, I, C = shape  # noqa: E741
+        tensors = SeqTensors(**{k: cp.asarray(v) for k, v in make_inputs(shape, "float32").items()})
+        kw = dict(seq_len_max=T, use_peephole=False, layout=LAYOUT_V2, compute_dtype=np.dtype("float32"))
+        launchers = {label: Timed(code if label != "loop" else None) for label, code in variants.items()}
+        grid = launchers["loop"].loop_grid(B, C, np.float32)
+        if grid is None:
+            print(f"| {','.join(map(str, shape))} | does not fit | | | | | | | | |")
+            continue
+        persistent = CupyBackend(cp, launcher=launchers["loop"], loop="persistent")
+        steps = CupyBackend(cp, loop="steps")
+        answers = {}
+
+        def whole(backend, key, answers=answers, tensors=tensors, kw=kw):
+            start = time.perf_counter()
+            answers[key] = backend.block_lstm_grad(tensors, **kw)
+            cp.cuda.get_current_stream().synchronize()
+            return time.perf_counter() - start
+
+        timings = {"persistent": [], "steps": [], **{label: [] for label in variants if label != "loop"}}
+        for k in range(repeats + 1):  # the first round compiles and warms up, untimed
+            for label, launcher in launchers.items():
+                launcher.seconds.clear()
+                if label == "loop":
+                    seconds = whole(persistent, "persistent")
+                    timings["steps"].append(whole(steps, "steps"))
+                    timings["persistent"].append(seconds)
+                else:
+                    CupyBackend(cp, launcher=launcher, loop="persistent").block_lstm_grad(tensors, **kw)
+                    timings[label].append(sum(launcher.seconds))
+                if label == "loop":
+                    timings.setdefault("loop", []).append(sum(launcher.seconds))
+            if not k:
+                for values in timings.values():
+                    values.clear()
+        med = {key: float(np.median(v)) for key, v in timings.items()}
+        worst = 0.0
+        for a, b in zip(answers["persistent"], answers["steps"], strict=True):
+            a, b = cp.asnumpy(a).astype(np.float64), cp.asnumpy(b).astype(np.float64)
+            worst = max(worst, float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30)) if b.size else 0.0)
+        barrier = med["barrier only"] / T
+        per_step = (f"{med['loop'] / T * 1e6:.1f}, {barrier * 1e6:.1f}, "
+                    f"{(med['barrier + elementwise'] / T - barrier) * 1e6:.1f}, "
+                    f"{(med['barrier + product'] / T - barrier) * 1e6:.1f} us")
+        print(f"| {','.join(map(str, shape))} | {grid.blocks}, {grid.row_groups} | {med['persistent'] * 1e3:.2f} ms | "
+              f"{med['steps'] * 1e3:.2f} ms | {med['loop'] * 1e3:.2f} ms | {med['barrier only'] * 1e3:.2f} ms | "
+              f"{med['barrier + elementwise'] * 1e3:.2f} ms | {med['barrier + product'] * 1e3:.2f} ms | {per_step} | "
+              f"{worst:.1e} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
