@@ -118,7 +118,33 @@ def main(argv: list[str]) -> int:
               f"{med['steps'] * 1e3:.2f} ms | {med['loop'] * 1e3:.2f} ms | {med['barrier only'] * 1e3:.2f} ms | "
               f"{med['barrier + elementwise'] * 1e3:.2f} ms | {med['barrier + product'] * 1e3:.2f} ms | {per_step} | "
               f"{worst:.1e} |", flush=True)
+    profile_small(cp, shapes[0], CupyBackend, make_inputs, LAYOUT_V2, SeqTensors)
     return 0
+
+
+def profile_small(cp, shape, CupyBackend, make_inputs, layout, SeqTensors) -> None:  # noqa: N803
+    """What the host does during a pass of ``shape`` on device arrays, the loop the backend chooses: cProfile of
+    20 passes, the functions that took most time themselves."""
+    import cProfile
+    import pstats
+
+    T = shape[0]  # noqa: N806
+    tensors = SeqTensors(**{k: cp.asarray(v) for k, v in make_inputs(shape, "float32").items()})
+    backend = CupyBackend(cp)
+    kw = dict(seq_len_max=T, use_peephole=False, layout=layout, compute_dtype=np.dtype("float32"))
+    backend.block_lstm_grad(tensors, **kw)
+    cp.cuda.get_current_stream().synchronize()
+    profile = cProfile.Profile()
+    start = time.perf_counter()
+    profile.enable()
+    for _ in range(20):
+        backend.block_lstm_grad(tensors, **kw)
+    cp.cuda.get_current_stream().synchronize()
+    profile.disable()
+    print(f"\n{','.join(map(str, shape))}: 20 passes in {(time.perf_counter() - start) * 1e3:.1f} ms (profiled); "
+          "the host's time by function:\n```")
+    pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(14)
+    print("```", flush=True)
 
 
 if __name__ == "__main__":

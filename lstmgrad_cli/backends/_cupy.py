@@ -14,6 +14,7 @@ shared ``_xp`` code on numpy, and the kernels' own C text compiled for the host.
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
@@ -28,11 +29,11 @@ COPIES = ("pageable", "pinned")  # how host arrays cross: cupy's own copies, or 
 LOOP_ENV = "LSTMGRAD_CUPY_LOOP"
 LOOPS = ("auto", "steps", "persistent")
 # "auto" runs a chunk's time loop in one launch where a step's recurrent product, B * C * 4C multiply-adds, is at
-# most this: measured on an H100 (benchmarks/RESULTS.md, docs/speed.md), where the one launch won up to 64 * 2**20
-# (1000,64,512,512: 62 against 84 ms) and lost at 128 * 2**20 (200,128,512,512: 51 against 22 ms, timed before the
-# loop's loads were unrolled, which halved its time at 64 * 2**20) to cuBLAS's tiled products.  Measured in float32;
-# float64 and float16 (computed in float32) take the same threshold, not measured apart.
-PERSISTENT_MOST_MACS = 64 * 2**20
+# most this: measured on an H100 (benchmarks/RESULTS.md, docs/speed.md), where the one launch (its blocks holding
+# their share of w_rec in shared memory) won at 128 * 2**20 (200,128,512,512: 12.0 against 16.7 ms) and lost at
+# 1024 * 2**20 (100,256,1024,1024: 50.5 against 21.7 ms) to cuBLAS's tiled products.  Measured in float32; float64
+# and float16 (computed in float32) take the same threshold, not measured apart.
+PERSISTENT_MOST_MACS = 128 * 2**20
 
 
 def describe() -> str:
@@ -65,6 +66,7 @@ class CupyGradient(XpGradient):
     def __init__(self, xp, launcher=None, loop: str | None = None):
         super().__init__(xp)
         self._launcher = launcher
+        self._pass = threading.local()  # the loop launches of the pass under way (in this thread)
         loop = loop or os.environ.get(LOOP_ENV) or "auto"
         if loop not in LOOPS:
             raise BackendUnavailableError(f"{LOOP_ENV}={loop!r} is not one of {', '.join(LOOPS)}")
@@ -84,6 +86,16 @@ class CupyGradient(XpGradient):
             args += [a.cs, *peep, *acc]
         peephole = peep is not None
         self.launcher.step(kernels.kernel_name(carried_h.dtype, peephole), B * C, kernels.params(peephole), args)
+
+    def block_lstm_grad(self, *args, **kwargs):
+        """``XpGradient.block_lstm_grad``, and then whether every loop launch of the pass had all its blocks running
+        (asked once, at the end: the products after a loop are queued behind it meanwhile); NotAllResident if not."""
+        self._pass.flags = flags = []
+        result = super().block_lstm_grad(*args, **kwargs)
+        if any(int(flag.get()) for flag in flags if flag is not None):
+            raise NotAllResident("the GPU's blocks of the persistent time loop were not all running at once (another "
+                                 f"program is using the GPU?): use {LOOP_ENV}=steps")
+        return result
 
     def persistent(self, B: int, C: int) -> bool:
         """Whether a chunk's time loop runs in one launch, for a batch of B and C cells."""
@@ -112,7 +124,9 @@ class CupyGradient(XpGradient):
         if peep is not None:
             args += [*peep, *acc]
         peephole = peep is not None
-        self.launcher.loop(kernels.loop_name(carried_h.dtype, peephole), B, C, kernels.loop_params(peephole), args)
+        flag = self.launcher.loop(kernels.loop_name(carried_h.dtype, peephole), B, C, kernels.loop_params(peephole),
+                                  args)
+        getattr(self._pass, "flags", []).append(flag)
         return carried_cs, new_cs  # (the loop updates carried_cs in place)
 
     def _loop_fits(self, B: int, C: int, dtype) -> bool:
@@ -153,21 +167,20 @@ class DeviceLauncher:
             self._device = (int(attributes["MultiProcessorCount"]), int(attributes["MaxSharedMemoryPerBlockOptin"]))
         return kernels.loop_grid(B, C, dtype, *self._device)
 
-    def loop(self, name, batch, columns, params, args) -> None:
+    def loop(self, name, batch, columns, params, args):
         """A loop kernel on at most one block a multiprocessor (all resident: its blocks wait for each other every
-        step); a block that waited too long (some were not resident) stops them all: refused."""
+        step).  Returns the device's flag that a block waited too long (some were not resident, so all stopped):
+        nonzero then, once the launch is done."""
         named = {pname: value for (_, pname), value in zip(params, args, strict=True)}
         grid = self.loop_grid(batch, columns, named["carried_h"].dtype)
-        barrier = self._cp.zeros(3, dtype=np.uint32)
+        barrier = self._cp.zeros(2, dtype=np.uint32)
         typed = tuple(_typed(ctype, value) for (ctype, _), value in zip(params, args, strict=True))
         function = self._function(name)
         if function.max_dynamic_shared_size_bytes < grid.shared_bytes:
             function.max_dynamic_shared_size_bytes = grid.shared_bytes
         function((grid.blocks,), (kernels.LOOP_THREADS,), (*typed, np.int32(grid.row_groups), barrier),
                  shared_mem=grid.shared_bytes)
-        if int(barrier[2].get()):
-            raise NotAllResident(f"the GPU's blocks of the persistent time loop ({grid.blocks}) were not all running "
-                                 f"at once (another program is using the GPU?): use {LOOP_ENV}=steps")
+        return barrier[1]
 
 
 class NotAllResident(BackendUnavailableError):

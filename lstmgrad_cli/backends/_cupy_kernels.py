@@ -59,7 +59,10 @@ LOOP_PARAMS = (
 LOOP_PEEPHOLE_PARAMS = (("const T*", "wci"), ("const T*", "wcf"), ("const T*", "wco"),
                         ("T*", "acc_i"), ("T*", "acc_f"), ("T*", "acc_o"))
 LOOP_MOST_BLOCKS = 1024  # blocks of a loop launch, at most (one a multiprocessor)
-LOOP_MOST_COLUMNS = 16  # columns of carried_h a block of the loop owns, at most (a thread's sums are registers)
+LOOP_WIDTHS = (1, 2, 4, 8, 16)  # the product's column counts, compiled each: a block's columns round up to one
+LOOP_MOST_COLUMNS = LOOP_WIDTHS[-1]  # columns of carried_h a block of the loop owns, at most (a thread's sums are
+# registers)
+LOOP_LOADS = 8  # gate gradients a thread of the loop's product loads before it adds their terms (in order)
 LOOP_LEAST_ROWS = 16  # rows a block of the loop owns, at least, when the rows are split among blocks
 
 _LOOP_BLOCK = r"""
@@ -67,8 +70,13 @@ _LOOP_BLOCK = r"""
     loop_block(blk, blocks, row_groups, B, C, &r0, &rows, &c0, &cols);
 """
 _LOOP_STAGE = _LOOP_BLOCK + r"""
-    /* the block's rows of w_rec, [cols, 4C], into shared memory (in the compute dtype) */
-    FOR_EACH_IN_BLOCK(j, (long long)cols * 4 * C) shared[j] = LD(w_rec[(long long)c0 * 4 * C + j]);
+    /* the block's rows of w_rec into shared memory, in the compute dtype, laid out [4C, width]: a term's weights
+       for the block's columns side by side, zeros past them (width: cols rounded up to a power of two) */
+    const int width = loop_width(cols);
+    FOR_EACH_IN_BLOCK(j, (long long)width * 4 * C) {
+        const int q = (int)(j / width), m = (int)(j - (long long)q * width);
+        shared[j] = m < cols ? LD(w_rec[(long long)(c0 + m) * 4 * C + q]) : (S)0;
+    }
 """
 _LOOP_A = _LOOP_BLOCK + r"""
     const long long BC = (long long)B * C, step = (long long)k * BC;
@@ -96,52 +104,63 @@ _LOOP_A = _LOOP_BLOCK + r"""
 _LOOP_B = _LOOP_BLOCK + r"""
     /* carried_h[b, c] = gates[k, b, :] . w_rec[c, :] for the block's rows and columns: the 4C terms cut into
        `slices` ranges of q; thread t takes row r = t % tile of a tile of rows and range s = t / tile, adding its
-       terms in order (fused multiply-adds), then the ranges' sums meet in a fixed tree (s takes s + span for
-       span = 1, 2, 4, ...) */
+       terms in order by fused multiply-adds for `width` columns at once (a power of two at least cols, the
+       weights past cols zeros), then the ranges' sums meet in a fixed tree (s takes s + span for span = 1, 2,
+       4, ...) */
     if (rows == 0 || cols == 0) return;  /* (never launched so: the backend runs an empty batch's steps alone) */
-    const int G = 4 * C;
+    const int G = 4 * C, width = loop_width(cols);
     const T* gates_t = gates_t2 + (long long)(k & 1) * G * B;
-    const S* w = shared;                          /* [cols, 4C] (staged) */
-    S* part = shared + (long long)cols * G;       /* [slices, tile, cols] */
+    const S* w = shared;                          /* [4C, width] (staged) */
+    S* part = shared + (long long)width * G;      /* [slices, tile, width] */
     const int tile = rows < LOOP_THREADS ? rows : LOOP_THREADS, slices = LOOP_THREADS / tile;
     for (int p0 = 0; p0 < rows; p0 += tile) {
         const int n_rows = rows - p0 < tile ? rows - p0 : tile;
-        FOR_EACH_THREAD(t) {
-            const int r = t % tile, s = t / tile;
-            if (s < slices && r < n_rows) {
-                const int q0 = (int)((long long)G * s / slices), q1 = (int)((long long)G * (s + 1) / slices);
-                const T* g = gates_t + r0 + p0 + r;
-                S acc[LOOP_MOST_COLUMNS];
-                UNROLL for (int m = 0; m < LOOP_MOST_COLUMNS; ++m) acc[m] = 0;
-                UNROLL_LOADS for (int q = q0; q < q1; ++q) {
-                    const S gate = LD(LOAD_SHARED(g + (long long)q * B));
-                    UNROLL for (int m = 0; m < LOOP_MOST_COLUMNS; ++m) {
-                        if (m < cols) acc[m] = FMA(gate, w[m * G + q], acc[m]);
-                    }
-                }
-                UNROLL for (int m = 0; m < LOOP_MOST_COLUMNS; ++m) {
-                    if (m < cols) part[(s * tile + r) * cols + m] = acc[m];
-                }
-            }
-        }
+        switch (width) {
+@WIDTHS@        }
         SYNC_BLOCK;
         for (int span = 1; span < slices; span *= 2) {
-            const int pairs = (slices + 2 * span - 1) / (2 * span);
-            FOR_EACH_IN_BLOCK(j, (long long)pairs * n_rows * cols) {
-                const int i = (int)(j / (n_rows * cols)), rm = (int)(j - (long long)i * n_rows * cols);
-                const int s = 2 * span * i, r = rm / cols, m = rm - r * cols;
-                if (s + span < slices) part[(s * tile + r) * cols + m] += part[((s + span) * tile + r) * cols + m];
+            const int per = n_rows * cols, pairs = (slices + 2 * span - 1) / (2 * span);
+            FOR_EACH_IN_BLOCK(j, pairs * per) {
+                const int i = (int)j / per, rm = (int)j - i * per, r = rm / cols, m = rm - r * cols;
+                const int s = 2 * span * i;
+                if (s + span < slices) part[(s * tile + r) * width + m] += part[((s + span) * tile + r) * width + m];
             }
             SYNC_BLOCK;
         }
-        FOR_EACH_IN_BLOCK(j, (long long)n_rows * cols) {
-            const int r = (int)(j / cols), m = (int)(j - (long long)r * cols);
-            carried_h[(long long)(r0 + p0 + r) * C + c0 + m] = ST(part[r * cols + m]);
+        FOR_EACH_IN_BLOCK(j, n_rows * cols) {
+            const int r = (int)j / cols, m = (int)j - r * cols;
+            carried_h[(long long)(r0 + p0 + r) * C + c0 + m] = ST(part[r * width + m]);
         }
         SYNC_BLOCK;
     }
 """
-
+# One case of the product's switch: a thread's terms for WIDTH columns at once.
+_LOOP_B_WIDTH = r"""        case WIDTH: FOR_EACH_THREAD(t) {
+            const int r = t % tile, s = t / tile;
+            if (s < slices && r < n_rows) {
+                const int q0 = (int)((long long)G * s / slices), q1 = (int)((long long)G * (s + 1) / slices);
+                const T* g = gates_t + r0 + p0 + r;
+                S acc[WIDTH];
+                UNROLL for (int m = 0; m < WIDTH; ++m) acc[m] = 0;
+                int q = q0;
+                for (; q + LOOP_LOADS <= q1; q += LOOP_LOADS) {  /* LOOP_LOADS loads in flight, then their sums */
+                    S gate[LOOP_LOADS];
+                    UNROLL for (int u = 0; u < LOOP_LOADS; ++u) gate[u] = LD(LOAD_SHARED(g + (long long)(q + u) * B));
+                    UNROLL for (int u = 0; u < LOOP_LOADS; ++u) {
+                        const S* wq = w + (q + u) * WIDTH;
+                        UNROLL for (int m = 0; m < WIDTH; ++m) acc[m] = FMA(gate[u], wq[m], acc[m]);
+                    }
+                }
+                for (; q < q1; ++q) {
+                    const S gate = LD(LOAD_SHARED(g + (long long)q * B));
+                    const S* wq = w + q * WIDTH;
+                    UNROLL for (int m = 0; m < WIDTH; ++m) acc[m] = FMA(gate, wq[m], acc[m]);
+                }
+                UNROLL for (int m = 0; m < WIDTH; ++m) part[(s * tile + r) * WIDTH + m] = acc[m];
+            }
+        } break;
+"""
+_LOOP_B = _LOOP_B.replace("@WIDTHS@", "".join(_LOOP_B_WIDTH.replace("WIDTH", str(n)) for n in LOOP_WIDTHS))
 
 def loop_name(dtype, peephole: bool) -> str:
     return f"lstmgrad_loop{'_peephole' if peephole else ''}_{DTYPES[np.dtype(dtype)][0]}"
@@ -149,8 +168,14 @@ def loop_name(dtype, peephole: bool) -> str:
 
 def loop_params(peephole: bool) -> tuple[tuple[str, str], ...]:
     """The loop kernel's parameters; after them the device's takes ``row_groups`` and ``barrier`` (unsigned
-    int[3], zeros), the host build ``row_groups`` and ``blocks`` (how many blocks to run one after another)."""
+    int[2], zeros), the host build ``row_groups`` and ``blocks`` (how many blocks to run one after another)."""
     return LOOP_PARAMS + LOOP_PEEPHOLE_PARAMS if peephole else LOOP_PARAMS
+
+
+def loop_width(cols: int) -> int:
+    """The columns a loop block's product computes at once for ``cols`` columns: the next power of two (the
+    kernel's own ``loop_width``)."""
+    return 1 << max(0, cols - 1).bit_length()
 
 
 def compute_itemsize(dtype) -> int:
@@ -184,7 +209,8 @@ def loop_grid(B: int, C: int, dtype, multiprocessors: int, shared_limit: int) ->
             break
         col_blocks = min(C, most // row_groups)
         cols = -(-C // col_blocks)
-        shared = (cols * 4 * C + LOOP_THREADS * cols) * compute_itemsize(dtype)
+        width = loop_width(cols)
+        shared = (width * 4 * C + LOOP_THREADS * width) * compute_itemsize(dtype)
         if cols > LOOP_MOST_COLUMNS or shared > shared_limit:
             continue
         cost = rows * (4 + cols)
@@ -220,7 +246,7 @@ def _loop(dtype, peephole: bool) -> str:
         "    }\n}\n"
         "#else\n"
         f"KERNEL void {name}_host({signature}, int row_groups, int blocks)\n{{\n"
-        "    const int col_blocks = blocks / row_groups, most = (C + col_blocks - 1) / col_blocks;\n"
+        "    const int col_blocks = blocks / row_groups, most = loop_width((C + col_blocks - 1) / col_blocks);\n"
         f"    {computed}* shared = ({computed}*)malloc(sizeof({computed}) * (size_t)most * "
         f"(4 * (size_t)C + {LOOP_THREADS}));\n"
         "    if (!shared) return;\n"
@@ -278,8 +304,6 @@ DEVICE unsigned short float_to_half(float f) {
 #define FOR_EACH_THREAD(t) for (int t = threadIdx.x, once_ = 1; once_; once_ = 0)
 #define SYNC_BLOCK __syncthreads()
 #define UNROLL _Pragma("unroll")
-/* a thread's loop over its terms: several iterations' loads issued before their sums (the sums keep their order) */
-#define UNROLL_LOADS _Pragma("unroll 8")
 /* what other blocks wrote before the grid barrier: read from L2 (__ldcg), never from a stale line of this SM's L1 */
 #define LOAD_SHARED(p) __ldcg(p)
 #define PREFETCH(p) asm volatile("prefetch.global.L2 [%0];" :: "l"(p))
@@ -287,30 +311,27 @@ extern __shared__ double lstmgrad_shared[];  /* a loop block's: its share of w_r
 DEVICE float fma_f(float a, float b, float c) { return fmaf(a, b, c); }
 DEVICE double fma_d(double a, double b, double c) { return fma(a, b, c); }
 /* All blocks of the grid meet here (they are all resident: the loop is launched with at most one block a
-   multiprocessor).  barrier[0] counts arrivals, barrier[1] is the generation, barrier[2] is set when a block waited
-   past WAIT_CYCLES, about a second (blocks not resident after all: another program holds part of the GPU): every
-   block then stops, and the host says so. */
+   multiprocessor).  barrier[0] counts arrivals (zero at the launch), barrier[1] is set when a block waited past
+   WAIT_CYCLES, about a second (blocks not resident after all: another program holds part of the GPU): every block
+   then stops, and the host says so. */
 #define WAIT_CYCLES (1ll << 31)
 DEVICE int grid_barrier(unsigned int* barrier, unsigned int blocks) {
     __shared__ int failed;
     __syncthreads();
     if (threadIdx.x == 0) {
-        volatile unsigned int* generation = barrier + 1;
-        volatile unsigned int* stop = barrier + 2;
-        const unsigned int gen = *generation;
+        /* one atomic a block: block 0 adds 2^31 - (blocks - 1), the others 1, so the counter's top bit flips
+           when the last one arrives, and every block waits for that flip */
+        volatile unsigned int* arrived = barrier;
+        volatile unsigned int* stop = barrier + 1;
+        const unsigned int add = blockIdx.x == 0 ? 0x80000000u - (blocks - 1) : 1u;
         __threadfence();
+        const unsigned int before = atomicAdd(barrier, add);
         failed = 0;
-        if (atomicAdd(barrier, 1u) == blocks - 1) {
-            atomicExch(barrier, 0u);
-            __threadfence();
-            atomicAdd(barrier + 1, 1u);
-        } else {
-            const long long began = clock64();
-            while (*generation == gen && !*stop) {
-                if (clock64() - began > WAIT_CYCLES) { atomicExch(barrier + 2, 1u); }
-            }
-            failed = *stop != 0;
+        const long long began = clock64();
+        while (((before ^ *arrived) & 0x80000000u) == 0 && !*stop) {
+            if (clock64() - began > WAIT_CYCLES) { atomicExch(barrier + 1, 1u); }
         }
+        failed = *stop != 0;
         __threadfence();
     }
     __syncthreads();
@@ -328,7 +349,6 @@ DEVICE int grid_barrier(unsigned int* barrier, unsigned int blocks) {
 #define FOR_EACH_THREAD(t) for (int t = 0; t < LOOP_THREADS; ++t)
 #define SYNC_BLOCK
 #define UNROLL
-#define UNROLL_LOADS
 #define LOAD_SHARED(p) (*(p))
 #define PREFETCH(p) (void)(p)
 DEVICE float fma_f(float a, float b, float c) { return fmaf(a, b, c); }  /* C's fmaf: one rounding, as the GPU's */
@@ -357,6 +377,7 @@ DEVICE void loop_block(int blk, int blocks, int row_groups, int B, int C, int* r
     *c0 = (int)((long long)C * cb / col_blocks);
     *cols = (int)((long long)C * (cb + 1) / col_blocks) - *c0;
 }
+DEVICE int loop_width(int cols) { int w = 1; while (w < cols) w *= 2; return w; }
 """
 
 # One element e = b * C + c of a step; gate g's gradient goes to gates[b, off_g * C + c] ([B, 4C]).  Lines marked
@@ -422,7 +443,7 @@ def _batch_sum(dtype) -> str:
 
 def source() -> str:
     """The whole translation unit: every kernel ``KERNELS`` names."""
-    sizes = f"#define LOOP_THREADS {LOOP_THREADS}\n#define LOOP_MOST_COLUMNS {LOOP_MOST_COLUMNS}\n"
+    sizes = f"#define LOOP_THREADS {LOOP_THREADS}\n#define LOOP_LOADS {LOOP_LOADS}\n"
     return sizes + _PRELUDE + "".join(_kernel(dtype, peephole) + _loop(dtype, peephole)
                               for dtype in DTYPES for peephole in (False, True)) + "".join(map(_batch_sum, DTYPES))
 
