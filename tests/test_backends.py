@@ -288,7 +288,8 @@ def test_backends_says_how_cupy_runs_its_loop_and_copies(runner, monkeypatch):
         pytest.skip("cupy is not installed here")
     doc = json.loads(runner.invoke(main, ["backends", "--json"], catch_exceptions=False).stdout)
     assert doc["gpu_schedule"] == ("cupy: a chunk's time loop in one launch where a step's product is at most "
-                                   "6.7e+07 multiply-adds, else a step at a time (LSTMGRAD_CUPY_LOOP=auto), host "
+                                   "1.3e+08 multiply-adds and a block's share of w fits its shared memory, else a "
+                                   "step at a time (LSTMGRAD_CUPY_LOOP=auto), host "
                                    "arrays copied by cupy from pageable memory (LSTMGRAD_CUPY_COPIES=pageable)")
     monkeypatch.setenv("LSTMGRAD_CUPY_LOOP", "steps")
     monkeypatch.setenv("LSTMGRAD_CUPY_COPIES", "pinned")

@@ -40,8 +40,8 @@ def describe() -> str:
     """How the cupy backend runs its time loop and copies host arrays here, in words (cupy is not imported)."""
     loop = os.environ.get(LOOP_ENV) or "auto"
     copies = os.environ.get(COPIES_ENV) or "pageable"
-    loops = {"auto": f"in one launch where a step's product is at most {PERSISTENT_MOST_MACS:.2g} multiply-adds, "
-                     "else a step at a time",
+    loops = {"auto": f"in one launch where a step's product is at most {PERSISTENT_MOST_MACS:.2g} multiply-adds "
+                     "and a block's share of w fits its shared memory, else a step at a time",
              "steps": "a step at a time", "persistent": "in one launch"}
     how = {"pageable": "by cupy from pageable memory", "pinned": "through pinned staging buffers"}
     if loop not in loops or copies not in how:
