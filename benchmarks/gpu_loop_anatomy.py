@@ -64,6 +64,26 @@ def main(argv: list[str]) -> int:
             end.synchronize()
             self.seconds.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
 
+    class Split(Timed):
+        """The loop split into ``groups`` row groups (the columns over the rest of the multiprocessors), or None
+        where a block's share of w_rec would not fit."""
+
+        def __init__(self, groups):
+            super().__init__()
+            self.groups = groups
+
+        def loop_grid(self, B, C, dtype):
+            sms, limit = (int(cp.cuda.Device().attributes[k])
+                          for k in ("MultiProcessorCount", "MaxSharedMemoryPerBlockOptin"))
+            if self.groups > B:
+                return None
+            col_blocks = min(C, sms // self.groups)
+            width = kernels.loop_width(-(-C // col_blocks))
+            shared = (width * 4 * C + kernels.LOOP_THREADS * width) * kernels.compute_itemsize(dtype)
+            if width > kernels.LOOP_MOST_COLUMNS or shared > limit:
+                return None
+            return kernels.LoopGrid(self.groups * col_blocks, self.groups, shared)
+
     props = cp.cuda.runtime.getDeviceProperties(0)
     print(f"{props['name'].decode() if isinstance(props['name'], bytes) else props['name']}, "
           f"{props['multiProcessorCount']} SMs, cupy {cp.__version__}; float32, no peepholes; medians of {repeats}\n")
@@ -118,6 +138,26 @@ def main(argv: list[str]) -> int:
               f"{med['steps'] * 1e3:.2f} ms | {med['loop'] * 1e3:.2f} ms | {med['barrier only'] * 1e3:.2f} ms | "
               f"{med['barrier + elementwise'] * 1e3:.2f} ms | {med['barrier + product'] * 1e3:.2f} ms | {per_step} | "
               f"{worst:.1e} |", flush=True)
+    print("\nThe persistent loop by its split (row groups x column groups), per step:\n")
+    print("| T,B,I,C | " + " | ".join(f"{n} row groups" for n in (1, 2, 4, 8)) + " |\n|---|---|---|---|---|")
+    for shape in shapes:
+        T, B, I, C = shape  # noqa: E741
+        tensors = SeqTensors(**{k: cp.asarray(v) for k, v in make_inputs(shape, "float32").items()})
+        kw = dict(seq_len_max=T, use_peephole=False, layout=LAYOUT_V2, compute_dtype=np.dtype("float32"))
+        cells = []
+        for groups in (1, 2, 4, 8):
+            launcher = Split(groups)
+            grid = launcher.loop_grid(B, C, np.float32)
+            if grid is None:
+                cells.append("-")
+                continue
+            totals = []
+            for _ in range(repeats + 1):  # (the first untimed)
+                launcher.seconds.clear()
+                CupyBackend(cp, launcher=launcher, loop="persistent").block_lstm_grad(tensors, **kw)
+                totals.append(sum(launcher.seconds))
+            cells.append(f"{np.median(totals[1:]) / T * 1e6:.1f} us")
+        print(f"| {','.join(map(str, shape))} | " + " | ".join(cells) + " |", flush=True)
     profile_small(cp, shapes[0], CupyBackend, make_inputs, LAYOUT_V2, SeqTensors)
     return 0
 
