@@ -116,17 +116,12 @@ class Stream:
     only when an event recorded after them, or the stream, is synchronised, as a GPU's may run any time until then:
     a host buffer reused before its copy is done shows in the copied data."""
 
-    log = None  # a list (``fake_cupy(launches=...)``): ("record" | "wait", stream, event) appended as they happen
-
     def __init__(self, non_blocking=False):
         self.pending: list = []
         self.done = 0  # copies run so far
 
     def record(self):
-        event = Event(self, self.done + len(self.pending))
-        if self.log is not None:
-            self.log.append(("record", self, event))
-        return event
+        return Event(self, self.done + len(self.pending))
 
     def run_until(self, count: int) -> None:
         while self.done < count:
@@ -137,20 +132,7 @@ class Stream:
         self.run_until(self.done + len(self.pending))
 
     def wait_event(self, event) -> None:
-        if self.log is not None:
-            self.log.append(("wait", self, event))
         event.synchronize()  # (what this stream runs later runs after it anyway)
-
-    def __enter__(self):
-        """``with stream:`` makes it the current stream (``get_current_stream``), as cupy's streams do."""
-        _CURRENT.append(self)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        _CURRENT.remove(self)
-
-
-_CURRENT: list = []  # the streams entered with ``with``, innermost last
 
 
 class Event:
@@ -170,8 +152,6 @@ class DeviceArray(np.ndarray):
 
     host_operands = None
     copied = None
-    launches = None  # a list: (ufunc name, current stream, operand shapes) of every ufunc run (matmul is one)
-    default_stream = None
 
     def set(self, arr, stream=None):
         assert type(arr) is np.ndarray and arr.shape == self.shape and arr.dtype == self.dtype
@@ -208,9 +188,6 @@ class DeviceArray(np.ndarray):
         if self.host_operands is not None and any(
                 type(a) is np.ndarray and a.ndim for a in (*inputs, *kwargs.get("out", ()))):
             self.host_operands.append(ufunc.__name__)
-        if self.launches is not None:
-            stream = _CURRENT[-1] if _CURRENT else self.default_stream
-            self.launches.append((ufunc.__name__, stream, tuple(np.shape(a) for a in inputs)))
         plain = [a.view(np.ndarray) if isinstance(a, DeviceArray) else a for a in inputs]
         if "out" in kwargs:
             kwargs["out"] = tuple(a.view(np.ndarray) if isinstance(a, DeviceArray) else a for a in kwargs["out"])
@@ -226,19 +203,14 @@ def _on_device(value, kind=DeviceArray):
 
 
 def fake_cupy(available: bool = True, free_bytes: int = 2**40, copies: list | None = None,
-              copied: list | None = None, host_operands: list | None = None, launches: list | None = None):
+              copied: list | None = None, host_operands: list | None = None):
     """numpy as the cupy module: only ``CUPY_COMMON``, each returning the stand-in device's arrays
     (``DeviceArray``); ``asarray`` copies a host array to "the device" (appending "in" to ``copies``, and
     ("in", dtype, shape) to ``copied``) and takes a device array as it is; ``asnumpy`` copies a device array back
     ("out") and returns a host array as it is; a device with ``free_bytes`` of free memory.  ``host_operands``: a
-    list receiving the name of every ufunc given a host array beside a device one (cupy raises there).
-    ``launches``: a list receiving, in order, every ufunc run on the device's arrays with the stream current then,
-    and every event recorded or waited for on a stream (``Stream.log``)."""
+    list receiving the name of every ufunc given a host array beside a device one (cupy raises there)."""
     copied = [] if copied is None else copied
-    stream_kind = type("Stream", (Stream,), {"log": launches})
-    current = stream_kind()  # (the stand-in's kernels and ufuncs run at once: nothing is ever queued on it)
-    kind = type("DeviceArray", (DeviceArray,), {"host_operands": host_operands, "copied": copied,
-                                                "launches": launches, "default_stream": current})
+    kind = type("DeviceArray", (DeviceArray,), {"host_operands": host_operands, "copied": copied})
     fake = types.SimpleNamespace(**{name: _device_function(getattr(np, name), kind) for name in CUPY_COMMON})
     fake.ndarray = kind
     fake.__version__ = "0.0-host"
@@ -262,8 +234,8 @@ def fake_cupy(available: bool = True, free_bytes: int = 2**40, copies: list | No
 
     fake.asarray, fake.asnumpy = to_device, to_host
     device = types.SimpleNamespace(mem_info=(free_bytes, 2 * free_bytes))
-    fake.cuda = types.SimpleNamespace(Device=lambda: device, Stream=stream_kind,
-                                      get_current_stream=lambda: _CURRENT[-1] if _CURRENT else current)
+    current = Stream()  # (the stand-in's kernels and ufuncs run at once: nothing is ever queued on it)
+    fake.cuda = types.SimpleNamespace(Device=lambda: device, Stream=Stream, get_current_stream=lambda: current)
     fake.get_default_memory_pool = lambda: types.SimpleNamespace(free_bytes=lambda: 0)
     return fake
 

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import lstmgrad_cli as lg
 from lstmgrad_cli import backends as reg
-from lstmgrad_cli.backends import _cupy_kernels, _xp, cpu_blas
+from lstmgrad_cli.backends import _cupy_kernels, cpu_blas
 from lstmgrad_cli.backends._numpy import NumpyBackend
 from lstmgrad_cli.backends._xp import XpGradient, default_chunk_steps
 from lstmgrad_cli.backends.conformance import LazyRows
@@ -966,53 +966,6 @@ def test_a_persistent_loop_whose_blocks_cannot_all_run_is_redone_a_step_at_a_tim
     assert _cupy_kernels.kernel_name(np.float32, True) in calls  # the steps' kernels
     with pytest.raises(BackendUnavailableError, match="use LSTMGRAD_CUPY_LOOP=steps$"):
         CupyBackend(cp=cuda_host.fake_cupy(), launcher=Crowded(), loop="persistent").block_lstm_grad(inputs, **kw)
-
-
-@needs_host_kernels
-@pytest.mark.parametrize("slots_few", [False, True])
-def test_cupy_runs_each_chunks_products_on_a_second_stream_beside_the_next_chunks_loop_of_steps(monkeypatch,
-                                                                                               slots_few):
-    """A pass large enough to cut (5e8 flops), its loop a step at a time: each chunk's two products run on a second
-    stream, after it waited for the event the current stream recorded once that chunk's steps were queued; the
-    current stream fills a slot of gate gradients again only after waiting for the products that read it, and
-    waits for the last products before the results.  The gradients are the numpy backend's, to the products'
-    rounding."""
-    from lstmgrad_cli.backends._cupy import CupyBackend
-
-    T, B, I, C = 20, 64, 64, 128  # noqa: E741
-    assert 16 * T * B * C * (I + C) >= 5e8
-    if slots_few:  # a budget of six steps' gate gradients: chunks of two steps in three slots, filled again
-        monkeypatch.setattr(_xp, "CHUNK_BYTES", 6 * B * 4 * C * 4)
-    inputs = SeqTensors(**_random_inputs(np.random.default_rng(9), T, B, I, C, np.float32))
-    kw = dict(seq_len_max=T, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
-    log = []
-    cp = cuda_host.fake_cupy(launches=log)
-    got = CupyBackend(cp=cp, launcher=cuda_host.HostLauncher(), loop="steps").block_lstm_grad(inputs, **kw)
-    want = NumpyBackend().block_lstm_grad(inputs, **kw)
-    for field, a, b in zip(want._fields, want, got, strict=True):
-        np.testing.assert_allclose(b, a, rtol=2e-5, atol=2e-5, err_msg=field)
-
-    main = cp.cuda.get_current_stream()
-    matmuls = [(stream, shapes) for name, stream, shapes in log if name == "matmul"]
-    step_products = [stream for stream, shapes in matmuls if shapes[1] == (4 * C, C)]
-    chunk_products = [stream for stream, shapes in matmuls if shapes[1] != (4 * C, C)]
-    assert len(step_products) == T and set(step_products) == {main}
-    (side,) = set(chunk_products)
-    assert side is not main and len(chunk_products) == 2 * len([e for e in log if e[:2] == ("record", side)]) - 2
-    chunk = 0
-    for k, entry in enumerate(log):
-        if entry[0] == "matmul" and entry[1] is side and (k == 0 or log[k - 1][0] == "wait"):
-            recorded = log[k - 2]  # the current stream's event, recorded after this chunk's last step ...
-            assert recorded[:2] == ("record", main) and log[k - 1] == ("wait", side, recorded[2])  # ... waited for
-            chunk += 1
-    assert chunk == len(chunk_products) // 2 > 2
-    ends = [e for e in log if e[0] in ("record", "wait")][-2:]
-    assert ends[0][:2] == ("record", side) and ends[1] == ("wait", main, ends[0][2])  # results after all products
-    side_events = [e[2] for e in log if e[:2] == ("record", side)]
-    waits_by_main = [e[2] for e in log if e[:2] == ("wait", main)]
-    assert all(event in side_events for event in waits_by_main)
-    # a slot is filled again only after the products that read it: chunk j's loop waits for chunk j - 3's products
-    assert waits_by_main[:-1] == (side_events[:len(side_events) - 4] if slots_few else [])
 
 
 def test_the_auto_loop_takes_one_launch_up_to_its_threshold_exactly():

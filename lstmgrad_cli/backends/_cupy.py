@@ -22,7 +22,7 @@ from ..errors import BackendUnavailableError
 from . import _cupy_kernels as kernels
 from . import gpu_array, on_gpu
 from ._cupy_copies import PinnedCopies
-from ._xp import CHUNK_BYTES, OVERLAP_MIN_FLOPS, XpGradient
+from ._xp import CHUNK_BYTES, XpGradient
 
 COPIES_ENV = "LSTMGRAD_CUPY_COPIES"
 COPIES = ("pageable", "pinned")  # how host arrays cross: cupy's own copies, or _cupy_copies.PinnedCopies
@@ -97,40 +97,6 @@ class CupyGradient(XpGradient):
                                  f"program is using the GPU?): use {LOOP_ENV}=steps")
         return result
 
-    def _overlap_chunks(self, L, B, I, C, cdt) -> bool:  # noqa: E741
-        """Chunks whose products run on a second stream beside the next chunk's loop (``_run_overlapped``): where the
-        loop runs a step at a time, its small per-step products leaving most of the GPU idle; never beside the
-        persistent loop, whose blocks hold every multiprocessor (nothing else fits beside one)."""
-        big_enough = 16 * L * B * C * (I + C) >= OVERLAP_MIN_FLOPS
-        return L >= 2 and big_enough and not self._in_one_launch(B, C, cdt)
-
-    def _overlap_now(self, L, B, I, C) -> bool:  # noqa: E741
-        return True  # (a GPU runs the two streams at once whatever the host's cores)
-
-    def _run_overlapped(self, chunks, slots, steps, x_product, wb_product):
-        """Each chunk's time loop on the current stream, then its products on a second stream, which waits for that
-        loop, while the current one goes on with the next chunk's; the loop of chunk j waits for the products of
-        chunk j - slots, whose slot of gate gradients it fills.  The products run in chunk order on their stream, so
-        w_grad and b_grad are summed in the same order as in sequence; the current stream waits for them all."""
-        streams = self.xp.cuda
-        main = streams.get_current_stream()
-        side = streams.Stream(non_blocking=True)
-        done = []
-        for j, (lo, hi) in enumerate(chunks):
-            if j >= slots:
-                main.wait_event(done[j - slots])
-            steps(j, lo, hi)
-            side.wait_event(main.record())
-            with side:
-                x_product(j, lo, hi)
-                wb_product(j, lo, hi)
-            done.append(side.record())
-        main.wait_event(side.record())
-
-    def _in_one_launch(self, B: int, C: int, dtype) -> bool:
-        """Whether a chunk's loop runs in one launch (the persistent loop) rather than a step at a time."""
-        return bool(B) and self.persistent(B, C) and self._loop_fits(B, C, dtype)
-
     def persistent(self, B: int, C: int) -> bool:
         """Whether a chunk's time loop runs in one launch, for a batch of B and C cells."""
         return self.loop == "persistent" or (self.loop == "auto" and B * C * 4 * C <= PERSISTENT_MOST_MACS)
@@ -146,7 +112,7 @@ class CupyGradient(XpGradient):
     def _steps(self, lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t, peep, acc,
                offsets, ws, observe, one_core=False):
         B, C = carried_h.shape
-        if observe is not None or not self._in_one_launch(B, C, carried_h.dtype):
+        if observe is not None or not B or not self.persistent(B, C) or not self._loop_fits(B, C, carried_h.dtype):
             return super()._steps(lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t,
                                   peep, acc, offsets, ws, observe)
         xp = self.xp
