@@ -981,13 +981,17 @@ def test_the_auto_loop_takes_one_launch_up_to_its_threshold_exactly():
 def test_the_loop_splits_a_step_into_row_and_column_groups_that_fit_shared_memory():
     """On an H100 (132 multiprocessors, 227 KiB of shared memory a block): a small batch keeps all its rows in
     each block; a larger one splits them, so that a block reads fewer rows of the gate gradients a step, while its
-    columns' rows of w_rec still fit; a w_rec no split can hold is refused (None)."""
+    columns' rows of w_rec still fit, keeping to 8 columns at once where it can (16 were slower on the H100); a
+    w_rec no split can hold is refused (None)."""
     from lstmgrad_cli.backends._cupy_kernels import LoopGrid, loop_grid
 
     h100 = dict(multiprocessors=132, shared_limit=227 * 1024)
     assert loop_grid(16, 256, np.float32, **h100) == LoopGrid(132, 1, (2 * 1024 + 512 * 2) * 4)
-    assert loop_grid(128, 512, np.float32, **h100) == LoopGrid(132, 4, (16 * 2048 + 512 * 16) * 4)
-    assert loop_grid(128, 512, np.float64, **h100).row_groups == 2  # (doubles: half as many columns fit)
+    assert loop_grid(64, 256, np.float32, **h100) == LoopGrid(132, 4, (8 * 1024 + 512 * 8) * 4)
+    assert loop_grid(128, 512, np.float32, **h100) == LoopGrid(132, 2, (8 * 2048 + 512 * 8) * 4)  # (4: 16 cols)
+    assert loop_grid(128, 512, np.float64, **h100).row_groups == 2
+    # where no split keeps to 8 columns (66 multiprocessors: 10 of 640 columns a block), 16 at once
+    assert loop_grid(8, 640, np.float32, 66, 227 * 1024) == LoopGrid(66, 1, (16 * 2560 + 512 * 16) * 4)
     assert loop_grid(256, 1024, np.float32, **h100) == LoopGrid(132, 1, (8 * 4096 + 512 * 8) * 4)
     assert loop_grid(256, 1024, np.float64, **h100) is None
     assert loop_grid(8, 2048, np.float32, **h100) is None  # 16 columns of 8192 floats: 512 KiB

@@ -63,6 +63,7 @@ LOOP_WIDTHS = (1, 2, 4, 8, 16)  # the product's column counts, compiled each: a 
 LOOP_MOST_COLUMNS = LOOP_WIDTHS[-1]  # columns of carried_h a block of the loop owns, at most (a thread's sums are
 # registers)
 LOOP_LOADS = 8  # gate gradients a thread of the loop's product loads before it adds their terms (in order)
+LOOP_WIDEST_PREFERRED = 8  # columns at once a split keeps to where it can (``loop_grid``)
 LOOP_LEAST_ROWS = 16  # rows a block of the loop owns, at least, when the rows are split among blocks
 
 _LOOP_BLOCK = r"""
@@ -197,10 +198,13 @@ def loop_grid(B: int, C: int, dtype, multiprocessors: int, shared_limit: int) ->
     """The split of a loop launch over at most ``multiprocessors`` blocks (one each: all resident), or None when a
     block's share of w_rec cannot be held in ``shared_limit`` bytes or in ``LOOP_MOST_COLUMNS`` columns.
 
-    Among the splits that fit, the one whose block does least a step, counted as its gate reads (rows x 4C) and its
+    Among the splits that fit, one whose block computes at most ``LOOP_WIDEST_PREFERRED`` columns at once where
+    there is one, and then the one whose block does least a step, counted as its gate reads (rows x 4C) and its
     multiply-adds (rows x cols x 4C) at four multiply-adds a read: rows x (4 + cols).  More row groups read fewer
     rows but own more columns; a block keeps at least ``LOOP_LEAST_ROWS`` rows, as one warp's reads of a column
-    of the gates are then at least half a cache line."""
+    of the gates are then at least half a cache line.  Timed on an H100 (benchmarks/RESULTS.md), a step with 16
+    columns at once was slower than with 8 and twice the rows (200,128,512,512: 24.1 against 22.1 us;
+    1000,64,512,512: 16.5 against 13.9 us), and fewer than 16 rows a block slower than 16 or more."""
     best = None
     most = max(1, min(multiprocessors, LOOP_MOST_BLOCKS))
     for row_groups in range(1, min(B, most) + 1):
@@ -213,7 +217,7 @@ def loop_grid(B: int, C: int, dtype, multiprocessors: int, shared_limit: int) ->
         shared = (width * 4 * C + LOOP_THREADS * width) * compute_itemsize(dtype)
         if cols > LOOP_MOST_COLUMNS or shared > shared_limit:
             continue
-        cost = rows * (4 + cols)
+        cost = (width > LOOP_WIDEST_PREFERRED, rows * (4 + cols))
         if best is None or cost < best[0]:
             best = (cost, LoopGrid(row_groups * col_blocks, row_groups, shared))
     return None if best is None else best[1]
