@@ -289,8 +289,8 @@ def test_backends_says_how_cupy_runs_its_loop_and_copies(runner, monkeypatch):
     doc = json.loads(runner.invoke(main, ["backends", "--json"], catch_exceptions=False).stdout)
     assert doc["gpu_schedule"] == ("cupy: a chunk's time loop in one launch where a step's product is at most "
                                    "1.3e+08 multiply-adds and a block's share of w fits its shared memory, else a "
-                                   "step at a time (LSTMGRAD_CUPY_LOOP=auto), host "
-                                   "arrays copied by cupy from pageable memory (LSTMGRAD_CUPY_COPIES=pageable)")
+                                   "step at a time (LSTMGRAD_CUPY_LOOP=auto), host arrays copied through pinned "
+                                   "staging buffers from 32 MB a call, by cupy below (LSTMGRAD_CUPY_COPIES=auto)")
     monkeypatch.setenv("LSTMGRAD_CUPY_LOOP", "steps")
     monkeypatch.setenv("LSTMGRAD_CUPY_COPIES", "pinned")
     monkeypatch.setenv("COLUMNS", "400")
@@ -1059,11 +1059,39 @@ def test_the_cupy_backends_copies_are_named_by_the_environment(monkeypatch):
     from lstmgrad_cli.backends._cupy import COPIES_ENV
 
     monkeypatch.setenv(COPIES_ENV, "zero-copy")
-    with pytest.raises(BackendUnavailableError, match="^LSTMGRAD_CUPY_COPIES='zero-copy' is not one of pageable, "
-                                                      "pinned$"):
+    with pytest.raises(BackendUnavailableError, match="^LSTMGRAD_CUPY_COPIES='zero-copy' is not one of auto, "
+                                                      "pageable, pinned$"):
         from lstmgrad_cli.backends._cupy import CupyBackend
 
         CupyBackend(cp=cuda_host.fake_cupy())
+
+
+@needs_host_kernels
+def test_cupy_copies_a_calls_host_arrays_through_pinned_buffers_from_32_mb_by_default(monkeypatch):
+    """LSTMGRAD_CUPY_COPIES unset ("auto"): inputs of less than PINNED_LEAST_BYTES in all cross by cupy's own
+    copies (``asarray``), larger ones through the pinned staging buffers; the gradients back by the same rule."""
+    from lstmgrad_cli.backends._cupy import COPIES_ENV, PINNED_LEAST_BYTES, CupyBackend
+
+    monkeypatch.delenv(COPIES_ENV, raising=False)
+    kw = dict(use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
+    for T, B, I, C in ((4, 3, 5, 6), (40, 128, 512, 128)):  # noqa: E741
+        tensors = SeqTensors(**_random_inputs(np.random.default_rng(2), T, B, I, C, np.float32))
+        inputs = sum(a.nbytes for a in tensors if a is not None)
+        copies, copied = [], []
+        cp = cuda_host.fake_cupy(copies=copies, copied=copied)
+        backend = CupyBackend(cp=cp, launcher=cuda_host.HostLauncher(), pinned_empty=np.empty)
+        got = backend.block_lstm_grad(tensors, seq_len_max=T, **kw)
+        np.testing.assert_allclose(got.x_grad, NumpyBackend().block_lstm_grad(tensors, seq_len_max=T, **kw).x_grad,
+                                   rtol=1e-5, atol=1e-6)
+        staged = [c for c in copied if c[0] == "in" and c[1] == np.uint8]  # (a staging buffer's slices)
+        if (T, B) == (4, 3):
+            assert inputs < PINNED_LEAST_BYTES
+            assert copies.count("in") == sum(1 for a in tensors if a is not None) and not staged
+        else:
+            assert T * B * I * 4 < PINNED_LEAST_BYTES <= inputs  # (x alone would not be, the call's inputs are)
+            assert "in" not in copies and sum(c[2][0] for c in staged) == inputs
+            # the gradients (x_grad's 10 MB and the rest) are under 32 MB: back by cupy's copies
+            assert copies.count("out") == 8 and sum(a.nbytes for a in got) < PINNED_LEAST_BYTES
 
 
 @needs_host_kernels

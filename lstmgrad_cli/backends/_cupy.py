@@ -25,7 +25,12 @@ from ._cupy_copies import PinnedCopies
 from ._xp import CHUNK_BYTES, XpGradient
 
 COPIES_ENV = "LSTMGRAD_CUPY_COPIES"
-COPIES = ("pageable", "pinned")  # how host arrays cross: cupy's own copies, or _cupy_copies.PinnedCopies
+COPIES = ("auto", "pageable", "pinned")  # how host arrays cross: cupy's own copies, _cupy_copies.PinnedCopies, or
+# ("auto", the default) the pinned buffers for a call's arrays of PINNED_LEAST_BYTES or more in all, cupy's below.
+# Measured on an H100 (benchmarks/RESULTS.md, three runs): through the pinned buffers 2.0-2.3x faster at 0.5-1.4 GB
+# of inputs, 1.1-1.2x at 60-75 MB, and level or up to 10% slower at 7 MB (one staging buffer is 32 MB: below it
+# nothing overlaps).
+PINNED_LEAST_BYTES = 32 * 2**20
 LOOP_ENV = "LSTMGRAD_CUPY_LOOP"
 LOOPS = ("auto", "steps", "persistent")
 # "auto" runs a chunk's time loop in one launch where a step's recurrent product, B * C * 4C multiply-adds, is at
@@ -39,11 +44,12 @@ PERSISTENT_MOST_MACS = 128 * 2**20
 def describe() -> str:
     """How the cupy backend runs its time loop and copies host arrays here, in words (cupy is not imported)."""
     loop = os.environ.get(LOOP_ENV) or "auto"
-    copies = os.environ.get(COPIES_ENV) or "pageable"
+    copies = os.environ.get(COPIES_ENV) or "auto"
     loops = {"auto": f"in one launch where a step's product is at most {PERSISTENT_MOST_MACS:.2g} multiply-adds "
                      "and a block's share of w fits its shared memory, else a step at a time",
              "steps": "a step at a time", "persistent": "in one launch"}
-    how = {"pageable": "by cupy from pageable memory", "pinned": "through pinned staging buffers"}
+    how = {"pageable": "by cupy from pageable memory", "pinned": "through pinned staging buffers",
+           "auto": f"through pinned staging buffers from {PINNED_LEAST_BYTES // 2**20} MB a call, by cupy below"}
     if loop not in loops or copies not in how:
         return f"cupy: {LOOP_ENV}={loop!r} or {COPIES_ENV}={copies!r} is not a setting it takes"
     return (f"cupy: a chunk's time loop {loops[loop]} ({LOOP_ENV}={loop}), host arrays copied {how[copies]} "
@@ -213,15 +219,10 @@ class CupyBackend:
             raise BackendUnavailableError(f"cupy is installed but no CUDA device is usable{_why_not(cp)}")
         self._cp = cp
         self._gradient = CupyGradient(cp, launcher, loop)
-        copies = copies or os.environ.get(COPIES_ENV) or "pageable"
+        copies = copies or os.environ.get(COPIES_ENV) or "auto"
         if copies not in COPIES:
             raise BackendUnavailableError(f"{COPIES_ENV}={copies!r} is not one of {', '.join(COPIES)}")
-        self._pinned = None
-        if copies == "pinned":
-            if pinned_empty is None:
-                from cupyx import empty_pinned as pinned_empty  # noqa: PLC0415 - with cupy
-
-            self._pinned = PinnedCopies(cp, pinned_empty)
+        self._copies, self._pinned_empty, self._pinned = copies, pinned_empty, None
 
     @property
     def version(self) -> str:
@@ -243,22 +244,36 @@ class CupyBackend:
 
     def _to_device(self, arrays: list) -> list:
         """Arrays (None passes) on the device, C-contiguous: host ones copied there (through pinned buffers with
-        ``copies="pinned"``), device ones as they are; lazy inputs (an HDF5 file's) stay on disk, for the pass to
-        copy a chunk of steps at a time."""
+        ``copies="pinned"``, and with "auto" from ``PINNED_LEAST_BYTES`` in all), device ones as they are; lazy
+        inputs (an HDF5 file's) stay on disk, for the pass to copy a chunk of steps at a time."""
         cp = self._cp
-        staged = [] if self._pinned is None else [i for i, a in enumerate(arrays) if a is not None and not _lazy(cp, a)
-                                                  and not isinstance(a, cp.ndarray) and not on_gpu(a)]
+        hosts = [i for i, a in enumerate(arrays) if a is not None and not _lazy(cp, a)
+                 and not isinstance(a, cp.ndarray) and not on_gpu(a)]
+        pinned = self._pinned_copies(sum(_nbytes(arrays[i]) for i in hosts))
+        staged = hosts if pinned is not None else []
         out = [a if a is None or _lazy(cp, a) else None if i in staged else cp.ascontiguousarray(cp.asarray(a))
                for i, a in enumerate(arrays)]
         if staged:
-            for i, copied in zip(staged, self._pinned.to_device([arrays[i] for i in staged]), strict=True):
+            for i, copied in zip(staged, pinned.to_device([arrays[i] for i in staged]), strict=True):
                 out[i] = copied
         return out
 
     def _to_host(self, arrays: list) -> list:
-        if self._pinned is not None:
-            return self._pinned.to_host(arrays)
+        pinned = self._pinned_copies(sum(int(a.nbytes) for a in arrays))
+        if pinned is not None:
+            return pinned.to_host(arrays)
         return [np.asarray(self._cp.asnumpy(a)) for a in arrays]
+
+    def _pinned_copies(self, nbytes: int) -> PinnedCopies | None:
+        """The pinned buffers' copier for a call copying ``nbytes`` (made on first use), or None for cupy's own."""
+        if self._copies == "pageable" or (self._copies == "auto" and nbytes < PINNED_LEAST_BYTES):
+            return None
+        if self._pinned is None:
+            pinned_empty = self._pinned_empty
+            if pinned_empty is None:
+                from cupyx import empty_pinned as pinned_empty  # noqa: PLC0415 - with cupy
+            self._pinned = PinnedCopies(self._cp, pinned_empty)
+        return self._pinned
 
     def block_lstm_grad(self, tensors, *, seq_len_max, use_peephole, layout, compute_dtype,
                         chunk_steps=None, return_dgates=False, x_grad_out=None, observe=None):
@@ -331,6 +346,11 @@ def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool =
 # A chunk of steps of the lazy inputs on the device, their rows cast to the compute dtype, and x_grad's rows on
 # their way to a lazy output: the chunks are sized for the host's _xp.CHUNK_BYTES, so twice that at most.
 LAZY_BYTES = 2 * CHUNK_BYTES
+
+
+def _nbytes(a) -> int:
+    """Bytes of a host array (numpy's, or anything with ``nbytes`` or ``__array__``), without copying it."""
+    return int(a.nbytes) if hasattr(a, "nbytes") else int(np.asarray(a).nbytes)
 
 
 def _lazy(cp, a) -> bool:

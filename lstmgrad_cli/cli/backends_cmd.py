@@ -30,7 +30,7 @@ def backends_command(as_json: bool, check: bool, arch: str | None) -> None:
     installed (pip install 'lstmgrad[mkl]') and a backward pass on it is faster on this processor
     (timed once, then cached); LSTMGRAD_BLAS=openblas|mkl|auto chooses.  On a GPU,
     LSTMGRAD_CUPY_LOOP=auto|steps|persistent chooses how cupy runs the time loop and
-    LSTMGRAD_CUPY_COPIES=pageable|pinned how it copies host arrays.
+    LSTMGRAD_CUPY_COPIES=auto|pageable|pinned how it copies host arrays.
     """
     if arch is not None and not check:
         raise click.UsageError("--arch names what --check compiles the cupy kernels for: give --check too")
