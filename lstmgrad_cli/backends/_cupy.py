@@ -13,6 +13,7 @@ shared ``_xp`` code on numpy, and the kernels' own C text compiled for the host.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 
@@ -331,7 +332,7 @@ def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool =
     """About the device memory a pass of these tensors takes: every input (a lazy one, read a chunk of steps at a
     time, as ``LAZY_BYTES`` for them all), the outputs (x_grad not, when it is ``x_grad_streamed`` to a lazy output),
     the gate gradients of all steps when ``return_dgates``, and ``WORKING_BYTES``."""
-    inputs = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in tensors
+    inputs = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in tensors
                  if a is not None and hasattr(a, "__array__"))
     lazy = LAZY_BYTES if any(a is not None and not hasattr(a, "__array__") for a in tensors) else 0
     T, B, I = tensors.x.shape  # noqa: E741
