@@ -885,6 +885,37 @@ def test_cupy_runs_a_small_steps_time_loop_in_one_launch_and_a_large_ones_from_p
         cuda_host.cupy_backend(loop=None)
 
 
+@needs_host_kernels
+@pytest.mark.parametrize(("dtype", "compute"), [("float16", "float32"), ("float16", "float16"),
+                                               ("float32", "float32"), ("float64", "float64")])
+@pytest.mark.parametrize(("blocks", "row_groups"), [(6, 2), (8, 4), (3, 1)])
+def test_the_persistent_loop_split_into_row_groups_matches_numpy_with_peepholes_and_a_shorter_sequence(
+        dtype, compute, blocks, row_groups):
+    """Peepholes, seq_len_max < T, chunks of 3 steps, float16 (computed in float32, and in float16 rounded as TF
+    does), float32 and float64, the step split into 2 and 4 row groups (the H100's golden cases, their batches
+    small, all ran one): the gradients are the numpy backend's to the products' rounding, and x_grad is zero past
+    seq_len_max."""
+    from lstmgrad_cli.backends._cupy import CupyBackend
+
+    T, B, I, C = 9, 37, 5, 7  # noqa: E741
+    inputs = SeqTensors(**_random_inputs(np.random.default_rng(11), T, B, I, C, np.dtype(dtype)))
+    cdt = np.dtype(compute)
+    kw = dict(seq_len_max=7, use_peephole=True, layout="icfo", compute_dtype=cdt)
+    calls = []
+    launcher = cuda_host.HostLauncher(calls, blocks=blocks, row_groups=row_groups)
+    got = CupyBackend(cp=cuda_host.fake_cupy(), launcher=launcher, loop="persistent").block_lstm_grad(
+        inputs, **kw, chunk_steps=3)
+    assert set(calls) == {_cupy_kernels.loop_name(cdt, True), _cupy_kernels.batch_sum_name(cdt)}
+    want = NumpyBackend().block_lstm_grad(inputs, **kw)
+    # relative to the field's largest value: the sums' order differs (the loop's ranges and tree, numpy's BLAS)
+    tol = 2e-2 if compute == "float16" else 4e-3 if dtype == "float16" else 64 * float(np.finfo(cdt).eps)
+    for field, a, b in zip(want._fields, want, got, strict=True):
+        assert b.dtype == np.dtype(dtype)
+        scale = max(float(np.max(np.abs(a.astype(np.float64)), initial=0)), 1.0)
+        assert float(np.max(np.abs(b.astype(np.float64) - a), initial=0)) <= tol * scale, field
+    assert not np.any(got.x_grad[7:])
+
+
 def _fma32(a, b, c) -> np.float32:
     """float32's fused multiply-add, a * b + c rounded once (to nearest, ties to even), as CUDA's fmaf and C's."""
     from fractions import Fraction
