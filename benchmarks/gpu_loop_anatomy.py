@@ -6,6 +6,8 @@ and the persistent loop's answers against the loop of steps' (both on the GPU). 
 
 The parts are timed by building the loop kernel's text with a phase's call left out (the results of those
 variants are wrong by design and never compared); each launch is timed with CUDA events, medians of ``--repeats``.
+Then the loop by its split into row groups, and by the loads a thread of the product has in flight (the kernel
+text built with another ``LOOP_LOADS``), and a profile of the host's time in a small pass.
 Runs on a machine with a CUDA GPU and cupy, from the repository root (PYTHONPATH=.); prints markdown.
 """
 
@@ -149,6 +151,29 @@ def main(argv: list[str]) -> int:
             launcher = Split(groups)
             grid = launcher.loop_grid(B, C, np.float32)
             if grid is None:
+                cells.append("-")
+                continue
+            totals = []
+            for _ in range(repeats + 1):  # (the first untimed)
+                launcher.seconds.clear()
+                CupyBackend(cp, launcher=launcher, loop="persistent").block_lstm_grad(tensors, **kw)
+                totals.append(sum(launcher.seconds))
+            cells.append(f"{np.median(totals[1:]) / T * 1e6:.1f} us")
+        print(f"| {','.join(map(str, shape))} | " + " | ".join(cells) + " |", flush=True)
+    loads = (4, 8, 16)  # a thread's gate gradients loaded before their terms are added (LOOP_LOADS)
+    built = f"#define LOOP_LOADS {kernels.LOOP_LOADS}\n"
+    assert built in kernels.source()
+    print(f"\nThe persistent loop by the loads a thread has in flight (LOOP_LOADS, {kernels.LOOP_LOADS} built), "
+          "per step:\n")
+    print("| T,B,I,C | " + " | ".join(f"{n} loads" for n in loads) + " |\n|---|" + "---|" * len(loads))
+    in_flight = {n: Timed(kernels.source().replace(built, f"#define LOOP_LOADS {n}\n")) for n in loads}
+    for shape in shapes:
+        T, B, I, C = shape  # noqa: E741
+        tensors = SeqTensors(**{k: cp.asarray(v) for k, v in make_inputs(shape, "float32").items()})
+        kw = dict(seq_len_max=T, use_peephole=False, layout=LAYOUT_V2, compute_dtype=np.dtype("float32"))
+        cells = []
+        for launcher in in_flight.values():
+            if launcher.loop_grid(B, C, np.float32) is None:
                 cells.append("-")
                 continue
             totals = []
