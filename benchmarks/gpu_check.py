@@ -8,7 +8,8 @@
    TensorFlow's) with LSTMGRAD_TEST_BACKEND=cupy, the time loop as the backend chooses (in one launch for these
    small problems); and again with the time loop launched a step at a time from Python (LSTMGRAD_CUPY_LOOP=steps);
 5. benchmarks/gpu_loop_anatomy.py: the persistent loop's time per step, the grid barrier's, the elementwise
-   phase's and the product phase's, and its answers against the loop of steps', for the six shapes;
+   phase's and the product phase's, and its answers against the loop of steps', for the six shapes; the loop by
+   its split into row groups and by the loads in flight a thread; the host's profile of a small pass;
 6. `lstmgrad bench` on the GPU for issue 39's six shapes (`make bench-gpu`'s, in two runs: the four small
    shapes, then the two large ones; medians of 3 rounds, to stay inside the budget): the cupy backend from host
    arrays (cupy's copies, and through pinned buffers), on device arrays (the loop it chooses, and each loop) and
@@ -181,7 +182,7 @@ def main(argv: list[str]) -> int:
         rows.append(("golden cases on cupy", *run("golden cases on cupy", [*pytest, *GOLDEN_TESTS], 150,
                                                   {"LSTMGRAD_TEST_BACKEND": "cupy"})))
     rows.append(("loop anatomy", *run("where the persistent loop's time goes",
-                                      [python, "benchmarks/gpu_loop_anatomy.py", "--repeats", "3"], 100)))
+                                      [python, "benchmarks/gpu_loop_anatomy.py", "--repeats", "3"], 120)))
     for k, shapes in enumerate(SHAPES, 1):  # (--no-compare: no CPU framework; cuDNN is timed all the same)
         bench = [python, "-m", "lstmgrad_cli", "bench", "--backend", "cupy", "--repeats", "3", "--markdown",
                  "--no-compare", *(arg for shape in shapes for arg in ("--shape", shape))]
