@@ -58,10 +58,10 @@ def main(argv: list[str]) -> int:
                 self._module = cp.RawModule(code=code, options=kernels.OPTIONS)
             self.seconds = []
 
-        def loop(self, name, batch, columns, params, args):
+        def loop(self, name, batch, columns, params, args, barrier):
             start, end = cp.cuda.Event(), cp.cuda.Event()
             start.record()
-            super().loop(name, batch, columns, params, args)
+            super().loop(name, batch, columns, params, args, barrier)
             end.record()
             end.synchronize()
             self.seconds.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
@@ -77,6 +77,7 @@ def main(argv: list[str]) -> int:
         def loop_grid(self, B, C, dtype):
             sms, limit = (int(cp.cuda.Device().attributes[k])
                           for k in ("MultiProcessorCount", "MaxSharedMemoryPerBlockOptin"))
+            limit -= kernels.LOOP_STATIC_SHARED_MOST
             if self.groups > B:
                 return None
             col_blocks = min(C, sms // self.groups)

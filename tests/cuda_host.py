@@ -80,10 +80,13 @@ class HostLauncher:
         col_blocks = max(1, min(C, self.blocks // self.row_groups))
         return kernels.LoopGrid(self.row_groups * col_blocks, self.row_groups, 0)
 
-    def loop(self, name, batch, columns, params, args) -> None:
+    def loop(self, name, batch, columns, params, args, barrier) -> None:
         named = {pname: value for (_, pname), value in zip(params, args, strict=True)}
         grid = self.loop_grid(batch, columns, named["carried_h"].dtype)
         assert 1 <= grid.row_groups <= batch and grid.blocks // grid.row_groups <= columns
+        col_blocks = grid.blocks // grid.row_groups
+        assert -(-columns // col_blocks) <= kernels.LOOP_MOST_COLUMNS  # (the kernel computes at most that many)
+        assert isinstance(barrier, DeviceArray) and barrier.shape == (2,) and barrier.dtype == np.uint32
         self._call(name, f"{name}_host", (*params, ("int", "row_groups"), ("int", "blocks")),
                    (*args, grid.row_groups, grid.blocks))
 

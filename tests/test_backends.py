@@ -838,6 +838,45 @@ def test_every_cupy_kernel_compiles_with_nvrtc_for_the_gpu(arch):
         assert f"void {name}(" in _cupy_kernels.source()
 
 
+def test_a_loop_kernel_declares_little_shared_memory_and_one_block_of_it_fits_a_multiprocessor():
+    """What ptxas reports of each loop kernel for sm_90: its own shared memory within LOOP_STATIC_SHARED_MOST (the
+    launcher keeps that much of a block's limit for it, beside the dynamic shared memory it asks for), and
+    registers that let LOOP_THREADS threads run as one block (65536 a multiprocessor)."""
+    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-bindings and nvidia-cuda-nvrtc (the dev extra)")
+    import re
+
+    compiled = _cupy_kernels.compile_for_arch("sm_90", extra_options=("--ptxas-options=-v",))
+    assert compiled.ok, compiled.log
+    report = {}  # kernel -> (registers, bytes of shared memory it declares)
+    for entry in compiled.log.split("Compiling entry function ")[1:]:
+        name = re.match(r"'(\w+)'", entry)[1]
+        smem = re.search(r"(\d+) bytes smem", entry)
+        report[name] = (int(re.search(r"Used (\d+) registers", entry)[1]), int(smem[1]) if smem else 0)
+    loops = {name: used for name, used in report.items() if name.startswith("lstmgrad_loop")}
+    assert len(loops) == 6, report
+    for name, (registers, smem) in loops.items():
+        assert smem <= _cupy_kernels.LOOP_STATIC_SHARED_MOST, (name, smem)
+        assert registers * _cupy_kernels.LOOP_THREADS <= 65536, (name, registers)
+
+
+@needs_host_kernels
+@pytest.mark.parametrize("loop", ["auto", "persistent"])
+def test_cupy_computes_a_layer_of_no_cells_as_numpy_does(loop):
+    """C = 0 (TensorFlow takes it): no loop to launch, whatever the loop asked for."""
+    from lstmgrad_cli.backends._cupy import CupyBackend
+
+    inputs = SeqTensors(**_random_inputs(np.random.default_rng(1), 3, 4, 2, 0, np.float32))
+    kw = dict(seq_len_max=3, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float32"))
+    calls = []
+    got = CupyBackend(cp=cuda_host.fake_cupy(), launcher=cuda_host.HostLauncher(calls), loop=loop).block_lstm_grad(
+        inputs, **kw)
+    assert _cupy_kernels.loop_name(np.float32, True) not in calls
+    for field, a, b in zip(NumpyBackend().block_lstm_grad(inputs, **kw)._fields, NumpyBackend().block_lstm_grad(
+            inputs, **kw), got, strict=True):
+        assert b.shape == a.shape, field
+        np.testing.assert_array_equal(b, a, err_msg=field)
+
+
 def test_nvrtc_reports_a_kernel_that_does_not_compile():
     pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-bindings and nvidia-cuda-nvrtc (the dev extra)")
     broken = _cupy_kernels.source().replace("dcs * fv", "dcs * undefined_name")
@@ -983,9 +1022,9 @@ def test_a_persistent_loop_whose_blocks_cannot_all_run_is_redone_a_step_at_a_tim
     from lstmgrad_cli.backends._cupy import CupyBackend
 
     class Crowded(cuda_host.HostLauncher):
-        def loop(self, name, batch, columns, params, args):
-            super().loop(name, batch, columns, params, args)
-            return cuda_host.fake_cupy().asarray(np.array(1, np.uint32))  # a block gave up waiting
+        def loop(self, name, batch, columns, params, args, barrier):
+            super().loop(name, batch, columns, params, args, barrier)
+            barrier[1] = 1  # a block gave up waiting
 
     inputs = SeqTensors(**_random_inputs(np.random.default_rng(4), 6, 3, 4, 5, np.float32))
     kw = dict(seq_len_max=6, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float32"))

@@ -73,7 +73,7 @@ class CupyGradient(XpGradient):
     def __init__(self, xp, launcher=None, loop: str | None = None):
         super().__init__(xp)
         self._launcher = launcher
-        self._pass = threading.local()  # the loop launches of the pass under way (in this thread)
+        self._pass = threading.local()  # the pass under way in this thread: its loop launches' barrier
         loop = loop or os.environ.get(LOOP_ENV) or "auto"
         if loop not in LOOPS:
             raise BackendUnavailableError(f"{LOOP_ENV}={loop!r} is not one of {', '.join(LOOPS)}")
@@ -96,10 +96,15 @@ class CupyGradient(XpGradient):
 
     def block_lstm_grad(self, *args, **kwargs):
         """``XpGradient.block_lstm_grad``, and then whether every loop launch of the pass had all its blocks running
-        (asked once, at the end: the products after a loop are queued behind it meanwhile); NotAllResident if not."""
-        self._pass.flags = flags = []
-        result = super().block_lstm_grad(*args, **kwargs)
-        if any(int(flag.get()) for flag in flags if flag is not None):
+        (asked once, at the end: the products after a loop are queued behind it meanwhile); NotAllResident if not.
+        The pass's launches share one barrier word pair (``_steps``): once a block of one gave up waiting, the
+        blocks of the later ones stop at once."""
+        self._pass.barrier = None
+        try:
+            result = super().block_lstm_grad(*args, **kwargs)
+        finally:
+            barrier, self._pass.barrier = self._pass.barrier, None
+        if barrier is not None and int(barrier[1:].get()[0]):  # (one word back: waits for the pass)
             raise NotAllResident("the GPU's blocks of the persistent time loop were not all running at once (another "
                                  f"program is using the GPU?): use {LOOP_ENV}=steps")
         return result
@@ -119,7 +124,8 @@ class CupyGradient(XpGradient):
     def _steps(self, lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t, peep, acc,
                offsets, ws, observe, one_core=False):
         B, C = carried_h.shape
-        if observe is not None or not B or not self.persistent(B, C) or not self._loop_fits(B, C, carried_h.dtype):
+        if observe is not None or not B or not C or not self.persistent(B, C) or \
+                not self._loop_fits(B, C, carried_h.dtype):
             return super()._steps(lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t,
                                   peep, acc, offsets, ws, observe)
         xp = self.xp
@@ -131,9 +137,10 @@ class CupyGradient(XpGradient):
         if peep is not None:
             args += [*peep, *acc]
         peephole = peep is not None
-        flag = self.launcher.loop(kernels.loop_name(carried_h.dtype, peephole), B, C, kernels.loop_params(peephole),
-                                  args)
-        getattr(self._pass, "flags", []).append(flag)
+        if getattr(self._pass, "barrier", None) is None:  # [arrivals, stop]: zeros before the pass's first launch
+            self._pass.barrier = xp.zeros(2, dtype=np.uint32)
+        self.launcher.loop(kernels.loop_name(carried_h.dtype, peephole), B, C, kernels.loop_params(peephole), args,
+                           self._pass.barrier)
         return carried_cs, new_cs  # (the loop updates carried_cs in place)
 
     def _loop_fits(self, B: int, C: int, dtype) -> bool:
@@ -171,23 +178,22 @@ class DeviceLauncher:
         """How a loop launch splits the step on this device (``_cupy_kernels.loop_grid``), or None."""
         if self._device is None:
             attributes = self._cp.cuda.Device().attributes
-            self._device = (int(attributes["MultiProcessorCount"]), int(attributes["MaxSharedMemoryPerBlockOptin"]))
+            self._device = (int(attributes["MultiProcessorCount"]),
+                            int(attributes["MaxSharedMemoryPerBlockOptin"]) - kernels.LOOP_STATIC_SHARED_MOST)
         return kernels.loop_grid(B, C, dtype, *self._device)
 
-    def loop(self, name, batch, columns, params, args):
+    def loop(self, name, batch, columns, params, args, barrier):
         """A loop kernel on at most one block a multiprocessor (all resident: its blocks wait for each other every
-        step).  Returns the device's flag that a block waited too long (some were not resident, so all stopped):
-        nonzero then, once the launch is done."""
+        step).  ``barrier``: the grid barrier's two words, [arrivals, stop] (zeros before a pass's first launch,
+        shared by its launches); a block that waited too long (some were not resident) sets stop, and all stop."""
         named = {pname: value for (_, pname), value in zip(params, args, strict=True)}
         grid = self.loop_grid(batch, columns, named["carried_h"].dtype)
-        barrier = self._cp.zeros(2, dtype=np.uint32)
         typed = tuple(_typed(ctype, value) for (ctype, _), value in zip(params, args, strict=True))
         function = self._function(name)
         if function.max_dynamic_shared_size_bytes < grid.shared_bytes:
             function.max_dynamic_shared_size_bytes = grid.shared_bytes
         function((grid.blocks,), (kernels.LOOP_THREADS,), (*typed, np.int32(grid.row_groups), barrier),
                  shared_mem=grid.shared_bytes)
-        return barrier[1]
 
 
 class NotAllResident(BackendUnavailableError):

@@ -64,6 +64,9 @@ LOOP_MOST_COLUMNS = LOOP_WIDTHS[-1]  # columns of carried_h a block of the loop 
 # registers)
 LOOP_LOADS = 8  # gate gradients a thread of the loop's product loads before it adds their terms (in order)
 LOOP_WIDEST_PREFERRED = 8  # columns at once a split keeps to where it can (``loop_grid``)
+# Shared memory a loop kernel declares itself (the grid barrier's flag), at most: CUDA counts it with the dynamic
+# shared memory against a block's limit (a test reads ptxas's report of it)
+LOOP_STATIC_SHARED_MOST = 256
 LOOP_LEAST_ROWS = 16  # rows a block of the loop owns, at least, when the rows are split among blocks
 
 _LOOP_BLOCK = r"""
@@ -205,6 +208,8 @@ def loop_grid(B: int, C: int, dtype, multiprocessors: int, shared_limit: int) ->
     of the gates are then at least half a cache line.  Timed on an H100 (benchmarks/RESULTS.md), a step with 16
     columns at once was slower than with 8 and twice the rows (200,128,512,512: 24.1 against 22.1 us;
     1000,64,512,512: 16.5 against 13.9 us), and fewer than 16 rows a block slower than 16 or more."""
+    if B <= 0 or C <= 0:
+        return None  # (nothing to loop over: the backend runs such a pass a step at a time)
     best = None
     most = max(1, min(multiprocessors, LOOP_MOST_BLOCKS))
     for row_groups in range(1, min(B, most) + 1):
@@ -241,6 +246,7 @@ def _loop(dtype, peephole: bool) -> str:
         f"KERNEL __launch_bounds__({LOOP_THREADS}) void {name}({signature}, int row_groups, unsigned int* barrier)"
         "\n{\n"
         f"    {computed}* shared = ({computed}*)lstmgrad_shared;\n"
+        "    if (*(volatile unsigned int*)(barrier + 1)) return;  /* a launch before in the pass gave up */\n"
         f"    {{ const int k = n - 1; {name}_stage{call} }}\n"
         "    __syncthreads();\n"
         "    for (int k = n - 1; k >= 0; --k) {\n"
@@ -472,10 +478,11 @@ class Compiled:
     size: int
 
 
-def compile_for_arch(arch: str, code: str | None = None) -> Compiled:
+def compile_for_arch(arch: str, code: str | None = None, extra_options: tuple[str, ...] = ()) -> Compiled:
     """``code`` (by default ``source()``) compiled by NVRTC for ``arch`` (``sm_90``, ``compute_90``) without a GPU:
     the ``cuda-bindings`` and ``nvidia-cuda-nvrtc`` wheels.  ImportError when they are not installed, ValueError for
-    an architecture this NVRTC does not know."""
+    an architecture this NVRTC does not know.  ``extra_options`` follow ``OPTIONS`` (``--ptxas-options=-v`` puts
+    each kernel's registers and shared memory in the log)."""
     from cuda.bindings import nvrtc  # noqa: PLC0415 - only to build kernels without a GPU
 
     def check(result):
@@ -492,7 +499,7 @@ def compile_for_arch(arch: str, code: str | None = None) -> Compiled:
         raise ValueError(f"arch {arch!r} is not one this NVRTC compiles for (sm_{', sm_'.join(map(str, supported))})")
     program = check(nvrtc.nvrtcCreateProgram((code or source()).encode(), b"lstmgrad_kernels.cu", 0, [], []))
     try:
-        options = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in OPTIONS)]
+        options = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in (*OPTIONS, *extra_options))]
         (err,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
         size = check(nvrtc.nvrtcGetProgramLogSize(program))
         log = bytearray(size)  # (NVRTC writes into it: never a bytes object, b" " * 1 is Python's shared b" ")
