@@ -141,49 +141,36 @@ def main(argv: list[str]) -> int:
               f"{med['steps'] * 1e3:.2f} ms | {med['loop'] * 1e3:.2f} ms | {med['barrier only'] * 1e3:.2f} ms | "
               f"{med['barrier + elementwise'] * 1e3:.2f} ms | {med['barrier + product'] * 1e3:.2f} ms | {per_step} | "
               f"{worst:.1e} |", flush=True)
-    print("\nThe persistent loop by its split (row groups x column groups), per step:\n")
-    print("| T,B,I,C | " + " | ".join(f"{n} row groups" for n in (1, 2, 4, 8)) + " |\n|---|---|---|---|---|")
-    for shape in shapes:
-        T, B, I, C = shape  # noqa: E741
-        tensors = SeqTensors(**{k: cp.asarray(v) for k, v in make_inputs(shape, "float32").items()})
-        kw = dict(seq_len_max=T, use_peephole=False, layout=LAYOUT_V2, compute_dtype=np.dtype("float32"))
-        cells = []
-        for groups in (1, 2, 4, 8):
-            launcher = Split(groups)
-            grid = launcher.loop_grid(B, C, np.float32)
-            if grid is None:
-                cells.append("-")
-                continue
-            totals = []
-            for _ in range(repeats + 1):  # (the first untimed)
-                launcher.seconds.clear()
-                CupyBackend(cp, launcher=launcher, loop="persistent").block_lstm_grad(tensors, **kw)
-                totals.append(sum(launcher.seconds))
-            cells.append(f"{np.median(totals[1:]) / T * 1e6:.1f} us")
-        print(f"| {','.join(map(str, shape))} | " + " | ".join(cells) + " |", flush=True)
+    def by_launcher(title, columns, launchers):
+        """A table of the loop's time a step for each shape (rows) and launcher (columns; "-" where its split
+        does not fit), medians of ``repeats`` passes after an untimed one."""
+        print(f"\n{title}, per step:\n\n| T,B,I,C | " + " | ".join(columns) + " |\n|---|" + "---|" * len(columns))
+        for shape in shapes:
+            T, B, I, C = shape  # noqa: E741
+            tensors = SeqTensors(**{k: cp.asarray(v) for k, v in make_inputs(shape, "float32").items()})
+            kw = dict(seq_len_max=T, use_peephole=False, layout=LAYOUT_V2, compute_dtype=np.dtype("float32"))
+            cells = []
+            for launcher in launchers:
+                if launcher.loop_grid(B, C, np.float32) is None:
+                    cells.append("-")
+                    continue
+                totals = []
+                for _ in range(repeats + 1):
+                    launcher.seconds.clear()
+                    CupyBackend(cp, launcher=launcher, loop="persistent").block_lstm_grad(tensors, **kw)
+                    totals.append(sum(launcher.seconds))
+                cells.append(f"{np.median(totals[1:]) / T * 1e6:.1f} us")
+            print(f"| {','.join(map(str, shape))} | " + " | ".join(cells) + " |", flush=True)
+
+    groups = (1, 2, 4, 8)
+    by_launcher("The persistent loop by its split (row groups x column groups)",
+                [f"{n} row groups" for n in groups], [Split(n) for n in groups])
     loads = (4, 8, 16)  # a thread's gate gradients loaded before their terms are added (LOOP_LOADS)
     built = f"#define LOOP_LOADS {kernels.LOOP_LOADS}\n"
     assert built in kernels.source()
-    print(f"\nThe persistent loop by the loads a thread has in flight (LOOP_LOADS, {kernels.LOOP_LOADS} built), "
-          "per step:\n")
-    print("| T,B,I,C | " + " | ".join(f"{n} loads" for n in loads) + " |\n|---|" + "---|" * len(loads))
-    in_flight = {n: Timed(kernels.source().replace(built, f"#define LOOP_LOADS {n}\n")) for n in loads}
-    for shape in shapes:
-        T, B, I, C = shape  # noqa: E741
-        tensors = SeqTensors(**{k: cp.asarray(v) for k, v in make_inputs(shape, "float32").items()})
-        kw = dict(seq_len_max=T, use_peephole=False, layout=LAYOUT_V2, compute_dtype=np.dtype("float32"))
-        cells = []
-        for launcher in in_flight.values():
-            if launcher.loop_grid(B, C, np.float32) is None:
-                cells.append("-")
-                continue
-            totals = []
-            for _ in range(repeats + 1):  # (the first untimed)
-                launcher.seconds.clear()
-                CupyBackend(cp, launcher=launcher, loop="persistent").block_lstm_grad(tensors, **kw)
-                totals.append(sum(launcher.seconds))
-            cells.append(f"{np.median(totals[1:]) / T * 1e6:.1f} us")
-        print(f"| {','.join(map(str, shape))} | " + " | ".join(cells) + " |", flush=True)
+    by_launcher(f"The persistent loop by the loads a thread has in flight (LOOP_LOADS, {kernels.LOOP_LOADS} built)",
+                [f"{n} loads" for n in loads],
+                [Timed(kernels.source().replace(built, f"#define LOOP_LOADS {n}\n")) for n in loads])
     profile_small(cp, shapes[0], CupyBackend, make_inputs, LAYOUT_V2, SeqTensors)
     return 0
 
