@@ -1184,6 +1184,38 @@ def test_cupy_refuses_a_problem_larger_than_the_free_gpu_memory_before_copying_i
 
 
 @needs_host_kernels
+def test_cupy_asks_the_driver_for_free_memory_again_only_for_a_pass_that_could_not_fit_its_last_answer():
+    """Passes in a row that need at most half the free memory the driver reported under a second ago are weighed
+    against that answer; a larger one asks again (and is refused when it does not fit)."""
+    from lstmgrad_cli.backends._cupy import WORKING_BYTES, CupyBackend, device_bytes
+
+    class Device:
+        asked = 0
+        free = 2 * (WORKING_BYTES + 2**20)  # half of it: what a pass needs beyond its arrays, and 1 MB
+
+        @property
+        def mem_info(self):
+            Device.asked += 1
+            return (Device.free, 2 * Device.free)
+
+    cp = cuda_host.fake_cupy()
+    cp.cuda.Device = Device
+    backend = CupyBackend(cp=cp, launcher=cuda_host.HostLauncher())
+    kw = dict(use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
+    small = SeqTensors(**_random_inputs(np.random.default_rng(3), 4, 3, 5, 6, np.float32))
+    for _ in range(3):
+        backend.block_lstm_grad(small, seq_len_max=4, **kw)
+    assert Device.asked == 1
+    assert device_bytes(small, 4, np.float32) < WORKING_BYTES + 2**20
+    large = SeqTensors(**_random_inputs(np.random.default_rng(3), 40, 32, 64, 64, np.float32))
+    assert WORKING_BYTES + 3 * 2**20 < device_bytes(large, 40, np.float32) < WORKING_BYTES + 6 * 2**20
+    Device.free = WORKING_BYTES + 2**20  # (another program took the rest meanwhile)
+    with pytest.raises(BackendUnavailableError, match="the problem needs about"):
+        backend.block_lstm_grad(large, seq_len_max=40, **kw)
+    assert Device.asked == 2
+
+
+@needs_host_kernels
 def test_inputs_already_on_the_gpu_are_not_counted_again_against_its_free_memory():
     """The layer engine hands the backend its activations on the device: only what the pass adds must fit."""
     from lstmgrad_cli.backends._cupy import device_bytes
