@@ -77,15 +77,7 @@ def main(argv: list[str]) -> int:
         def loop_grid(self, B, C, dtype):
             sms, limit = (int(cp.cuda.Device().attributes[k])
                           for k in ("MultiProcessorCount", "MaxSharedMemoryPerBlockOptin"))
-            limit -= kernels.LOOP_STATIC_SHARED_MOST
-            if self.groups > B:
-                return None
-            col_blocks = min(C, sms // self.groups)
-            width = kernels.loop_width(-(-C // col_blocks))
-            shared = (width * 4 * C + kernels.LOOP_THREADS * width) * kernels.compute_itemsize(dtype)
-            if width > kernels.LOOP_MOST_COLUMNS or shared > limit:
-                return None
-            return kernels.LoopGrid(self.groups * col_blocks, self.groups, shared)
+            return kernels.loop_grid(B, C, dtype, sms, limit - kernels.LOOP_STATIC_SHARED_MOST, self.groups)
 
     props = cp.cuda.runtime.getDeviceProperties(0)
     print(f"{props['name'].decode() if isinstance(props['name'], bytes) else props['name']}, "

@@ -75,17 +75,12 @@ class HostLauncher:
     def loop_grid(self, B, C, dtype):
         """As the device's launcher, for a device of ``blocks`` multiprocessors with ample shared memory; with
         ``row_groups`` set, that many groups of rows, the columns over the rest of the blocks."""
-        if self.row_groups is None:
-            return kernels.loop_grid(B, C, dtype, self.blocks, 2**40)
-        col_blocks = max(1, min(C, self.blocks // self.row_groups))
-        return kernels.LoopGrid(self.row_groups * col_blocks, self.row_groups, 0)
+        return kernels.loop_grid(B, C, dtype, self.blocks, 2**40, self.row_groups)
 
     def loop(self, name, batch, columns, params, args, barrier) -> None:
         named = {pname: value for (_, pname), value in zip(params, args, strict=True)}
         grid = self.loop_grid(batch, columns, named["carried_h"].dtype)
         assert 1 <= grid.row_groups <= batch and grid.blocks // grid.row_groups <= columns
-        col_blocks = grid.blocks // grid.row_groups
-        assert -(-columns // col_blocks) <= kernels.LOOP_MOST_COLUMNS  # (the kernel computes at most that many)
         assert isinstance(barrier, DeviceArray) and barrier.shape == (2,) and barrier.dtype == np.uint32
         self._call(name, f"{name}_host", (*params, ("int", "row_groups"), ("int", "blocks")),
                    (*args, grid.row_groups, grid.blocks))

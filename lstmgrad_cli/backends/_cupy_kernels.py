@@ -197,9 +197,11 @@ class LoopGrid:
     shared_bytes: int
 
 
-def loop_grid(B: int, C: int, dtype, multiprocessors: int, shared_limit: int) -> LoopGrid | None:
+def loop_grid(B: int, C: int, dtype, multiprocessors: int, shared_limit: int,
+              row_groups: int | None = None) -> LoopGrid | None:
     """The split of a loop launch over at most ``multiprocessors`` blocks (one each: all resident), or None when a
     block's share of w_rec cannot be held in ``shared_limit`` bytes or in ``LOOP_MOST_COLUMNS`` columns.
+    ``row_groups``: that many row groups, the columns over the rest of the blocks (for tests and timing).
 
     Among the splits that fit, one whose block computes at most ``LOOP_WIDEST_PREFERRED`` columns at once where
     there is one, and then the one whose block does least a step, counted as its gate reads (rows x 4C) and its
@@ -212,11 +214,12 @@ def loop_grid(B: int, C: int, dtype, multiprocessors: int, shared_limit: int) ->
         return None  # (nothing to loop over: the backend runs such a pass a step at a time)
     best = None
     most = max(1, min(multiprocessors, LOOP_MOST_BLOCKS))
-    for row_groups in range(1, min(B, most) + 1):
-        rows = -(-B // row_groups)
-        if row_groups > 1 and rows < LOOP_LEAST_ROWS:
+    most_groups = min(B, most)
+    for groups in range(1, most_groups + 1) if row_groups is None else [g for g in (row_groups,) if g <= most_groups]:
+        rows = -(-B // groups)
+        if row_groups is None and groups > 1 and rows < LOOP_LEAST_ROWS:
             break
-        col_blocks = min(C, most // row_groups)
+        col_blocks = min(C, most // groups)
         cols = -(-C // col_blocks)
         width = loop_width(cols)
         shared = (width * 4 * C + LOOP_THREADS * width) * compute_itemsize(dtype)
@@ -224,7 +227,7 @@ def loop_grid(B: int, C: int, dtype, multiprocessors: int, shared_limit: int) ->
             continue
         cost = (width > LOOP_WIDEST_PREFERRED, rows * (4 + cols))
         if best is None or cost < best[0]:
-            best = (cost, LoopGrid(row_groups * col_blocks, row_groups, shared))
+            best = (cost, LoopGrid(groups * col_blocks, groups, shared))
     return None if best is None else best[1]
 
 
