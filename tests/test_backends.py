@@ -290,13 +290,16 @@ def test_backends_says_how_cupy_runs_its_loop_and_copies(runner, monkeypatch):
     assert doc["gpu_schedule"] == ("cupy: a chunk's time loop in one launch where a step's product is at most "
                                    "1.3e+08 multiply-adds and a block's share of w fits its shared memory, else a "
                                    "step at a time (LSTMGRAD_CUPY_LOOP=auto), host arrays copied through pinned "
-                                   "staging buffers from 32 MB a call, by cupy below (LSTMGRAD_CUPY_COPIES=auto)")
+                                   "staging buffers from 32 MB a call (the time-major ones in 8 chunks of steps, "
+                                   "each while the device computes the one before), by cupy below "
+                                   "(LSTMGRAD_CUPY_COPIES=auto)")
     monkeypatch.setenv("LSTMGRAD_CUPY_LOOP", "steps")
     monkeypatch.setenv("LSTMGRAD_CUPY_COPIES", "pinned")
     monkeypatch.setenv("COLUMNS", "400")
     table = runner.invoke(main, ["backends"], catch_exceptions=False).stdout
     assert ("cupy: a chunk's time loop a step at a time (LSTMGRAD_CUPY_LOOP=steps), host arrays copied through "
-            "pinned staging buffers (LSTMGRAD_CUPY_COPIES=pinned)") in " ".join(table.split())
+            "pinned staging buffers (the time-major ones in 8 chunks of steps, each while the device computes the "
+            "one before) (LSTMGRAD_CUPY_COPIES=pinned)") in " ".join(table.split())
 
 
 def test_backends_command_table(runner):
@@ -1125,6 +1128,90 @@ def test_pinned_copies_cross_in_slices_through_two_buffers_and_lose_no_byte():
         np.testing.assert_array_equal(h, a)
 
 
+def test_a_chunk_feed_copies_a_chunk_while_the_device_still_computes_the_one_before():
+    """``ChunkFeed.take(j)`` copies chunk j into the buffers chunk j-2 used: after the device's work on chunk j-2
+    (queued on the current stream before chunk j-1's), never after chunk j-1's, which its copies overlap.  The
+    stand-in's current stream runs what is queued on it only when an event after it is waited for."""
+    from lstmgrad_cli.backends._cupy_copies import ChunkFeed, PinnedCopies
+    from lstmgrad_cli.backends._xp import chunk_bounds
+
+    cp = cuda_host.fake_cupy()
+    t = SeqTensors(**_random_inputs(np.random.default_rng(4), 6, 2, 3, 4, np.float32))
+    feed = ChunkFeed(cp, PinnedCopies(cp, np.empty, slice_bytes=40, threads=1), t, chunk_bounds(6, 2), 2)
+    current, seen = cp.cuda.get_current_stream(), []
+
+    def work(j, rows):  # chunk j's kernels, queued: they read its rows when the device gets to them
+        current.pending.append(lambda: seen.append((j, np.array(rows["i"]), np.array(rows["cs"]))))
+
+    rows = feed.take(0)  # steps [4, 6), cs from step 3
+    np.testing.assert_array_equal(rows["cs"], t.cs[3:6])
+    np.testing.assert_array_equal(rows["h"], t.h[3:5])
+    work(0, rows)
+    rows = feed.take(1)  # steps [2, 4): the other buffers, without waiting for chunk 0
+    assert seen == []
+    np.testing.assert_array_equal(rows["x"], t.x[2:4])
+    work(1, rows)
+    rows = feed.take(2)  # steps [0, 2), into chunk 0's buffers: once chunk 0's work read them, before chunk 1's
+    assert [j for j, *_ in seen] == [0]
+    np.testing.assert_array_equal(seen[0][1], t.i[4:6])
+    np.testing.assert_array_equal(seen[0][2], t.cs[3:6])
+    for name, want in dict(i=t.i[0:2], cs=t.cs[0:2], h=t.h[0:1], x=t.x[0:2], h_grad=t.h_grad[0:2]).items():
+        np.testing.assert_array_equal(rows[name], want, err_msg=name)
+    current.synchronize()
+    assert [j for j, *_ in seen] == [0, 1]
+    np.testing.assert_array_equal(seen[1][1], t.i[2:4])
+
+
+@needs_host_kernels
+@pytest.mark.parametrize("loop", ["steps", "persistent"])
+@pytest.mark.parametrize("peephole, seq_len_max, dtype", [(True, 13, "float32"), (False, 9, "float16"),
+                                                          (True, 2, "float64")])
+def test_host_inputs_fed_a_chunk_at_a_time_give_the_gradients_of_the_whole_copy(loop, peephole, seq_len_max, dtype):
+    """Host arrays through the pinned buffers: the time-major ones cross a chunk of steps at a time, STREAM_CHUNKS
+    chunks (``ChunkFeed``), the device holding two chunks of them; the gradients are the numpy backend's with the
+    same chunks (float16 computed in float32)."""
+    from lstmgrad_cli.backends._cupy import STREAM_CHUNKS, device_bytes
+
+    T, B, I, C = 13, 3, 4, 5  # noqa: E741
+    tensors = SeqTensors(**_random_inputs(np.random.default_rng(7), T, B, I, C, dtype))
+    cdt = np.dtype("float32" if dtype == "float16" else dtype)
+    kw = dict(seq_len_max=seq_len_max, use_peephole=peephole, layout="icfo", compute_dtype=cdt)
+    K = -(-seq_len_max // STREAM_CHUNKS)
+    want = NumpyBackend().block_lstm_grad(tensors, **kw, chunk_steps=K)
+    copied = []
+    got = cuda_host.cupy_backend(loop=loop, pinned=True, copied=copied).block_lstm_grad(tensors, **kw)
+    for field, a, b in zip(want._fields, want, got, strict=True):
+        assert type(b) is np.ndarray and b.dtype == a.dtype
+        np.testing.assert_allclose(b, a, rtol=1e-5 if dtype != "float16" else 2e-3, atol=1e-6, err_msg=field)
+    staged = [shape[0] for way, kind, shape in copied if way == "in" and kind == np.uint8]
+    itemsize = np.dtype(dtype).itemsize
+    assert max(staged) == max((I + C) * 4 * C * itemsize, (K + 1) * B * C * itemsize)  # w, or cs's rows of a chunk
+    assert device_bytes(tensors, seq_len_max, cdt, streamed_steps=K) < device_bytes(tensors, seq_len_max, cdt)
+
+
+@needs_host_kernels
+def test_a_pass_fed_a_chunk_at_a_time_needs_only_two_chunks_of_its_inputs_on_the_device():
+    """A sequence whose inputs the device could not hold whole runs, fed a chunk at a time; copied at once it is
+    refused before anything is copied."""
+    from lstmgrad_cli.backends._cupy import WORKING_BYTES, CupyBackend
+
+    T, B, I, C = 64, 4, 8, 8  # noqa: E741
+    tensors = SeqTensors(**_random_inputs(np.random.default_rng(8), T, B, I, C, np.float32))
+    inputs = sum(a.nbytes for a in tensors)
+    kw = dict(seq_len_max=T, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
+    free = WORKING_BYTES + inputs // 2
+    for copies in ("pinned", "pageable"):
+        backend = CupyBackend(cp=cuda_host.fake_cupy(free_bytes=free), launcher=cuda_host.HostLauncher(),
+                              copies=copies, pinned_empty=np.empty)
+        if copies == "pageable":
+            with pytest.raises(BackendUnavailableError, match="^the problem needs about .* of GPU memory"):
+                backend.block_lstm_grad(tensors, **kw)
+        else:
+            got = backend.block_lstm_grad(tensors, **kw)
+            np.testing.assert_allclose(got.w_grad, NumpyBackend().block_lstm_grad(tensors, **kw, chunk_steps=8).w_grad,
+                                       rtol=1e-5, atol=1e-5)
+
+
 def test_the_cupy_backends_copies_are_named_by_the_environment(monkeypatch):
     from lstmgrad_cli.backends._cupy import COPIES_ENV
 
@@ -1140,7 +1227,10 @@ def test_the_cupy_backends_copies_are_named_by_the_environment(monkeypatch):
 def test_cupy_copies_a_calls_host_arrays_through_pinned_buffers_from_32_mb_by_default(monkeypatch):
     """LSTMGRAD_CUPY_COPIES unset ("auto"): inputs of less than PINNED_LEAST_BYTES in all cross by cupy's own
     copies (``asarray``), larger ones through the pinned staging buffers; the gradients back by the same rule."""
-    from lstmgrad_cli.backends._cupy import COPIES_ENV, PINNED_LEAST_BYTES, CupyBackend
+    from lstmgrad_cli.backends._cupy import COPIES_ENV, PINNED_LEAST_BYTES, STREAM_CHUNKS, CupyBackend
+    from lstmgrad_cli.backends._cupy_copies import FED, fed_rows
+    from lstmgrad_cli.backends._xp import chunk_bounds
+    from lstmgrad_cli.spec import TIME_MAJOR
 
     monkeypatch.delenv(COPIES_ENV, raising=False)
     kw = dict(use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
@@ -1157,9 +1247,14 @@ def test_cupy_copies_a_calls_host_arrays_through_pinned_buffers_from_32_mb_by_de
         if (T, B) == (4, 3):
             assert inputs < PINNED_LEAST_BYTES
             assert copies.count("in") == sum(1 for a in tensors if a is not None) and not staged
-        else:
+        else:  # the time-major tensors fed a chunk of steps at a time through them, the rest by cupy's copies
             assert T * B * I * 4 < PINNED_LEAST_BYTES <= inputs  # (x alone would not be, the call's inputs are)
-            assert "in" not in copies and sum(c[2][0] for c in staged) == inputs
+            K = -(-T // STREAM_CHUNKS)
+            fed = sum(np.subtract(*reversed(fed_rows(name, lo, hi))) * getattr(tensors, name)[0].nbytes
+                      for lo, hi in chunk_bounds(T, K) for name in FED)
+            assert sum(c[2][0] for c in staged) == fed and max(c[2][0] for c in staged) <= (K + 1) * B * I * 4
+            assert copies.count("in") == sum(1 for name, a in tensors._asdict().items()
+                                             if a is not None and name not in TIME_MAJOR)
             # the gradients (x_grad's 10 MB and the rest) are under 32 MB: back by cupy's copies
             assert copies.count("out") == 8 and sum(a.nbytes for a in got) < PINNED_LEAST_BYTES
 

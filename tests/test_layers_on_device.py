@@ -250,7 +250,9 @@ def test_a_lazy_input_reaches_the_device_a_chunk_of_steps_at_a_time(loop, pinned
     """An HDF5 input's time-major tensors (read by slicing) cross to the device a chunk of steps at a time, and a
     lazy x_grad output is filled a chunk at a time from the device: no tensor of all T steps is ever on the
     device, and the gradients are the numpy backend's."""
+    from lstmgrad_cli.backends._cupy_copies import FED, fed_rows
     from lstmgrad_cli.backends._numpy import NumpyBackend
+    from lstmgrad_cli.backends._xp import chunk_bounds
     from lstmgrad_cli.backends.conformance import LazyRows
     from lstmgrad_cli.spec import TIME_MAJOR, SeqTensors
 
@@ -270,5 +272,13 @@ def test_a_lazy_input_reaches_the_device_a_chunk_of_steps_at_a_time(loop, pinned
     assert got.x_grad is x_grad and host_operands == []
     for field, a, b in zip(want._fields, want, got, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=field)
-    steps = [shape[0] for _, _, shape in copied if len(shape) == 3]
-    assert steps and max(steps) == 4 + 1 < T  # a chunk's steps at most (cs with the step before the chunk)
+    if pinned:  # through the staging buffers, as bytes: the other tensors whole, the time-major ones fed a chunk of
+        # steps at a time (cs with the step before the chunk, h with the steps before: _cupy_copies.fed_rows)
+        fed = sum((hi - lo) * arrays[name][0].nbytes for a, b in chunk_bounds(T, 4)
+                  for name in FED for lo, hi in [fed_rows(name, a, b)])
+        others = sum(a.nbytes for name, a in arrays.items() if name not in TIME_MAJOR)
+        staged = [shape[0] for way, dtype, shape in copied if way == "in" and dtype == np.uint8]
+        assert sum(staged) == others + fed
+    else:
+        steps = [shape[0] for way, _, shape in copied if way == "in" and len(shape) == 3]
+        assert steps and max(steps) == 4 + 1 < T  # a chunk's steps at most (cs with the step before the chunk)

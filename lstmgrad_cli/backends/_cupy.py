@@ -1,8 +1,10 @@
 """The cupy backend: the numpy backend's array code (``_xp``) on a CUDA device, plus fused kernels.
 
-The inputs are copied to the device once (a lazy input, an HDF5 file's, a chunk of steps at a time), the
-whole backward pass runs there (cuBLAS for the matrix products, the time loop in fused kernels:
-``_cupy_kernels``), and the outputs are copied back once (a lazy x_grad output a chunk at a time).  The kernels
+The inputs are copied to the device once, or a chunk of steps at a time: the time-major inputs of a call that
+crosses through the pinned buffers (``ChunkFeed``: each chunk's copies run while the device computes the chunk
+before), and a lazy input's (an HDF5 file's).  The whole backward pass runs there (cuBLAS for the matrix products,
+the time loop in fused kernels: ``_cupy_kernels``), and the outputs are copied back once (a lazy x_grad output a
+chunk at a time).  The kernels
 keep TensorFlow's bracketing and contract no multiply-add: results equal the numpy backend's up to the matrix
 products.
 
@@ -21,9 +23,10 @@ import time
 import numpy as np
 
 from ..errors import BackendUnavailableError
+from ..spec import TIME_MAJOR
 from . import _cupy_kernels as kernels
 from . import gpu_array, on_gpu
-from ._cupy_copies import PinnedCopies
+from ._cupy_copies import ChunkFeed, PinnedCopies
 from ._xp import CHUNK_BYTES, XpGradient
 
 COPIES_ENV = "LSTMGRAD_CUPY_COPIES"
@@ -44,6 +47,10 @@ LOOPS = ("auto", "steps", "persistent")
 # 1024 * 2**20 (100,256,1024,1024: 50.5 against 21.7 ms) to cuBLAS's tiled products.  Measured in float32; float64
 # and float16 (computed in float32) take the same threshold, not measured apart.
 PERSISTENT_MOST_MACS = 128 * 2**20
+# Host inputs crossing through the pinned buffers are fed to the device a chunk of steps at a time, in this many
+# chunks (``ChunkFeed``): a chunk's copies run while the device computes the chunk before, so only the first
+# chunk's copies and the last chunk's work are not overlapped, and the device holds two chunks of the inputs.
+STREAM_CHUNKS = 8
 
 
 def describe() -> str:
@@ -53,8 +60,10 @@ def describe() -> str:
     loops = {"auto": f"in one launch where a step's product is at most {PERSISTENT_MOST_MACS:.2g} multiply-adds "
                      "and a block's share of w fits its shared memory, else a step at a time",
              "steps": "a step at a time", "persistent": "in one launch"}
-    how = {"pageable": "by cupy from pageable memory", "pinned": "through pinned staging buffers",
-           "auto": f"through pinned staging buffers from {PINNED_LEAST_BYTES // 2**20} MB a call, by cupy below"}
+    fed = f"the time-major ones in {STREAM_CHUNKS} chunks of steps, each while the device computes the one before"
+    how = {"pageable": "by cupy from pageable memory", "pinned": f"through pinned staging buffers ({fed})",
+           "auto": f"through pinned staging buffers from {PINNED_LEAST_BYTES // 2**20} MB a call ({fed}), by cupy "
+                   "below"}
     if loop not in loops or copies not in how:
         return f"cupy: {LOOP_ENV}={loop!r} or {COPIES_ENV}={copies!r} is not a setting it takes"
     return (f"cupy: a chunk's time loop {loops[loop]} ({LOOP_ENV}={loop}), host arrays copied {how[copies]} "
@@ -265,16 +274,17 @@ class CupyBackend:
         host (contract.OPTIONAL)."""
         return np.asarray(self._cp.asnumpy(a if isinstance(a, self._cp.ndarray) else gpu_array(a)))
 
-    def _to_device(self, arrays: list) -> list:
+    def _to_device(self, arrays: list, kept: frozenset = frozenset()) -> list:
         """Arrays (None passes) on the device, C-contiguous: host ones copied there (through pinned buffers with
         ``copies="pinned"``, and with "auto" from ``PINNED_LEAST_BYTES`` in all), device ones as they are; lazy
-        inputs (an HDF5 file's) stay on disk, for the pass to copy a chunk of steps at a time."""
+        inputs (an HDF5 file's), and the arrays at the indexes in ``kept``, stay where they are, for the pass to
+        copy a chunk of steps at a time."""
         cp = self._cp
-        hosts = [i for i, a in enumerate(arrays) if a is not None and not _lazy(cp, a)
+        hosts = [i for i, a in enumerate(arrays) if a is not None and not _lazy(cp, a) and i not in kept
                  and not isinstance(a, cp.ndarray) and not on_gpu(a)]
         pinned = self._pinned_copies(sum(_nbytes(arrays[i]) for i in hosts))
         staged = hosts if pinned is not None else []
-        out = [a if a is None or _lazy(cp, a) or _contiguous_on(cp, a) else None if i in staged
+        out = [a if a is None or i in kept or _lazy(cp, a) or _contiguous_on(cp, a) else None if i in staged
                else cp.ascontiguousarray(cp.asarray(a)) for i, a in enumerate(arrays)]
         if staged:
             for i, copied in zip(staged, pinned.to_device([arrays[i] for i in staged]), strict=True):
@@ -298,22 +308,39 @@ class CupyBackend:
             self._pinned = PinnedCopies(self._cp, pinned_empty)
         return self._pinned
 
+    def _streamed(self, tensors, seq_len_max: int) -> PinnedCopies | None:
+        """The pinned copier that feeds this pass its time-major inputs a chunk at a time (``ChunkFeed``), or None
+        to copy them all at once (cupy's own copies, arrays on the device already, a single chunk's steps)."""
+        cp = self._cp
+        hosts = [getattr(tensors, name) for name in TIME_MAJOR]
+        if seq_len_max < 2 or any(isinstance(a, cp.ndarray) or on_gpu(a) for a in hosts):
+            return None
+        return self._pinned_copies(sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in tensors
+                                       if a is not None and not isinstance(a, cp.ndarray)))
+
     def block_lstm_grad(self, tensors, *, seq_len_max, use_peephole, layout, compute_dtype,
                         chunk_steps=None, return_dgates=False, x_grad_out=None, observe=None):
         cp = self._cp
-        _check_fits(cp, tensors, seq_len_max, compute_dtype, return_dgates, x_grad_out is not None, self._free_for)
+        copies = self._streamed(tensors, seq_len_max)
+        if copies is not None:  # the time-major inputs cross a chunk of steps at a time, as the device computes
+            chunk_steps = chunk_steps or -(-seq_len_max // STREAM_CHUNKS)
+        _check_fits(cp, tensors, seq_len_max, compute_dtype, return_dgates, x_grad_out is not None, self._free_for,
+                    streamed_steps=chunk_steps if copies is not None else None)
         try:
-            # One copy in; lazy inputs (an HDF5 file's) a chunk of steps at a time, and a lazy x_grad_out filled so.
-            on_device = type(tensors)(*self._to_device(list(tensors)))
+            # Host inputs: the time-major ones fed a chunk at a time (large ones, through the pinned buffers), the
+            # rest copied at once; lazy ones (an HDF5 file's) a chunk at a time; a lazy x_grad_out filled so.
+            kept = frozenset(i for i, name in enumerate(tensors._fields) if copies is not None and name in TIME_MAJOR)
+            on_device = type(tensors)(*self._to_device(list(tensors), kept))
             args = (on_device, seq_len_max, use_peephole, layout, compute_dtype, chunk_steps, return_dgates)
+            feed = None if copies is None else lambda t, chunks, K: ChunkFeed(cp, copies, t, chunks, K)
             try:
-                result = self._gradient.block_lstm_grad(*args, observe=observe, x_grad_out=x_grad_out)
+                result = self._gradient.block_lstm_grad(*args, observe=observe, x_grad_out=x_grad_out, feed=feed)
             except NotAllResident:
                 if self._gradient.loop != "auto":
                     raise
                 # chosen, not asked for: the pass again from its inputs (left as they were), a step at a time
                 steps = CupyGradient(self._cp, self._gradient.launcher, "steps")
-                result = steps.block_lstm_grad(*args, observe=observe, x_grad_out=x_grad_out)
+                result = steps.block_lstm_grad(*args, observe=observe, x_grad_out=x_grad_out, feed=feed)
         except Exception as err:
             reported = _device_error(err)
             if reported is err:
@@ -350,13 +377,18 @@ WORKING_BYTES = 160 * 2**20
 
 
 def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool = False,
-                 x_grad_streamed: bool = False) -> int:
+                 x_grad_streamed: bool = False, streamed_steps: int | None = None) -> int:
     """About the device memory a pass of these tensors takes: every input (a lazy one, read a chunk of steps at a
-    time, as ``LAZY_BYTES`` for them all), the outputs (x_grad not, when it is ``x_grad_streamed`` to a lazy output),
-    the gate gradients of all steps when ``return_dgates``, and ``WORKING_BYTES``."""
-    inputs = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in tensors
-                 if a is not None and hasattr(a, "__array__"))
-    lazy = LAZY_BYTES if any(a is not None and not hasattr(a, "__array__") for a in tensors) else 0
+    time, as ``LAZY_BYTES`` for them all; with ``streamed_steps``, the time-major ones as the feed's two chunks of
+    that many steps, one more), the outputs (x_grad not, when it is ``x_grad_streamed`` to a lazy output), the gate
+    gradients of all steps when ``return_dgates``, and ``WORKING_BYTES``."""
+    fed = TIME_MAJOR if streamed_steps is not None else ()
+    inputs = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for name, a in tensors._asdict().items()
+                 if a is not None and hasattr(a, "__array__") and name not in fed)
+    inputs += sum(2 * (streamed_steps + 1) * math.prod(getattr(tensors, name).shape[1:])
+                  * np.dtype(getattr(tensors, name).dtype).itemsize for name in fed)
+    lazy = LAZY_BYTES if any(a is not None and not hasattr(a, "__array__") and name not in fed
+                             for name, a in tensors._asdict().items()) else 0
     T, B, I = tensors.x.shape  # noqa: E741
     C = tensors.w.shape[1] // 4
     itemsize = np.dtype(compute_dtype).itemsize
@@ -388,12 +420,12 @@ def _lazy(cp, a) -> bool:
 
 
 def _check_fits(cp, tensors, seq_len_max, compute_dtype, return_dgates, x_grad_streamed=False,
-                free_for=None) -> None:
+                free_for=None, streamed_steps=None) -> None:
     """Refuse, before anything is copied, a problem the device's free memory cannot hold (inputs already on the
     device, as the layer engine gives them, hold their memory already: not counted again).  ``free_for(need)``:
     the free memory to weigh it against (by default the driver's answer now, ``_free_bytes``)."""
     there = sum(int(a.nbytes) for a in tensors if isinstance(a, getattr(cp, "ndarray", ())))
-    need = device_bytes(tensors, seq_len_max, compute_dtype, return_dgates, x_grad_streamed) - there
+    need = device_bytes(tensors, seq_len_max, compute_dtype, return_dgates, x_grad_streamed, streamed_steps) - there
     free = free_for(need) if free_for is not None else _free_bytes(cp)
     if free is not None and need > free:
         raise BackendUnavailableError(

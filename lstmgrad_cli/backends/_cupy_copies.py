@@ -41,13 +41,18 @@ class PinnedCopies:
         cp = self._cp
         hosts = [None if a is None else np.ascontiguousarray(a) for a in arrays]
         devices = [None if a is None else cp.empty(a.shape, a.dtype) for a in hosts]
-        stream = self._copy_stream()  # (after the allocations: their memory may be in use on the current stream)
+        self.copy_in([(h, d) for h, d in zip(hosts, devices, strict=True) if h is not None])
+        return devices
+
+    def copy_in(self, pairs, after=None) -> None:
+        """Each ``(host, device)`` pair's host array into its C-contiguous device array of the same bytes, on a copy
+        stream that first waits for the event ``after`` (by default, for all the current stream has queued); returns
+        once every copy is complete."""
+        stream = self._copy_stream(after)  # (after allocations: their memory may be in use on the current stream)
         try:
-            staging = self._staging(hosts)
-            for host, device in zip(hosts, devices, strict=True):
-                if host is None:
-                    continue
-                source, target = _bytes(host), device.reshape(-1).view(np.uint8)
+            staging = self._staging([host for host, _ in pairs])
+            for host, device in pairs:
+                source, target = _bytes(np.ascontiguousarray(host)), device.reshape(-1).view(np.uint8)
                 for lo in range(0, source.size, staging.size):
                     hi = min(lo + staging.size, source.size)
                     buffer = staging.take(hi - lo)  # (once the DMA that last read it is done)
@@ -56,7 +61,6 @@ class PinnedCopies:
                     staging.give_back(stream.record())
         finally:  # (never a pinned buffer freed, nor an error raised, while a copy from it runs)
             stream.synchronize()
-        return devices
 
     def to_host(self, arrays) -> list:
         """Each device array of ``arrays`` as a new host array: a slice's DMA into one buffer runs while the slice
@@ -84,12 +88,13 @@ class PinnedCopies:
         return hosts
 
 
-    def _copy_stream(self):
-        """A stream of its own, after all the current stream has queued: the arrays it reads were computed there, and
-        the memory the pool hands out for those it writes may be in use there still."""
+    def _copy_stream(self, after=None):
+        """A stream of its own, after ``after`` (an event), by default after all the current stream has queued: the
+        arrays it reads were computed there, and the memory the pool hands out for those it writes may be in use
+        there still."""
         cuda = self._cp.cuda
         stream = cuda.Stream(non_blocking=True)
-        stream.wait_event(cuda.get_current_stream().record())
+        stream.wait_event(after if after is not None else cuda.get_current_stream().record())
         return stream
 
 
@@ -135,3 +140,55 @@ class _Staging:
 def _bytes(host: np.ndarray) -> np.ndarray:
     """A C-contiguous host array's bytes, as a flat uint8 view."""
     return host.reshape(-1).view(np.uint8)
+
+
+# What a chunk of a pass reads of its time-major inputs (``XpGradient.block_lstm_grad``): the step tensors and cs
+# (from one step earlier) for the time loop, x and h (the h_prev of each step) for the weight gradients.
+FED = ("i", "f", "o", "ci", "co", "h_grad", "cs_grad", "cs", "x", "h")
+
+
+def fed_rows(name: str, lo: int, hi: int) -> tuple[int, int]:
+    """The rows of ``name`` that chunk ``[lo, hi)`` reads: cs from the step before the chunk where there is one, h of
+    the steps before (h_prev of step 0 is not h's), every other tensor the chunk's own steps."""
+    if name == "cs":
+        return max(lo - 1, 0), hi
+    if name == "h":
+        return max(lo - 1, 0), hi - 1
+    return lo, hi
+
+
+class ChunkFeed:
+    """A pass's time-major inputs (host arrays, or lazy ones: an HDF5 file's, read here) on the device a chunk of
+    steps at a time: ``XpGradient.block_lstm_grad``'s ``feed``.
+
+    ``take(j)`` is asked once chunk j-1's work is queued on the current stream: chunk j's rows then cross through
+    ``copies`` while the device still computes chunk j-1, into one of two sets of device buffers taken in turn.
+    A set is refilled only after the device is done with the chunk before last, which used it (the event
+    recorded when that chunk's successor was taken, before the successor's work was queued).  Device memory:
+    two chunks of the inputs, whatever T.
+    """
+
+    def __init__(self, cp, copies: PinnedCopies, t, chunks, K: int):
+        self._cp, self._copies, self._t, self._chunks = cp, copies, t, chunks
+        # both sets made now, before the pass queues anything: no memory the pass frees is handed to them
+        self._slots = tuple({name: cp.empty((K + 1, *getattr(t, name).shape[1:]), dtype=getattr(t, name).dtype)
+                             for name in FED} for _ in range(2))
+        self._freed = [None, None]  # per set: an event after which the device no longer reads it
+
+    def take(self, j: int) -> dict:
+        """Chunk j's rows by name (``FED``; ``fed_rows`` says which), on the device."""
+        lo, hi = self._chunks[j]
+        now = self._cp.cuda.get_current_stream().record()  # all before chunk j: chunk j-1's work done
+        after = self._freed[j % 2] if self._freed[j % 2] is not None else now
+        self._freed[(j - 1) % 2] = now
+        slot, rows, pairs = self._slots[j % 2], {}, []
+        for name in FED:
+            a, b = fed_rows(name, lo, hi)
+            rows[name] = slot[name][:b - a]
+            if b > a:
+                pairs.append((np.asarray(getattr(self._t, name)[a:b]), rows[name]))
+        self._copies.copy_in(pairs, after)
+        return rows
+
+    def close(self) -> None:
+        """Nothing is left running: every ``take`` returned once its copies were complete."""

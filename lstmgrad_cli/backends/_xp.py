@@ -245,7 +245,7 @@ class XpGradient:
     # -- the whole backward pass --------------------------------------------------------------
     def block_lstm_grad(self, t: SeqTensors, seq_len_max: int, use_peephole: bool, layout: str,
                         compute_dtype, chunk_steps: int | None = None, return_dgates: bool = False, *,
-                        x_grad_out=None, observe=None):
+                        x_grad_out=None, observe=None, feed=None):
         """BlockLSTMGrad(V2) on validated arrays already on this module's device.
 
         Returns ``BlockLSTMGradOutputs`` in the input dtype (and the gate gradients of all steps
@@ -256,7 +256,9 @@ class XpGradient:
         ``x_grad_out``, a zero-filled writable ``[T, B, I]`` array-like (an h5py dataset, say),
         receives ``x_grad`` chunk by chunk instead of an array in memory, and is returned as
         ``x_grad``.  ``observe(t, carried_h, carried_cs)`` is called after each step with the
-        gradients carried into ``h`` and ``cs`` of step t-1 (for per-step diagnostics).
+        gradients carried into ``h`` and ``cs`` of step t-1 (for per-step diagnostics).  ``feed(t, chunks, K)``,
+        when given, makes what hands each chunk its time-major rows where this module computes, asked in chunk order
+        (``take(j)`` once chunk j-1's work is queued; ``_cupy_copies.ChunkFeed``): the pass then never slices them.
         """
         xp = self.xp
         out_dtype = np.dtype(t.x.dtype)
@@ -313,7 +315,8 @@ class XpGradient:
             xh_buf[:, :, I + C] = 1
         # Inputs on disk (h5py datasets): each chunk's rows read into reused buffers, the next chunk's ahead.
         on_disk = xp is np and any(hasattr(getattr(t, name), "read_into") for name in (*STEP_NAMES, "cs"))
-        reader = _ReadAhead(t, chunks, K) if on_disk else None
+        reader = feed(t, chunks, K) if feed is not None else _ReadAhead(t, chunks, K) if on_disk else None
+        fed = {}  # chunk -> the rows its reader gave, until its weight product has taken x and h from them
 
         def chunk(name, a, b, src=None):
             """``t.<name>[a:b]`` (``src``: those rows, read already) in the compute dtype (a view when no cast is
@@ -334,7 +337,7 @@ class XpGradient:
 
         def steps(j, lo, hi):
             nonlocal carried_cs, new_cs
-            read = reader.take(j) if reader is not None else {}
+            read = fed[j] = reader.take(j) if reader is not None else {}
             acts = {name: chunk(name, lo, hi, read.get(name)) for name in STEP_NAMES}
             first = 1 if lo > 0 else 0                     # cs_ext[k + first] is cs of step lo + k
             cs_ext = chunk("cs", lo - first, hi, read.get("cs"))
@@ -346,7 +349,7 @@ class XpGradient:
             self._x_grad_product(lo, hi, gates_of(j, lo, hi), w_x_t, x_grad, cdt)
 
         def wb_product(j, lo, hi):
-            self._wb_product(t, lo, hi, gates_of(j, lo, hi), wb_grad, h_prev, xh_buf, hi == L)
+            self._wb_product(t, lo, hi, gates_of(j, lo, hi), wb_grad, h_prev, xh_buf, hi == L, fed.pop(j, {}))
 
         try:
             if overlap:
@@ -532,14 +535,16 @@ class XpGradient:
             on_host = xp is not np and not isinstance(x_grad, xp.ndarray)
             x_grad[lo:hi] = rows.get() if on_host else rows
 
-    def _wb_product(self, t, lo, hi, gates, wb_grad, h_prev, xh_buf, first):
+    def _wb_product(self, t, lo, hi, gates, wb_grad, h_prev, xh_buf, first, rows=None):
         """w_grad and b_grad of steps [lo, hi): ``[w_grad; b_grad] += [x, h_prev, 1]^T @ dgates``.
 
         One product into ``wb_grad`` ([I+C+1, 4C]) over ``xh_buf`` ([K, B, I+C+1] in the compute
         dtype, its last column ones; filled here, which also casts other-dtype inputs): about 10%
         faster than separate x and h products plus a sum over the batch.  The ``first`` chunk (the
         last steps) writes it in place; later ones add into it in the same BLAS call where a BLAS is
-        reachable (``cpu_blas.matmul_into``: 113 vs 118 ms a call at 100,64,256,256).
+        reachable (``cpu_blas.matmul_into``: 113 vs 118 ms a call at 100,64,256,256).  ``rows``: x's rows of the
+        chunk and h's of the steps before it (``_cupy_copies.fed_rows``), where a feed gave them; else they are
+        sliced from ``t``.
         """
         xp = self.xp
         n, B, G4 = gates.shape
@@ -547,14 +552,23 @@ class XpGradient:
         C = wb_grad.shape[0] - I - 1
         flat = gates.reshape(n * B, G4)
         xh = xh_buf[:n]
-        _rows_into(t.x, lo, hi, xh_buf, np.s_[:n, :, :I], xp)
+        rows = rows or {}
+        x, h = rows.get("x"), rows.get("h")
+
+        def fill(source, a, b, dest, given):
+            if given is not None:
+                xh_buf[dest] = given
+            else:
+                _rows_into(source, a, b, xh_buf, dest, xp)
+
+        fill(t.x, lo, hi, np.s_[:n, :, :I], x)
         # h_prev of step s is h[s-1], and the input h_prev at s = 0 (never read h at t = L-1).
         if lo > 0:
-            _rows_into(t.h, lo - 1, hi - 1, xh_buf, np.s_[:n, :, I:I + C], xp)
+            fill(t.h, lo - 1, hi - 1, np.s_[:n, :, I:I + C], h)
         else:
             xh[0, :, I:I + C] = h_prev
             if n > 1:
-                _rows_into(t.h, 0, hi - 1, xh_buf, np.s_[1:n, :, I:I + C], xp)
+                fill(t.h, 0, hi - 1, np.s_[1:n, :, I:I + C], h)
         xh = xh.reshape(n * B, I + C + 1)
         if xp is np and cpu_blas.matmul_into(xh.T, flat, wb_grad, accumulate=not first):
             return  # one BLAS call adds the product in: no [I+C+1, 4C] temporary, no extra pass
