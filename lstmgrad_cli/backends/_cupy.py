@@ -322,8 +322,10 @@ class CupyBackend:
                         chunk_steps=None, return_dgates=False, x_grad_out=None, observe=None):
         cp = self._cp
         copies = self._streamed(tensors, seq_len_max)
-        if copies is not None:  # the time-major inputs cross a chunk of steps at a time, as the device computes
+        if copies is not None:  # the time-major inputs cross a chunk of steps at a time, as the device computes,
             chunk_steps = chunk_steps or -(-seq_len_max // STREAM_CHUNKS)
+            if x_grad_out is None:  # and x_grad's rows come back so (steps from seq_len_max on: zeros)
+                x_grad_out = np.zeros(tensors.x.shape, dtype=tensors.x.dtype)
         _check_fits(cp, tensors, seq_len_max, compute_dtype, return_dgates, x_grad_out is not None, self._free_for,
                     streamed_steps=chunk_steps if copies is not None else None)
         try:

@@ -30,6 +30,10 @@ class PinnedCopies:
         self._slice, self._threads = int(slice_bytes), int(threads)
         self._pool = None  # the host threads, made on first use and kept
 
+    def host_buffer(self, shape, dtype) -> np.ndarray:
+        """A pinned host array, for copies of the caller's own."""
+        return self._pinned_empty(shape, dtype)
+
     def _staging(self, arrays) -> _Staging:
         if self._pool is None and self._threads > 1:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="lstmgrad-pinned")
@@ -169,11 +173,14 @@ class ChunkFeed:
     """
 
     def __init__(self, cp, copies: PinnedCopies, t, chunks, K: int):
-        self._cp, self._copies, self._t, self._chunks = cp, copies, t, chunks
+        self._cp, self._copies, self._t, self._chunks, self._K = cp, copies, t, chunks, K
         # both sets made now, before the pass queues anything: no memory the pass frees is handed to them
         self._slots = tuple({name: cp.empty((K + 1, *getattr(t, name).shape[1:]), dtype=getattr(t, name).dtype)
                              for name in FED} for _ in range(2))
         self._freed = [None, None]  # per set: an event after which the device no longer reads it
+        self._back = None  # put's stream, and its two pinned buffers taken in turn
+        self._puts = []  # (event, device rows, pinned rows, target, lo, hi) of rows on their way back
+        self._turn = 0
 
     def take(self, j: int) -> dict:
         """Chunk j's rows by name (``FED``; ``fed_rows`` says which), on the device."""
@@ -190,5 +197,37 @@ class ChunkFeed:
         self._copies.copy_in(pairs, after)
         return rows
 
+    def put(self, target, lo: int, hi: int, rows) -> None:
+        """``target[lo:hi] = rows``, device rows (a chunk's x_grad) queued on the current stream: copied back on a
+        stream of their own once computed, into one of two pinned buffers taken in turn, while the device goes on;
+        written into ``target`` (a host array, or a lazy output) at the next ``put`` or at ``close``.  The device rows
+        are held until their copy is done (their memory is not handed out again meanwhile)."""
+        cuda = self._cp.cuda
+        if self._back is None:
+            shape = (self._K, *rows.shape[1:])
+            self._back = (cuda.Stream(non_blocking=True),
+                          [self._copies.host_buffer(shape, rows.dtype) for _ in range(2)])
+        stream, buffers = self._back
+        self._settle(keep=1)  # those of two chunks ago, whose buffer this one takes
+        self._turn ^= 1
+        stream.wait_event(cuda.get_current_stream().record())
+        pinned = buffers[self._turn][:hi - lo]
+        rows.get(out=pinned, stream=stream, blocking=False)
+        self._puts.append((stream.record(), rows, pinned, target, lo, hi))
+
+    def _settle(self, keep: int) -> None:
+        """Write the rows copied back into their targets, all but the last ``keep``, waiting for their copies."""
+        while len(self._puts) > keep:
+            event, _, pinned, target, lo, hi = self._puts.pop(0)
+            event.synchronize()
+            target[lo:hi] = pinned
+
     def close(self) -> None:
-        """Nothing is left running: every ``take`` returned once its copies were complete."""
+        """Write what is still on its way back (a pass that failed: wait for it all the same, its pinned buffers in
+        use); every ``take`` returned once its copies were complete."""
+        try:
+            self._settle(keep=0)
+        finally:
+            for event, *_ in self._puts:
+                event.synchronize()
+            self._puts.clear()

@@ -346,7 +346,7 @@ class XpGradient:
                                              one_core=overlap)
 
         def x_product(j, lo, hi):
-            self._x_grad_product(lo, hi, gates_of(j, lo, hi), w_x_t, x_grad, cdt)
+            self._x_grad_product(lo, hi, gates_of(j, lo, hi), w_x_t, x_grad, cdt, getattr(reader, "put", None))
 
         def wb_product(j, lo, hi):
             self._wb_product(t, lo, hi, gates_of(j, lo, hi), wb_grad, h_prev, xh_buf, hi == L, fed.pop(j, {}))
@@ -520,8 +520,10 @@ class XpGradient:
         if failures:
             raise failures[0]
 
-    def _x_grad_product(self, lo, hi, gates, w_x_t, x_grad, cdt):
-        """``x_grad[lo:hi] = dgates @ w_x^T``, one large product over the chunk's steps."""
+    def _x_grad_product(self, lo, hi, gates, w_x_t, x_grad, cdt, put=None):
+        """``x_grad[lo:hi] = dgates @ w_x^T``, one large product over the chunk's steps.  A device's rows for a host
+        ``x_grad`` are copied back by ``put(x_grad, lo, hi, rows)`` where the feed has one (while the device goes
+        on), else here."""
         xp = self.xp
         n, B, G4 = gates.shape
         I = w_x_t.shape[1]  # noqa: E741
@@ -533,7 +535,10 @@ class XpGradient:
             self._matmul(flat, w_x_t, product)
             rows = product.reshape(n, B, I).astype(x_grad.dtype, copy=False)
             on_host = xp is not np and not isinstance(x_grad, xp.ndarray)
-            x_grad[lo:hi] = rows.get() if on_host else rows
+            if on_host and put is not None:
+                put(x_grad, lo, hi, rows)
+            else:
+                x_grad[lo:hi] = rows.get() if on_host else rows
 
     def _wb_product(self, t, lo, hi, gates, wb_grad, h_prev, xh_buf, first, rows=None):
         """w_grad and b_grad of steps [lo, hi): ``[w_grad; b_grad] += [x, h_prev, 1]^T @ dgates``.
