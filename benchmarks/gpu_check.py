@@ -10,12 +10,14 @@
 5. benchmarks/gpu_loop_anatomy.py: the persistent loop's time per step, the grid barrier's, the elementwise
    phase's and the product phase's, and its answers against the loop of steps', for the six shapes; the loop by
    its split into row groups and by the loads in flight a thread; the host's profile of a small pass;
-6. `lstmgrad bench` on the GPU for issue 39's six shapes (`make bench-gpu`'s, in two runs: the four small
+6. benchmarks/gpu_copy_rates.py: host to device copy rates (cupy's, the DMA alone, the host's copy into pinned
+   memory and the staging by thread count) and a pass from host arrays fed in chunks against one chunk;
+7. `lstmgrad bench` on the GPU for issue 39's six shapes (`make bench-gpu`'s, in two runs: the four small
    shapes, then the two large ones; medians of 3 rounds, to stay inside the budget): the cupy backend from host
    arrays (cupy's copies, and through pinned buffers), on device arrays (the loop it chooses, and each loop) and
    from one file to another, the PCIe floor and the GPU's own GEMM limit, PyTorch's cuDNN backward with TF32 off
    and on;
-7. what a user waits for, numpy against cupy with its kernel cache warm (median of 3): `lstmgrad seq` on one
+8. what a user waits for, numpy against cupy with its kernel cache warm (median of 3): `lstmgrad seq` on one
    small TF file and on one PyTorch layer file (issue 38: cupy within 1 s of numpy), and a batch of 100 small
    files (issue 39: no slower per file than numpy).
 
@@ -183,6 +185,8 @@ def main(argv: list[str]) -> int:
                                                   {"LSTMGRAD_TEST_BACKEND": "cupy"})))
     rows.append(("loop anatomy", *run("where the persistent loop's time goes",
                                       [python, "benchmarks/gpu_loop_anatomy.py", "--repeats", "3"], 120)))
+    rows.append(("copy rates", *run("host arrays to the GPU: copy rates, and a pass fed in chunks",
+                                    [python, "benchmarks/gpu_copy_rates.py", "--repeats", "3"], 60)))
     for k, shapes in enumerate(SHAPES, 1):  # (--no-compare: no CPU framework; cuDNN is timed all the same)
         bench = [python, "-m", "lstmgrad_cli", "bench", "--backend", "cupy", "--repeats", "3", "--markdown",
                  "--no-compare", *(arg for shape in shapes for arg in ("--shape", shape))]

@@ -1464,6 +1464,31 @@ def test_cupy_on_gpu_matches_numpy_on_a_larger_shape(peephole):
                                    err_msg=field)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif("not _gpu_usable()", reason="needs cupy and a CUDA device")
+@pytest.mark.parametrize("loop", ["steps", "persistent"])
+def test_cupy_on_gpu_feeds_host_inputs_a_chunk_at_a_time_and_matches_numpy(loop):
+    """On a GPU: host arrays through the pinned buffers are fed in chunks (ChunkFeed, its streams and events real),
+    x_grad back the same way; the gradients are the numpy backend's with the same chunks, and an HDF5-like lazy
+    input's too."""
+    from lstmgrad_cli.backends._cupy import STREAM_CHUNKS, CupyBackend
+    from lstmgrad_cli.backends.conformance import LazyRows
+    from lstmgrad_cli.spec import TIME_MAJOR
+
+    T, B, I, C = 45, 24, 20, 36  # noqa: E741
+    inputs = _random_inputs(np.random.default_rng(9), T, B, I, C, np.float32)
+    kw = dict(seq_len_max=41, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float32"))
+    want = NumpyBackend().block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=-(-41 // STREAM_CHUNKS))
+    backend = CupyBackend(loop=loop, copies="pinned")
+    lazy = {k: LazyRows(v) if k in TIME_MAJOR else v for k, v in inputs.items()}
+    for arrays in (inputs, lazy):
+        got = backend.block_lstm_grad(SeqTensors(**arrays), **kw)
+        for field, a, b in zip(want._fields, want, got, strict=True):
+            assert type(b) is np.ndarray
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(a).max(initial=0))),
+                                       err_msg=field)
+
+
 # -- arrays already on a GPU ------------------------------------------------------------------------
 
 class _DeviceArrayLike:

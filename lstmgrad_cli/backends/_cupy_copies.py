@@ -7,7 +7,9 @@ a copy stream, the next is copied into the other buffer by ``THREADS`` host thre
 large copies), and back the other way likewise.  The cupy backend copies so a call's host arrays of 32 MB or more
 in all (``LSTMGRAD_CUPY_COPIES=auto``, the default; ``pinned`` always, ``pageable`` never): on an H100 this was
 2.0-2.3x faster than cupy's own copies at 0.5-1.4 GB, 1.1-1.2x at 60-75 MB, and level or slower at 7 MB
-(`lstmgrad bench`'s ``cupy-pinned`` row against ``cupy``'s, benchmarks/RESULTS.md).
+(`lstmgrad bench`'s ``cupy-pinned`` row against ``cupy``'s, benchmarks/RESULTS.md).  Such a call's time-major
+inputs are fed to the pass a chunk of steps at a time (``ChunkFeed``), each chunk's copies beside the device's
+work on the chunk before, and x_grad comes back the same way.
 """
 
 from __future__ import annotations
