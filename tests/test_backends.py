@@ -1017,11 +1017,12 @@ def test_the_persistent_loops_product_adds_in_its_fixed_order(B, C, blocks, row_
 
 
 @needs_host_kernels
-def test_a_persistent_loop_whose_blocks_cannot_all_run_is_redone_a_step_at_a_time_when_chosen():
+@pytest.mark.parametrize("copies", ["pageable", "pinned"])
+def test_a_persistent_loop_whose_blocks_cannot_all_run_is_redone_a_step_at_a_time_when_chosen(copies):
     """Another program holding part of the GPU leaves some of the loop's blocks waiting: the loop stops them all
     and sets its flag, which the backend reads once the pass is queued.  Where the backend chose that loop ("auto")
-    it computes the pass again from its inputs with the loop of steps; where it was asked for, the error stands
-    (one line, naming the way out)."""
+    it computes the pass again from its inputs with the loop of steps (fed again a chunk at a time, through the
+    pinned buffers); where it was asked for, the error stands (one line, naming the way out)."""
     from lstmgrad_cli.backends._cupy import CupyBackend
 
     class Crowded(cuda_host.HostLauncher):
@@ -1032,8 +1033,9 @@ def test_a_persistent_loop_whose_blocks_cannot_all_run_is_redone_a_step_at_a_tim
     inputs = SeqTensors(**_random_inputs(np.random.default_rng(4), 6, 3, 4, 5, np.float32))
     kw = dict(seq_len_max=6, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float32"))
     calls = []
-    got = CupyBackend(cp=cuda_host.fake_cupy(), launcher=Crowded(calls), loop="auto").block_lstm_grad(inputs, **kw)
-    want = NumpyBackend().block_lstm_grad(inputs, **kw)
+    got = CupyBackend(cp=cuda_host.fake_cupy(), launcher=Crowded(calls), loop="auto", copies=copies,
+                      pinned_empty=np.empty).block_lstm_grad(inputs, **kw)
+    want = NumpyBackend().block_lstm_grad(inputs, **kw, chunk_steps=1 if copies == "pinned" else None)
     for field, a, b in zip(want._fields, want, got, strict=True):
         np.testing.assert_array_equal(b, a, err_msg=field)
     assert _cupy_kernels.kernel_name(np.float32, True) in calls  # the steps' kernels

@@ -31,7 +31,7 @@ def sigmoid(z, xp=None):
     xp = array_module(z) if xp is None else xp
     z = xp.asarray(z)
     e = xp.exp(-xp.abs(z))
-    out = xp.where(z >= 0, xp.ones_like(e), e)
+    out = xp.where(z >= 0, e.dtype.type(1), e)
     e += 1.0
     out /= e
     return out if out.ndim else out[()]
