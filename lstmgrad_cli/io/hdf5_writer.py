@@ -33,15 +33,16 @@ def hdf5_writer(tmp: Temporary):
     knows: the first error is kept and raised from the block, HDF5 closes the file as if all went well, and
     the temporary file is then discarded (atomic_file)."""
     target = _HDF5Target(tmp)
-    out = _output_file_class()(target, "w", track_order=True)
+    with signals_held():  # (HDF5 writes the new file's superblock through ``target``)
+        out = _output_file_class()(target, "w", track_order=True)
     out._lstmgrad_target = target
     try:
         yield out
         target.raise_failure()  # (a failed write leaves nothing worth flushing)
-        with _signals_held():
+        with signals_held():
             out.close()  # (HDF5 flushes it; what failed is in target.error)
     except BaseException as err:
-        with _signals_held(), contextlib.suppress(Exception):
+        with signals_held(), contextlib.suppress(Exception):
             out.close()  # (HDF5 saw no failed write, so this succeeds: nothing of the file is left open)
         if target.error is not None and isinstance(err, Exception) and not isinstance(err, (OSError, LstmGradError)):
             raise target.failure() from None  # what followed a failed write (HDF5 reading what was not written)
@@ -163,18 +164,23 @@ def _pread(fd: int, size: int, offset: int) -> bytes:
 @functools.cache
 def _output_file_class():
     """h5py.File whose datasets raise the write error of their file as soon as a write of theirs returns (HDF5 got
-    none: ``_HDF5Target``), so that a long streamed output stops at the first failed write, not at its end."""
+    none: ``_HDF5Target``), so that a long streamed output stops at the first failed write, not at its end.  Each
+    write holds SIGINT and SIGTERM back until it returns (``signals_held``): HDF5 calls ``_HDF5Target`` (Python)
+    from inside it, and a KeyboardInterrupt raised there would be a failed write to HDF5 (h5py's SystemError and
+    a traceback); a stream's writes are a chunk each, so an interrupt waits one chunk's write at most."""
     import h5py  # noqa: PLC0415
 
     class OutputDataset(h5py.Dataset):
         _lstmgrad_target: _HDF5Target
 
         def __setitem__(self, key, value) -> None:
-            super().__setitem__(key, value)
+            with signals_held():
+                super().__setitem__(key, value)
             self._lstmgrad_target.raise_failure()
 
         def write_direct(self, source, source_sel=None, dest_sel=None) -> None:
-            super().write_direct(source, source_sel, dest_sel)
+            with signals_held():
+                super().write_direct(source, source_sel, dest_sel)
             self._lstmgrad_target.raise_failure()
 
     class OutputFile(h5py.File):
@@ -182,7 +188,9 @@ def _output_file_class():
 
         def create_dataset(self, name, *args, **kwargs):
             self._lstmgrad_target.raise_failure()
-            dataset = OutputDataset(super().create_dataset(name, *args, **kwargs).id)
+            with signals_held():
+                made = super().create_dataset(name, *args, **kwargs)
+            dataset = OutputDataset(made.id)
             dataset._lstmgrad_target = self._lstmgrad_target
             self._lstmgrad_target.raise_failure()
             return dataset
@@ -191,7 +199,7 @@ def _output_file_class():
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
+def signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM held back meanwhile: their handlers run when the block ends, as they would have then.
 
     For HDF5's flush and close, which call ``_HDF5Target`` (Python): a KeyboardInterrupt raised there would be a

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import OutputFileError
 from ._common import METADATA_KEY
 from .atomic import atomic_file, exists_error, os_reason, synced_behind
-from .hdf5_writer import hdf5_writer
+from .hdf5_writer import hdf5_writer, signals_held
 
 OUTPUT_MARK = ".grads."  # in every default output's name (<stem>.grads.<ext>): never taken for an input
 OUTPUT_FORMATS = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5", ".safetensors": "safetensors"}
@@ -121,7 +121,9 @@ def open_hdf5_output(path: str | os.PathLike, force: bool = False, large: bool =
 def write_metadata(out, metadata: Mapping[str, object]) -> None:
     """Provenance as one root attribute of an open HDF5 output, a JSON document under ``__lstmgrad__`` (as in NPZ
     and safetensors outputs): attributes named like the op's parameters would read as inputs."""
-    out.attrs[METADATA_KEY] = json.dumps(dict(metadata), sort_keys=True, default=str)
+    text = json.dumps(dict(metadata), sort_keys=True, default=str)
+    with signals_held():  # (HDF5 may write through the output's Python file object meanwhile: hdf5_writer)
+        out.attrs[METADATA_KEY] = text
 
 
 def _write_npz(fh, tensors, metadata) -> None:
