@@ -112,7 +112,11 @@ CUPY_COMMON = ("zeros", "empty", "add", "subtract", "multiply", "matmul", "ascon
 class Stream:
     """A copy stream of the stand-in device: the copies given it (``DeviceArray.set``/``get`` with ``stream=``) run
     only when an event recorded after them, or the stream, is synchronised, as a GPU's may run any time until then:
-    a host buffer reused before its copy is done shows in the copied data."""
+    a host buffer reused before its copy is done shows in the copied data.  ``eager`` (a class made by
+    ``fake_cupy(eager_copies=True)``): each copy runs as it is given instead, as early as a GPU may run it (what it
+    waits for has run: ``wait_event`` runs that at once), so a buffer still to be read that it overwrites shows."""
+
+    eager = False
 
     def __init__(self, non_blocking=False):
         self.pending: list = []
@@ -176,6 +180,8 @@ class DeviceArray(np.ndarray):
             copy()
         else:
             stream.pending.append(copy)
+            if stream.eager:
+                stream.synchronize()
 
     def __setitem__(self, index, value):
         if self.host_operands is not None and type(value) is np.ndarray and value.ndim:
@@ -201,12 +207,13 @@ def _on_device(value, kind=DeviceArray):
 
 
 def fake_cupy(available: bool = True, free_bytes: int = 2**40, copies: list | None = None,
-              copied: list | None = None, host_operands: list | None = None):
+              copied: list | None = None, host_operands: list | None = None, eager_copies: bool = False):
     """numpy as the cupy module: only ``CUPY_COMMON``, each returning the stand-in device's arrays
     (``DeviceArray``); ``asarray`` copies a host array to "the device" (appending "in" to ``copies``, and
     ("in", dtype, shape) to ``copied``) and takes a device array as it is; ``asnumpy`` copies a device array back
     ("out") and returns a host array as it is; a device with ``free_bytes`` of free memory.  ``host_operands``: a
-    list receiving the name of every ufunc given a host array beside a device one (cupy raises there)."""
+    list receiving the name of every ufunc given a host array beside a device one (cupy raises there).
+    ``eager_copies``: copy streams that run each copy as it is given (``Stream``)."""
     copied = [] if copied is None else copied
     kind = type("DeviceArray", (DeviceArray,), {"host_operands": host_operands, "copied": copied})
     fake = types.SimpleNamespace(**{name: _device_function(getattr(np, name), kind) for name in CUPY_COMMON})
@@ -233,7 +240,8 @@ def fake_cupy(available: bool = True, free_bytes: int = 2**40, copies: list | No
     fake.asarray, fake.asnumpy = to_device, to_host
     device = types.SimpleNamespace(mem_info=(free_bytes, 2 * free_bytes))
     current = Stream()  # (the stand-in's kernels and ufuncs run at once: nothing is ever queued on it)
-    fake.cuda = types.SimpleNamespace(Device=lambda: device, Stream=Stream, get_current_stream=lambda: current)
+    streams = type("Stream", (Stream,), {"eager": eager_copies})
+    fake.cuda = types.SimpleNamespace(Device=lambda: device, Stream=streams, get_current_stream=lambda: current)
     fake.get_default_memory_pool = lambda: types.SimpleNamespace(free_bytes=lambda: 0)
     return fake
 

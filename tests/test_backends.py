@@ -1024,6 +1024,8 @@ def test_a_persistent_loop_whose_blocks_cannot_all_run_is_redone_a_step_at_a_tim
     it computes the pass again from its inputs with the loop of steps (fed again a chunk at a time, through the
     pinned buffers); where it was asked for, the error stands (one line, naming the way out)."""
     from lstmgrad_cli.backends._cupy import CupyBackend
+    from lstmgrad_cli.backends._cupy_copies import FED, fed_rows
+    from lstmgrad_cli.backends._xp import chunk_bounds
 
     class Crowded(cuda_host.HostLauncher):
         def loop(self, name, batch, columns, params, args, barrier):
@@ -1032,10 +1034,15 @@ def test_a_persistent_loop_whose_blocks_cannot_all_run_is_redone_a_step_at_a_tim
 
     inputs = SeqTensors(**_random_inputs(np.random.default_rng(4), 6, 3, 4, 5, np.float32))
     kw = dict(seq_len_max=6, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float32"))
-    calls = []
-    got = CupyBackend(cp=cuda_host.fake_cupy(), launcher=Crowded(calls), loop="auto", copies=copies,
+    calls, copied = [], []
+    got = CupyBackend(cp=cuda_host.fake_cupy(copied=copied), launcher=Crowded(calls), loop="auto", copies=copies,
                       pinned_empty=np.empty).block_lstm_grad(inputs, **kw)
     want = NumpyBackend().block_lstm_grad(inputs, **kw, chunk_steps=1 if copies == "pinned" else None)
+    if copies == "pinned":  # the other tensors copied once, the time-major ones fed to both passes
+        fed = sum((b - a) * getattr(inputs, name)[0].nbytes for lo, hi in chunk_bounds(6, 1)
+                  for name in FED for a, b in [fed_rows(name, lo, hi)])
+        others = sum(a.nbytes for name, a in inputs._asdict().items() if name not in FED)
+        assert sum(shape[0] for way, kind, shape in copied if way == "in" and kind == np.uint8) == others + 2 * fed
     for field, a, b in zip(want._fields, want, got, strict=True):
         np.testing.assert_array_equal(b, a, err_msg=field)
     assert _cupy_kernels.kernel_name(np.float32, True) in calls  # the steps' kernels
@@ -1132,47 +1139,43 @@ def test_pinned_copies_cross_in_slices_through_two_buffers_and_lose_no_byte():
 
 def test_a_chunk_feed_copies_a_chunk_while_the_device_still_computes_the_one_before():
     """``ChunkFeed.take(j)`` copies chunk j into the buffers chunk j-2 used: after the device's work on chunk j-2
-    (queued on the current stream before chunk j-1's), never after chunk j-1's, which its copies overlap.  The
-    stand-in's current stream runs what is queued on it only when an event after it is waited for."""
-    from lstmgrad_cli.backends._cupy_copies import ChunkFeed, PinnedCopies
+    (queued on the current stream before chunk j-1's), never after chunk j-1's, which its copies overlap; so on
+    through five chunks.  The stand-in's current stream runs what is queued on it only when an event after it is
+    waited for."""
+    from lstmgrad_cli.backends._cupy_copies import ChunkFeed, PinnedCopies, fed_rows
     from lstmgrad_cli.backends._xp import chunk_bounds
 
     cp = cuda_host.fake_cupy()
-    t = SeqTensors(**_random_inputs(np.random.default_rng(4), 6, 2, 3, 4, np.float32))
-    feed = ChunkFeed(cp, PinnedCopies(cp, np.empty, slice_bytes=40, threads=1), t, chunk_bounds(6, 2), 2)
+    t = SeqTensors(**_random_inputs(np.random.default_rng(4), 10, 2, 3, 4, np.float32))
+    chunks = chunk_bounds(10, 2)  # [8, 10), [6, 8), ..., [0, 2)
+    feed = ChunkFeed(cp, PinnedCopies(cp, np.empty, slice_bytes=40, threads=1), t, chunks, 2)
     current, seen = cp.cuda.get_current_stream(), []
-
-    def work(j, rows):  # chunk j's kernels, queued: they read its rows when the device gets to them
-        current.pending.append(lambda: seen.append((j, np.array(rows["i"]), np.array(rows["cs"]))))
-
-    rows = feed.take(0)  # steps [4, 6), cs from step 3
-    np.testing.assert_array_equal(rows["cs"], t.cs[3:6])
-    np.testing.assert_array_equal(rows["h"], t.h[3:5])
-    work(0, rows)
-    rows = feed.take(1)  # steps [2, 4): the other buffers, without waiting for chunk 0
-    assert seen == []
-    np.testing.assert_array_equal(rows["x"], t.x[2:4])
-    work(1, rows)
-    rows = feed.take(2)  # steps [0, 2), into chunk 0's buffers: once chunk 0's work read them, before chunk 1's
-    assert [j for j, *_ in seen] == [0]
-    np.testing.assert_array_equal(seen[0][1], t.i[4:6])
-    np.testing.assert_array_equal(seen[0][2], t.cs[3:6])
-    for name, want in dict(i=t.i[0:2], cs=t.cs[0:2], h=t.h[0:1], x=t.x[0:2], h_grad=t.h_grad[0:2]).items():
-        np.testing.assert_array_equal(rows[name], want, err_msg=name)
+    for j, (lo, hi) in enumerate(chunks):
+        rows = feed.take(j)
+        assert [k for k, _ in seen] == list(range(j - 1))  # chunks before the one before: done; that one: not
+        for name in ("i", "cs", "h", "x", "h_grad"):
+            a, b = fed_rows(name, lo, hi)
+            np.testing.assert_array_equal(rows[name], getattr(t, name)[a:b], err_msg=f"{name}, chunk {j}")
+        # chunk j's kernels, queued: they read its rows when the device gets to them
+        current.pending.append(lambda j=j, rows=rows: seen.append((j, np.array(rows["cs"]))))
     current.synchronize()
-    assert [j for j, *_ in seen] == [0, 1]
-    np.testing.assert_array_equal(seen[1][1], t.i[2:4])
+    for j, cs in seen:  # what each chunk's work read was its own rows, not a later chunk's
+        a, b = fed_rows("cs", *chunks[j])
+        np.testing.assert_array_equal(cs, t.cs[a:b], err_msg=f"chunk {j}")
+    assert [j for j, _ in seen] == list(range(len(chunks)))
 
 
-def test_a_chunk_feed_copies_rows_back_once_computed_and_writes_them_without_reusing_a_buffer_in_flight():
+@pytest.mark.parametrize("eager", [False, True])
+def test_a_chunk_feed_copies_rows_back_once_computed_and_writes_them_without_reusing_a_buffer_in_flight(eager):
     """``ChunkFeed.put``: a chunk's device rows (queued on the current stream) go back on a stream of their own after
     what the current stream has queued, through two pinned buffers taken in turn; they reach the target two puts
-    later or at ``close``.  The stand-in's copy stream runs a copy only when an event after it is waited for: a
-    buffer refilled before its rows were written out would show in the target."""
+    later or at ``close``.  The stand-in's copy stream runs a copy only when an event after it is waited for, or
+    (``eager``) at once: a copy run before its product, or into a buffer whose rows are still to be written out,
+    shows in the target."""
     from lstmgrad_cli.backends._cupy_copies import ChunkFeed, PinnedCopies
     from lstmgrad_cli.backends._xp import chunk_bounds
 
-    cp = cuda_host.fake_cupy()
+    cp = cuda_host.fake_cupy(eager_copies=eager)
     t = SeqTensors(**_random_inputs(np.random.default_rng(4), 6, 2, 3, 4, np.float32))
     feed = ChunkFeed(cp, PinnedCopies(cp, np.empty), t, chunk_bounds(6, 2), 2)
     current, target = cp.cuda.get_current_stream(), np.zeros((6, 2, 3), np.float32)
@@ -1197,6 +1200,7 @@ def test_host_inputs_fed_a_chunk_at_a_time_give_the_gradients_of_the_whole_copy(
     chunks (``ChunkFeed``), the device holding two chunks of them; the gradients are the numpy backend's with the
     same chunks (float16 computed in float32)."""
     from lstmgrad_cli.backends._cupy import STREAM_CHUNKS, device_bytes
+    from lstmgrad_cli.spec import TIME_MAJOR
 
     T, B, I, C = 13, 3, 4, 5  # noqa: E741
     tensors = SeqTensors(**_random_inputs(np.random.default_rng(7), T, B, I, C, dtype))
@@ -1212,7 +1216,12 @@ def test_host_inputs_fed_a_chunk_at_a_time_give_the_gradients_of_the_whole_copy(
     staged = [shape[0] for way, kind, shape in copied if way == "in" and kind == np.uint8]
     itemsize = np.dtype(dtype).itemsize
     assert max(staged) == max((I + C) * 4 * C * itemsize, (K + 1) * B * C * itemsize)  # w, or cs's rows of a chunk
-    assert device_bytes(tensors, seq_len_max, cdt, streamed_steps=K) < device_bytes(tensors, seq_len_max, cdt)
+    # the feed's two sets of K + 1 steps of every time-major tensor, and x_grad's rows of two chunks on their way back
+    # (in the compute dtype, then the output's), in place of the whole tensors
+    fed = sum((2 * (K + 1) - T) * getattr(tensors, name)[0].nbytes for name in TIME_MAJOR)
+    back = 2 * K * B * I * (cdt.itemsize + itemsize)
+    assert device_bytes(tensors, seq_len_max, cdt, x_grad_streamed=True, streamed_steps=K) == \
+        device_bytes(tensors, seq_len_max, cdt, x_grad_streamed=True) + fed + back
 
 
 @needs_host_kernels
@@ -1236,6 +1245,26 @@ def test_a_pass_fed_a_chunk_at_a_time_needs_only_two_chunks_of_its_inputs_on_the
             got = backend.block_lstm_grad(tensors, **kw)
             np.testing.assert_allclose(got.w_grad, NumpyBackend().block_lstm_grad(tensors, **kw, chunk_steps=8).w_grad,
                                        rtol=1e-5, atol=1e-5)
+
+
+@needs_host_kernels
+@pytest.mark.parametrize("chunk_steps", [64, 1000])
+def test_a_pass_of_one_chunk_is_copied_at_once_not_fed(chunk_steps):
+    """Chunks of all the steps (``chunk_steps`` >= seq_len_max): nothing to overlap, so the inputs are copied at once,
+    not fed (the feed would hold two sets of all the steps); the device's free memory for that copy suffices."""
+    from lstmgrad_cli.backends._cupy import CupyBackend, device_bytes
+
+    T, B, I, C = 64, 4, 8, 8  # noqa: E741
+    tensors = SeqTensors(**_random_inputs(np.random.default_rng(8), T, B, I, C, np.float32))
+    kw = dict(seq_len_max=T, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
+    copied = []
+    backend = CupyBackend(cp=cuda_host.fake_cupy(copied=copied, free_bytes=device_bytes(tensors, T, np.float32)),
+                          launcher=cuda_host.HostLauncher(), copies="pinned", pinned_empty=np.empty)
+    got = backend.block_lstm_grad(tensors, **kw, chunk_steps=chunk_steps)
+    want = NumpyBackend().block_lstm_grad(tensors, **kw, chunk_steps=chunk_steps)
+    np.testing.assert_allclose(got.w_grad, want.w_grad, rtol=1e-5, atol=1e-5)
+    staged = sum(shape[0] for way, kind, shape in copied if way == "in" and kind == np.uint8)
+    assert staged == sum(a.nbytes for a in tensors)
 
 
 def test_the_cupy_backends_copies_are_named_by_the_environment(monkeypatch):

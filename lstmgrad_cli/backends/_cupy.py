@@ -27,7 +27,7 @@ from ..spec import TIME_MAJOR
 from . import _cupy_kernels as kernels
 from . import gpu_array, on_gpu
 from ._cupy_copies import ChunkFeed, PinnedCopies
-from ._xp import CHUNK_BYTES, XpGradient
+from ._xp import CHUNK_BYTES, XpGradient, default_chunk_steps
 
 COPIES_ENV = "LSTMGRAD_CUPY_COPIES"
 COPIES = ("auto", "pageable", "pinned")  # how host arrays cross: cupy's own copies, _cupy_copies.PinnedCopies, or
@@ -308,22 +308,33 @@ class CupyBackend:
             self._pinned = PinnedCopies(self._cp, pinned_empty)
         return self._pinned
 
-    def _streamed(self, tensors, seq_len_max: int) -> PinnedCopies | None:
-        """The pinned copier that feeds this pass its time-major inputs a chunk at a time (``ChunkFeed``), or None
-        to copy them all at once (cupy's own copies, arrays on the device already, a single chunk's steps)."""
+    def _fed(self, tensors, seq_len_max: int, compute_dtype, chunk_steps) -> tuple[PinnedCopies, int] | None:
+        """The pinned copier that feeds this pass its time-major inputs a chunk at a time (``ChunkFeed``), and the
+        chunk's steps: ``chunk_steps`` when given, else ``STREAM_CHUNKS`` chunks, smaller where the pass's chunk
+        buffers would outgrow ``_xp.CHUNK_BYTES`` (``default_chunk_steps``, as a pass copied at once sizes them).
+        None: copy them all at once (cupy's own copies, arrays on the device already, a single chunk)."""
         cp = self._cp
         hosts = [getattr(tensors, name) for name in TIME_MAJOR]
         if seq_len_max < 2 or any(isinstance(a, cp.ndarray) or on_gpu(a) for a in hosts):
             return None
-        return self._pinned_copies(sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in tensors
-                                       if a is not None and not isinstance(a, cp.ndarray)))
+        T, B, I = tensors.x.shape  # noqa: E741
+        C = tensors.w.shape[1] // 4
+        cdt = np.dtype(compute_dtype)
+        K = min(chunk_steps or min(-(-seq_len_max // STREAM_CHUNKS), default_chunk_steps(
+            seq_len_max, B, C, cdt.itemsize, I, np.dtype(tensors.x.dtype) != cdt)), seq_len_max)
+        if K >= seq_len_max:
+            return None
+        copies = self._pinned_copies(sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in tensors
+                                         if a is not None and not isinstance(a, cp.ndarray)))
+        return None if copies is None else (copies, K)
 
     def block_lstm_grad(self, tensors, *, seq_len_max, use_peephole, layout, compute_dtype,
                         chunk_steps=None, return_dgates=False, x_grad_out=None, observe=None):
         cp = self._cp
-        copies = self._streamed(tensors, seq_len_max)
-        if copies is not None:  # the time-major inputs cross a chunk of steps at a time, as the device computes,
-            chunk_steps = chunk_steps or -(-seq_len_max // STREAM_CHUNKS)
+        fed = self._fed(tensors, seq_len_max, compute_dtype, chunk_steps)
+        copies = None
+        if fed is not None:  # the time-major inputs cross a chunk of steps at a time, as the device computes,
+            copies, chunk_steps = fed
             if x_grad_out is None:  # and x_grad's rows come back so (steps from seq_len_max on: zeros)
                 x_grad_out = np.zeros(tensors.x.shape, dtype=tensors.x.dtype)
         _check_fits(cp, tensors, seq_len_max, compute_dtype, return_dgates, x_grad_out is not None, self._free_for,
@@ -382,8 +393,9 @@ def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool =
                  x_grad_streamed: bool = False, streamed_steps: int | None = None) -> int:
     """About the device memory a pass of these tensors takes: every input (a lazy one, read a chunk of steps at a
     time, as ``LAZY_BYTES`` for them all; with ``streamed_steps``, the time-major ones as the feed's two chunks of
-    that many steps, one more), the outputs (x_grad not, when it is ``x_grad_streamed`` to a lazy output), the gate
-    gradients of all steps when ``return_dgates``, and ``WORKING_BYTES``."""
+    that many steps, one more, and x_grad's rows of two chunks on their way back), the outputs (x_grad not, when it
+    is ``x_grad_streamed`` to a lazy output), the gate gradients of all steps when ``return_dgates``, and
+    ``WORKING_BYTES`` (the chunk buffers: ``_xp.CHUNK_BYTES``, which a fed pass's chunks keep to as well)."""
     fed = TIME_MAJOR if streamed_steps is not None else ()
     inputs = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for name, a in tensors._asdict().items()
                  if a is not None and hasattr(a, "__array__") and name not in fed)
@@ -397,7 +409,8 @@ def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool =
     outputs = ((0 if x_grad_streamed else T * B * I) + 2 * B * C + (I + C + 1) * 4 * C + 3 * C) * np.dtype(
         tensors.x.dtype).itemsize
     dgates = seq_len_max * B * 4 * C * itemsize if return_dgates else 0
-    return inputs + lazy + outputs + dgates + WORKING_BYTES
+    back = 0 if streamed_steps is None else 2 * streamed_steps * B * I * (itemsize + np.dtype(tensors.x.dtype).itemsize)
+    return inputs + lazy + outputs + dgates + back + WORKING_BYTES
 
 
 # A chunk of steps of the lazy inputs on the device, their rows cast to the compute dtype, and x_grad's rows on

@@ -293,8 +293,8 @@ class XpGradient:
 
         # The chunks depend on the shape only, so a result never depends on the schedule or machine.
         overlap_chunks = self._overlap_chunks(L, B, I, C, cdt)
-        overlap = (overlap_chunks and not return_dgates and observe is None
-                   and self._overlap_now(L, B, I, C))
+        overlap = (overlap_chunks and not return_dgates and observe is None and feed is None
+                   and self._overlap_now(L, B, I, C))  # (a feed is taken in the loop's order, one chunk ahead)
         gates_step = B * 4 * C * cdt.itemsize
         if overlap_chunks:  # a fifth of the steps each, or fewer so that a few chunks fit the budget
             k_fit = CHUNK_BYTES // max(OVERLAP_SLOTS * gates_step, 1)
