@@ -47,7 +47,8 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
     back-to-back median.  Engines run in another interpreter (--compare-python) are rated
     against a GEMM limit timed in their own rounds.  With the cupy backend on a GPU, the GPU's
     engines are rated against the GPU's own GEMM limit (gpu-gemm-limit): cupy from host arrays
-    (copies included; cupy-pinned through pinned staging buffers), cupy-device on arrays already
+    (copies included; cupy-pinned through pinned staging buffers, fed a chunk of steps at a time
+    beside the GPU's work on the chunk before), cupy-device on arrays already
     there (cupy-device-steps and cupy-device-persistent: each of its time loops), cupy-files from
     one NPZ file to another, pcie-floor (the pass's bytes copied in from pinned memory and out to
     it), and PyTorch's cuDNN backward with TF32 off and on when a CUDA-enabled torch is
