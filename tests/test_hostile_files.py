@@ -147,6 +147,23 @@ def bad_crc(path: Path) -> Path:
     return path
 
 
+@pytest.mark.parametrize("where", [0.0, 0.5, 1.0])
+def test_a_large_stored_member_is_checked_whole_wherever_a_byte_of_it_flipped(tmp_path, where):
+    """A stored member of 8 MiB or more has its CRC-32 summed on a thread behind the reads (npz.CRC_BEHIND_BYTES):
+    read intact it is the array written; a byte flipped in its first, middle or last batch is the CRC error."""
+    from lstmgrad_cli.io.npz import CRC_BEHIND_BYTES
+
+    big = np.arange(6 * 2**20, dtype=np.float32).reshape(2**20, 6)  # 24 MiB: three batches handed to the thread
+    assert big.nbytes >= CRC_BEHIND_BYTES
+    path = write_zip(tmp_path / "big.npz", {"x.npy": npy_bytes(big)})
+    np.testing.assert_array_equal(io.read_inputs(path, ["x"], []).tensors["x"], big)
+    data = bytearray(path.read_bytes())
+    data[_member_data_offset(path, "x.npy") + 128 + int(where * (big.nbytes - 1))] ^= 0x10
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputFileError, match=r"x is corrupt or truncated \(Bad CRC-32"):
+        io.read_inputs(path, ["x"], [])
+
+
 def _local_header_patch(path: Path, member: str, offset: int, fmt: str, value) -> Path:
     """Overwrite a field of one member's local header (read for a stored member's data, where it starts)."""
     with zipfile.ZipFile(path) as zf:
