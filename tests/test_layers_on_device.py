@@ -264,7 +264,14 @@ def test_a_lazy_input_reaches_the_device_a_chunk_of_steps_at_a_time(loop, pinned
     arrays = {name: rng.uniform(0.05, 0.95, shape).astype(np.float32) for name, shape in shapes.items()}
     kw = dict(seq_len_max=T, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float32"), chunk_steps=4)
     want = NumpyBackend().block_lstm_grad(SeqTensors(**arrays), **kw)
-    lazy = SeqTensors(**{k: LazyRows(v) if k in TIME_MAJOR else v for k, v in arrays.items()})
+    sliced = []
+
+    class Counted(LazyRows):  # (an HDF5 dataset's slicing goes through h5py; read_into through pread)
+        def __getitem__(self, index):
+            sliced.append(index)
+            return super().__getitem__(index)
+
+    lazy = SeqTensors(**{k: Counted(v) if k in TIME_MAJOR else v for k, v in arrays.items()})
     copied, host_operands = [], []
     x_grad = np.zeros((T, B, I), np.float32)
     got = cuda_host.cupy_backend(loop=loop, pinned=pinned, copied=copied, host_operands=host_operands).block_lstm_grad(
@@ -279,6 +286,7 @@ def test_a_lazy_input_reaches_the_device_a_chunk_of_steps_at_a_time(loop, pinned
         others = sum(a.nbytes for name, a in arrays.items() if name not in TIME_MAJOR)
         staged = [shape[0] for way, dtype, shape in copied if way == "in" and dtype == np.uint8]
         assert sum(staged) == others + fed
+        assert sliced == []  # fed: every row read into the feed's buffers (read_into)
     else:
         steps = [shape[0] for way, _, shape in copied if way == "in" and len(shape) == 3]
         assert steps and max(steps) == 4 + 1 < T  # a chunk's steps at most (cs with the step before the chunk)

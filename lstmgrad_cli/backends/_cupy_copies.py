@@ -181,6 +181,7 @@ class ChunkFeed:
                              for name in FED} for _ in range(2))
         self._freed = [None, None]  # per set: an event after which the device no longer reads it
         self._back = None  # put's stream, and its two pinned buffers taken in turn
+        self._host = {}  # name -> [K+1, ...] host buffer a lazy input's rows are read into
         self._puts = []  # (event, device rows, pinned rows, target, lo, hi) of rows on their way back
         self._turn = 0
 
@@ -195,9 +196,20 @@ class ChunkFeed:
             a, b = fed_rows(name, lo, hi)
             rows[name] = slot[name][:b - a]
             if b > a:
-                pairs.append((np.asarray(getattr(self._t, name)[a:b]), rows[name]))
+                pairs.append((self._host_rows(name, a, b), rows[name]))
         self._copies.copy_in(pairs, after)
         return rows
+
+    def _host_rows(self, name: str, a: int, b: int) -> np.ndarray:
+        """Rows [a, b) of the input ``name`` on the host: a view of a host array; a lazy input's read into a buffer
+        kept for the pass (``read_into``: an HDF5 dataset's with ``pread``, where it can), else sliced."""
+        source = getattr(self._t, name)
+        if not hasattr(source, "read_into"):
+            return np.asarray(source[a:b])
+        buffer = self._host.get(name)
+        if buffer is None:
+            buffer = self._host[name] = np.empty((self._K + 1, *source.shape[1:]), dtype=source.dtype)
+        return source.read_into(a, b, buffer[:b - a])
 
     def put(self, target, lo: int, hi: int, rows) -> None:
         """``target[lo:hi] = rows``, device rows (a chunk's x_grad) queued on the current stream: copied back on a
