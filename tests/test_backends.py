@@ -1142,9 +1142,11 @@ def test_a_chunk_feed_copies_a_chunk_while_the_device_still_computes_the_one_bef
     (queued on the current stream before chunk j-1's), never after chunk j-1's, which its copies overlap; so on
     through five chunks.  The stand-in's current stream runs what is queued on it only when an event after it is
     waited for."""
-    from lstmgrad_cli.backends._cupy_copies import ChunkFeed, PinnedCopies, fed_rows
+    from lstmgrad_cli.backends._cupy_copies import FED, ChunkFeed, PinnedCopies, fed_rows
     from lstmgrad_cli.backends._xp import chunk_bounds
+    from lstmgrad_cli.spec import TIME_MAJOR
 
+    assert sorted(FED) == sorted(TIME_MAJOR)  # (what the backend leaves on the host is what the feed copies)
     cp = cuda_host.fake_cupy()
     t = SeqTensors(**_random_inputs(np.random.default_rng(4), 10, 2, 3, 4, np.float32))
     chunks = chunk_bounds(10, 2)  # [8, 10), [6, 8), ..., [0, 2)

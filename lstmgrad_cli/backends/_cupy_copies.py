@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ._xp import STEP_NAMES
+
 SLICE_BYTES = 32 * 2**20  # a staging buffer
 THREADS = 4  # host threads copying a slice into or out of a staging buffer
 ONE_THREAD_BYTES = 2**20  # a slice this small is copied by one thread
@@ -150,7 +152,7 @@ def _bytes(host: np.ndarray) -> np.ndarray:
 
 # What a chunk of a pass reads of its time-major inputs (``XpGradient.block_lstm_grad``): the step tensors and cs
 # (from one step earlier) for the time loop, x and h (the h_prev of each step) for the weight gradients.
-FED = ("i", "f", "o", "ci", "co", "h_grad", "cs_grad", "cs", "x", "h")
+FED = (*STEP_NAMES, "cs", "x", "h")
 
 
 def fed_rows(name: str, lo: int, hi: int) -> tuple[int, int]:
