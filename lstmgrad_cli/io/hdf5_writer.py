@@ -202,7 +202,8 @@ def _output_file_class():
 def signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM held back meanwhile: their handlers run when the block ends, as they would have then.
 
-    For HDF5's flush and close, which call ``_HDF5Target`` (Python): a KeyboardInterrupt raised there would be a
+    For every HDF5 call that may write (creating the file and its datasets, writing them, their attributes, the
+    flush and close), which call ``_HDF5Target`` (Python): a KeyboardInterrupt raised there would be a
     write that failed as far as HDF5 knows, the very thing it cannot recover from.  Signal handlers run only in the
     main thread; in another one there is nothing to hold back."""
     if threading.current_thread() is not threading.main_thread():

@@ -215,8 +215,8 @@ class StoredMember(io.RawIOBase):
 
 
 # A stored member this large has its CRC-32 computed on a thread of its own, behind the reads of its next bytes
-# (zlib lets go of the GIL): a 0.53 GB file of 19 members (200,128,512,512) was read in 165-172 ms instead of 228 ms
-# on 2 cores (np.load: 247-259 ms), the CRC-32 having been 0.14 s of it.
+# (zlib lets go of the GIL): a 0.53 GB file of 19 members (200,128,512,512) was read in 165-178 ms instead of 228 ms
+# on 2 cores (np.load: 247-282 ms), the CRC-32 having been 0.14 s of it (benchmarks/RESULTS.md).
 CRC_BEHIND_BYTES = 8 * 2**20
 CRC_BEHIND_PIECE = 64 * 2**10  # read straight into the array (smaller ones may be a read buffer's, reused after)
 CRC_BEHIND_BATCH = 8 * 2**20  # bytes handed to the thread at once
