@@ -61,8 +61,8 @@ gpu-check:
 	PYTHONPATH="$(CURDIR):$(CURDIR)/build/gpu-pylibs" $(PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 # Issue 39's table on a CUDA GPU, with the machine's own Python: cuDNN's backward (TF32 off and on), lstmgrad on
-# device arrays (both time loops), from host arrays, file to file, the PCIe floor and the GPU's GEMM limit, for
-# its six shapes, one process, engines alternating.
+# device arrays (both time loops), from host arrays, file to file and its reading and writing alone, the PCIe floor
+# and the GPU's GEMM limit, for its six shapes, one process, engines alternating.
 GPU_SHAPES := 50,32,128,128 100,64,256,256 200,128,512,512 100,256,1024,1024 500,16,256,256 1000,64,512,512
 bench-gpu:
 	PYTHONPATH="$(CURDIR)" $(PYTHON) -m lstmgrad_cli bench --backend cupy --repeats 5 --markdown \

@@ -222,8 +222,9 @@ def test_a_folder_named_like_a_framework_is_not_compared(tmp_path, monkeypatch):
 
 
 def test_on_a_gpu_the_bench_states_issue_39s_ratios():
-    """Device time over cuDNN's, and host and file times over max(PCIe floor, device time), from the medians of
-    one shape's GPU rows; a shape without GPU rows gives none, and a row not timed is None."""
+    """Device time over cuDNN's, host times over the bound max(PCIe floor, device time) and the file-to-file time
+    over max(that bound, its reading and writing alone), from the medians of one shape's GPU rows; a shape without
+    GPU rows gives none, and a row not timed is None."""
     def timing(engine, median, shape=(50, 32, 128, 128)):
         return bench.Timing(engine, None, shape, "float32", [median], median, 1.0, 1.0)
 
@@ -231,13 +232,39 @@ def test_on_a_gpu_the_bench_states_issue_39s_ratios():
         timing("numpy", 9.0, (3, 2, 5, 4)),
         timing("torch-cudnn", 0.002), timing("cupy-device", 0.003), timing("cupy-device-steps", 0.006),
         timing("cupy-device-persistent", 0.003), timing("cupy", 0.009), timing("cupy-files", 0.030),
-        timing("pcie-floor", 0.004)])
+        timing("files-io", 0.020), timing("pcie-floor", 0.004)])
     (row,) = bench.gpu_summary(report)
     assert row["shape"] == [50, 32, 128, 128] and row["host_pinned"] is None and row["host_pinned_over_bound"] is None
     assert row["device_over_cudnn"] == pytest.approx(1.5)
-    assert row["host_over_bound"] == pytest.approx(9 / 4) and row["files_over_bound"] == pytest.approx(30 / 4)
+    assert row["host_over_bound"] == pytest.approx(9 / 4) and row["files_over_bound"] == pytest.approx(30 / 20)
     table = bench.markdown_gpu_summary([row])
-    assert "| 50,32,128,128 | 2.0 ms | 3.0 ms (1.50x) | 6.0 ms | 3.0 ms | 9.0 ms (2.25x) | - (-) | 30.0 ms (7.50x) | " \
-           "4.0 ms |" in table
+    assert "| 50,32,128,128 | 2.0 ms | 3.0 ms (1.50x) | 6.0 ms | 3.0 ms | 9.0 ms (2.25x) | - (-) | 30.0 ms (1.50x) | " \
+           "20.0 ms | 4.0 ms |" in table
     assert report.to_json()["gpu_summary"] == [row]
     assert bench.markdown_gpu_summary(bench.gpu_summary(bench.BenchReport({}, {}, report.results[:1]))) == ""
+    # Reading and writing faster than the device: the file bound is the device's; not timed: no file ratio.
+    fast_io = [r if r.engine != "files-io" else timing("files-io", 0.001) for r in report.results]
+    assert bench.gpu_summary(bench.BenchReport({}, {}, fast_io))[0]["files_over_bound"] == pytest.approx(30 / 4)
+    no_io = [r for r in report.results if r.engine != "files-io"]
+    (row,) = bench.gpu_summary(bench.BenchReport({}, {}, no_io))
+    assert row["files_io"] is None and row["files_over_bound"] is None
+
+
+def test_the_file_runs_reading_and_writing_alone_reads_the_input_and_publishes_the_gradients_sizes(tmp_path,
+                                                                                                  monkeypatch):
+    """The floor of the file-to-file row: the benchmark's input file read, and an NPZ of every gradient's size
+    published beside it (fsynced, renamed into place, nothing half-written left)."""
+    shape = (3, 2, 5, 4)
+    inputs = bench.make_inputs(shape)
+    monkeypatch.setattr(bench.tempfile, "tempdir", str(tmp_path))
+    source = bench._input_file(shape, inputs)
+    call, version, note = bench.files_io_call(shape, inputs, source)
+    call()
+    assert version is None and "read and write alone" in note
+    with np.load(source) as given:
+        assert given["x"].shape == (3, 2, 5) and int(given["seq_len_max"]) == 3
+    with np.load(os.path.join(os.path.dirname(source), "io-floor.npz")) as written:
+        sizes = {name: written[name].shape for name in written.files}
+    assert sizes == {"x_grad": (3, 2, 5), "cs_prev_grad": (2, 4), "h_prev_grad": (2, 4), "w_grad": (9, 16),
+                     "wci_grad": (4,), "wcf_grad": (4,), "wco_grad": (4,), "b_grad": (16,)}
+    assert sorted(os.listdir(os.path.dirname(source))) == ["in.npz", "io-floor.npz"]
