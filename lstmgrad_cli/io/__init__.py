@@ -56,6 +56,7 @@ from .atomic import (
     remove_temporaries_of,
 )
 from .hdf5 import HDF5_MAGIC, HDF5_OFFSETS, LazyDataset
+from .lazy import LazyRows
 from .npy import NPY_MAGIC
 from .output import (
     OUTPUT_FORMATS,
@@ -69,10 +70,10 @@ from .output import (
 
 __all__ = [
     "FORMATS", "HDF5_MAGIC", "HDF5_OFFSETS", "MAX_BYTES_ENV", "METADATA_KEY", "OUTPUT_FORMATS", "Format", "Handoff",
-    "InterruptedInPlace", "LazyDataset", "LoadedFile", "camel", "check_output", "default_output", "describe_keys",
-    "directories_synced_at_end", "handed_to_parent", "input_directory_format", "max_tensor_bytes", "open_hdf5_output",
-    "open_inputs", "output_format", "publish_handed", "published_behind", "read_inputs", "read_metadata",
-    "remove_left_behind", "remove_temporaries_of", "sniff_format", "write_metadata", "write_outputs",
+    "InterruptedInPlace", "LazyDataset", "LazyRows", "LoadedFile", "camel", "check_output", "default_output",
+    "describe_keys", "directories_synced_at_end", "handed_to_parent", "input_directory_format", "max_tensor_bytes",
+    "open_hdf5_output", "open_inputs", "output_format", "publish_handed", "published_behind", "read_inputs",
+    "read_metadata", "remove_left_behind", "remove_temporaries_of", "sniff_format", "write_metadata", "write_outputs",
 ]
 
 # Every input format, in the order they are tried.  File formats are told apart by their first bytes;

@@ -15,7 +15,6 @@ import contextlib
 import math
 import os
 import struct
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ import numpy as np
 from ..errors import InputFileError
 from ._common import Budget, Format, LoadedFile, human, key_for, native, open_regular, reason, shape_text, worded
 from .declared import LARGE, Declared, checked, read_checked
+from .lazy import LazyRows
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 # HDF5 allows a user block before the superblock; the signature then sits at 512, 1024, 2048, ...
@@ -50,109 +50,43 @@ def open_hdf5_inputs(path: Path, names, scalars, group=None, lazy=(), collect_er
         yield loaded
 
 
-class LazyDataset:
-    """An HDF5 dataset read by slicing, whose read errors become InputFileError naming file and tensor.
+class LazyDataset(LazyRows):
+    """An HDF5 dataset read by slicing (``lazy.LazyRows``), whose read errors become InputFileError naming file and
+    tensor.
 
-    Has what the gradient code uses of an array: ``shape``, ``ndim``, ``dtype``, ``size`` and
-    slicing along the first axis.  Valid while the ``open_inputs`` block that made it runs.
-
-    The NaN/Inf entries of every row a read returns are counted on the way (once per row, however
-    often it is read), so that ``nonfinite()`` after a backward pass reads only the rows the pass
-    did not: the streamed run needs no second pass over the file to report them.
-
-    ``read_into`` reads a dataset stored in one contiguous, unfiltered block of a plain file with
-    ``pread`` on the file's own descriptor, not through HDF5: h5py holds the GIL while it reads, so a
-    thread reading ahead (the backward pass's ``_ReadAhead``) would stall the time loop, while a
-    ``pread`` lets it run (a read beside a loop of small products: 0.69 s in sequence, 0.67 s with
-    h5py on a thread, 0.50 s with pread).
+    ``read_into`` reads a dataset stored in one contiguous, unfiltered block of a plain file with ``pread`` on the
+    file's own descriptor, not through HDF5: h5py holds the GIL while it reads, so a thread reading ahead (the
+    backward pass's ``_ReadAhead``) would stall the time loop, while a ``pread`` lets it run (a read beside a loop of
+    small products: 0.69 s in sequence, 0.67 s with h5py on a thread, 0.50 s with pread).
     """
 
     def __init__(self, dataset, key: str, path: Path):
-        self._dataset, self._key, self._path = dataset, key, path
-        self.shape, self.dtype = tuple(dataset.shape), dataset.dtype
-        self.ndim, self.size = len(self.shape), int(math.prod(self.shape))
-        self._row_bytes = self.size // max(self.shape[0], 1) * self.dtype.itemsize if self.ndim else 0
+        super().__init__(dataset.shape, dataset.dtype, key, path)
+        self._dataset = dataset
         self._raw = _raw_location(dataset, self.size * self.dtype.itemsize)  # (descriptor, offset) or None
-        self._counted: list[tuple[int, int]] = []  # disjoint, sorted [lo, hi) row ranges already counted
-        self._nonfinite = 0
-        self._lock = threading.Lock()  # the overlapped schedule reads from two threads
 
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __getitem__(self, index) -> np.ndarray:
+    def _read(self, index) -> np.ndarray:
         try:
-            value = np.asarray(self._dataset[index])
+            return np.asarray(self._dataset[index])
         except MemoryError:
             raise InputFileError(f"{self._path}: {self._key} does not fit in memory") from None
         except HDF5_ERRORS as err:
             raise InputFileError(f"{self._path}: {self._key} cannot be read ({reason(err)})") from None
-        rows = _rows(index, self.shape[0]) if self.ndim else None
-        if rows is not None:
-            self._tally(rows, value if isinstance(index, slice) else value[None])
-        return value
 
-    def read_into(self, lo: int, hi: int, out: np.ndarray, dest=None) -> np.ndarray:
-        """Rows ``[lo, hi)`` into ``out`` (C-contiguous, of this dtype), or into ``out[dest]``: a buffer kept
-        from chunk to chunk costs no fresh pages per read, as slicing does.  Returns what was filled."""
-        filled = out if dest is None else out[dest]
-        if lo >= hi:
-            return filled
+    def _read_rows(self, lo: int, hi: int, out: np.ndarray) -> None:
         try:
-            if self._raw is not None and dest is None:
-                self._pread(lo, hi, out)
-            elif self._raw is not None:  # into a strided place: read whole rows, then copy them there
-                rows = np.empty(filled.shape, dtype=self.dtype)
-                self._pread(lo, hi, rows)
-                filled[...] = rows
+            if self._raw is None:
+                self._dataset.read_direct(out, np.s_[lo:hi])
+            elif not self._dataset.id.valid:  # the file was closed: its descriptor may belong to another file now
+                raise ValueError("the file is closed")
             else:
-                self._dataset.read_direct(out, np.s_[lo:hi], dest)
+                self._pread(*self._raw, lo, hi, out)
         except InputFileError:  # _pread's own, already naming file and tensor
             raise
         except MemoryError:
             raise InputFileError(f"{self._path}: {self._key} does not fit in memory") from None
         except HDF5_ERRORS as err:
             raise InputFileError(f"{self._path}: {self._key} cannot be read ({reason(err)})") from None
-        self._tally((lo, hi), filled)
-        return filled
-
-    def _pread(self, lo: int, hi: int, out: np.ndarray) -> None:
-        """Rows ``[lo, hi)`` straight from the file into C-contiguous ``out`` (the GIL is released meanwhile)."""
-        fd, offset = self._raw
-        if not self._dataset.id.valid:  # the file was closed: its descriptor may belong to another file now
-            raise ValueError("the file is closed")
-        view = memoryview(out).cast("B")
-        start, done = offset + lo * self._row_bytes, 0
-        if len(view) != (hi - lo) * self._row_bytes:
-            raise ValueError("the buffer does not hold those rows")
-        while done < len(view):
-            try:
-                got = os.preadv(fd, [view[done:]], start + done)
-            except OSError as err:
-                raise InputFileError(f"{self._path}: {self._key} cannot be read ({err.strerror or err})") from None
-            if not got:
-                raise InputFileError(f"{self._path}: {self._key} cannot be read (the file ends before its data: "
-                                     "truncated meanwhile?)")
-            done += got
-
-    def nonfinite(self, block_bytes: int = 64 * 2**20) -> int:
-        """NaN/Inf entries of the whole dataset: those counted as rows were read, and the rows never read,
-        read now a block at a time."""
-        if not self.ndim:
-            return _count_nonfinite(self[()])
-        per_row = max(1, self.size // max(self.shape[0], 1)) * self.dtype.itemsize
-        step = max(1, block_bytes // per_row)
-        for lo, hi in _uncovered(self._counted, 0, self.shape[0]):
-            for a in range(lo, hi, step):
-                self[a:min(a + step, hi)]  # counted as it is read
-        return self._nonfinite
-
-    def _tally(self, rows: tuple[int, int], value: np.ndarray) -> None:
-        lo, hi = rows
-        with self._lock:
-            for a, b in _uncovered(self._counted, lo, hi):
-                self._nonfinite += _count_nonfinite(value[a - lo:b - lo])
-            self._counted = _merged([*self._counted, rows])
 
 
 def _raw_location(dataset, nbytes: int) -> tuple[int, int] | None:
@@ -176,45 +110,6 @@ def _raw_location(dataset, nbytes: int) -> tuple[int, int] | None:
     except (*HDF5_ERRORS, MemoryError):
         return None
     return fd, offset
-
-
-def _rows(index, n: int) -> tuple[int, int] | None:
-    """The rows ``[lo, hi)`` an index of the first axis reads (an int or a slice of step 1), else None."""
-    if isinstance(index, int | np.integer):
-        row = int(index) + n if index < 0 else int(index)
-        return (row, row + 1) if 0 <= row < n else None
-    if isinstance(index, slice) and index.step in (None, 1):
-        lo, hi, _ = index.indices(n)
-        return (lo, hi) if lo < hi else None
-    return None
-
-
-def _uncovered(ranges: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
-    """The parts of ``[lo, hi)`` outside the sorted, disjoint ``ranges``."""
-    parts = []
-    for a, b in ranges:
-        if b <= lo or a >= hi:
-            continue
-        if a > lo:
-            parts.append((lo, a))
-        lo = max(lo, b)
-    if lo < hi:
-        parts.append((lo, hi))
-    return parts
-
-
-def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for a, b in sorted(ranges):
-        if merged and a <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-        else:
-            merged.append((a, b))
-    return merged
-
-
-def _count_nonfinite(value: np.ndarray) -> int:
-    return int(value.size - np.count_nonzero(np.isfinite(value)))
 
 
 @contextlib.contextmanager

@@ -235,7 +235,7 @@ def _count_nonfinite(arrays: dict) -> dict[str, int]:
     for name, a in arrays.items():
         if isinstance(a, np.ndarray):
             counts[name] = int(a.size - np.count_nonzero(np.isfinite(a)))
-        elif isinstance(a, io.LazyDataset):  # counted as the pass read it; only the rest is read now
+        elif isinstance(a, io.LazyRows):  # counted as the pass read it; only the rest is read now
             counts[name] = a.nonfinite()
         else:
             counts[name] = summarise(name, a).nonfinite
