@@ -434,3 +434,143 @@ def test_flushing_behind_stops_quietly_on_an_error_and_needs_no_thread(tmp_path,
         with no_thread_can_start(), atomic.synced_behind(fh.fileno(), 0.001):
             ran.append(threading.active_count())
         assert ran == [threading.active_count()]  # no thread flushed meanwhile
+
+
+# -- NPZ members left in the file ------------------------------------------------------------------------------------
+
+def big_npz(path, T=64, B=32, I=8, C=256, seq_len_max=None, seed=5):  # noqa: E741
+    """An NPZ input (np.savez: stored members) whose time-major members are 2 MiB each."""
+    tensors = consistent_inputs(T, B, I, C, seed=seed)
+    scalars = {} if seq_len_max is None else {"seq_len_max": np.int64(seq_len_max)}
+    return write_npz(path, {**tensors, **scalars}), tensors
+
+
+def flip_byte(path, member: str, at: int) -> None:
+    """Flip one bit of byte ``at`` of ``member``'s stored bytes (its .npy header included)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo(member)
+    with open(path, "r+b") as fh:
+        fh.seek(info.header_offset + 26)
+        name_length, extra_length = np.frombuffer(fh.read(4), "<u2")
+        fh.seek(info.header_offset + 30 + int(name_length) + int(extra_length) + at)
+        byte = fh.read(1)[0]
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([byte ^ 1]))
+
+
+def test_an_npz_input_over_the_memory_limit_streams_and_equals_the_in_memory_run(runner, tmp_path, monkeypatch):
+    """Its large stored members are read a chunk of steps at a time, as an HDF5 file's are: a limit under the file's
+    tensors, which an eager read refuses, is enough, and the gradients are the in-memory run's, bit for bit."""
+    from lstmgrad_cli import io
+    from lstmgrad_cli.errors import InputFileError
+
+    src, tensors = big_npz(tmp_path / "in.npz", seq_len_max=50)
+    assert sum(v.nbytes for v in tensors.values()) > 16 * 2**20
+    eager = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "eager.npz"), "-q"])
+    assert eager.exit_code == 0, eager.stderr
+    monkeypatch.setenv("LSTMGRAD_MAX_TENSOR_BYTES", "16M")
+    with pytest.raises(InputFileError, match="more than"):
+        io.read_inputs(src, list(tensors))
+    streamed = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "streamed.npz"), "-q"])
+    assert streamed.exit_code == 0, streamed.stderr
+    with np.load(tmp_path / "eager.npz") as want, np.load(tmp_path / "streamed.npz") as got:
+        assert sorted(got.files) == sorted(want.files)
+        for key in want.files:
+            if want[key].dtype.kind == "f":
+                np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    with io.open_inputs(src, list(tensors), lazy=("x", "i", "cs")) as loaded:
+        assert isinstance(loaded.tensors["i"], io.LazyRows) and isinstance(loaded.tensors["cs"], io.LazyRows)
+        assert isinstance(loaded.tensors["x"], np.ndarray)  # 64 KiB: read whole
+        assert isinstance(loaded.tensors["f"], np.ndarray)  # not asked for lazily
+
+
+@pytest.mark.parametrize("step", [10, 60])  # a step the pass reads, and one past seq_len_max that it never reads
+def test_a_corrupt_byte_in_an_npz_member_left_in_the_file_is_the_eager_reads_error_and_nothing_is_written(
+        runner, tmp_path, monkeypatch, step):
+    src, tensors = big_npz(tmp_path / "in.npz", seq_len_max=50)
+    header = 128  # np.savez's .npy header, 128 bytes here
+    flip_byte(src, "ci.npy", header + step * tensors["ci"][0].nbytes + 77)
+    eager = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.npz")])
+    monkeypatch.setenv("LSTMGRAD_MAX_TENSOR_BYTES", "16M")
+    streamed = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.npz")])
+    assert eager.exit_code == streamed.exit_code == 1
+    assert "ci is corrupt or truncated (Bad CRC-32 for file 'ci.npy')" in streamed.stderr
+    assert streamed.stderr == eager.stderr and "Traceback" not in streamed.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npz"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.one_of(st.tuples(st.integers(-70, 70), st.integers(-70, 70)), st.integers(-64, 63),
+                          st.just(())), max_size=10),
+       st.booleans())
+def test_an_npz_member_left_in_the_file_reads_rows_in_any_order_and_checks_its_crc_once_all_were_read(
+        tmp_path_factory, reads, corrupt):
+    from lstmgrad_cli import io
+    from lstmgrad_cli.errors import InputFileError
+
+    folder = tmp_path_factory.mktemp("lazy")
+    want = np.random.default_rng(4).standard_normal((64, 32, 256)).astype(np.float32)  # 2 MiB
+    want[7, 3, 5] = np.inf
+    src = write_npz(folder / "in.npz", {"h_grad": want})
+    if corrupt:
+        flip_byte(src, "h_grad.npy", 128 + want[0].nbytes * 40 + 3)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LSTMGRAD_MAX_TENSOR_BYTES", "16M")  # members from 1 MiB left in the file
+        with io.open_inputs(src, ["h_grad"], lazy=["h_grad"]) as loaded:
+            lazy = loaded.tensors["h_grad"]
+            assert isinstance(lazy, io.LazyRows) and lazy.shape == want.shape and lazy.dtype == want.dtype
+            try:
+                for read in reads:
+                    index = slice(*read) if isinstance(read, tuple) and read else read
+                    got = lazy[index]
+                    assert got.shape == want[index].shape
+                    assert np.count_nonzero(got != want[index]) <= corrupt  # (the flipped byte's entry differs)
+                    buffer = np.empty_like(want[:5])
+                    lazy.read_into(59, 64, buffer)
+                    np.testing.assert_array_equal(buffer, want[59:])
+                assert lazy.nonfinite(block_bytes=want[0].nbytes * 3) == 1  # every row read: the CRC-32 checked
+            except InputFileError as err:
+                assert corrupt and "h_grad is corrupt or truncated (Bad CRC-32 for file 'h_grad.npy')" in str(err)
+            else:
+                assert not corrupt
+
+
+def test_an_npz_member_left_in_the_file_is_an_error_once_its_block_ended(tmp_path, monkeypatch):
+    from lstmgrad_cli import io
+    from lstmgrad_cli.errors import InputFileError
+
+    src, _ = big_npz(tmp_path / "in.npz")
+    monkeypatch.setenv("LSTMGRAD_MAX_TENSOR_BYTES", "16M")
+    with io.open_inputs(src, ["cs"], lazy=["cs"]) as loaded:
+        lazy = loaded.tensors["cs"]
+        assert isinstance(lazy, io.LazyRows)
+        lazy[:3]
+    with pytest.raises(InputFileError, match="cs cannot be read"):
+        lazy[3:5]
+
+
+def test_the_crc32_of_pieces_joins_into_the_crc32_of_the_whole():
+    import zlib
+
+    from lstmgrad_cli.io import crc32
+
+    assert crc32._x_to_2_to_the(32) == crc32._POWERS[0]  # what lets lengths past 2^29 bytes reuse the table
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 256, 5000, dtype=np.uint8).tobytes()
+    for cut in (0, 1, 7, 2500, 4999, 5000):
+        first, second = data[:cut], data[cut:]
+        assert crc32.combine(zlib.crc32(first), zlib.crc32(second), len(second)) == zlib.crc32(data)
+
+
+def test_an_npz_member_no_one_read_has_its_crc_checked_when_its_block_ends(tmp_path, monkeypatch):
+    from lstmgrad_cli import io
+    from lstmgrad_cli.errors import InputFileError
+
+    src, tensors = big_npz(tmp_path / "in.npz")
+    flip_byte(src, "o.npy", 128 + tensors["o"].nbytes - 1)  # the last byte
+    monkeypatch.setenv("LSTMGRAD_MAX_TENSOR_BYTES", "16M")
+    with pytest.raises(InputFileError, match=r"o is corrupt or truncated \(Bad CRC-32 for file 'o.npy'\)"):
+        with io.open_inputs(src, ["o"], lazy=["o"]) as loaded:
+            assert isinstance(loaded.tensors["o"], io.LazyRows)

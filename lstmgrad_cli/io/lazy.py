@@ -42,7 +42,7 @@ class LazyRows:
 
     def __getitem__(self, index) -> np.ndarray:
         value = self._read(index)
-        rows = _rows(index, self.shape[0]) if self.ndim else None
+        rows = rows_of(index, self.shape[0]) if self.ndim else None
         if rows is not None:
             self._tally(rows, value if isinstance(index, slice) else value[None])
         elif self.ndim and (index is Ellipsis or (isinstance(index, tuple) and not index)) and self.shape[0]:
@@ -56,12 +56,13 @@ class LazyRows:
         if lo >= hi:
             return filled
         if dest is None:
-            self._read_rows(lo, hi, out)
+            rows = out
+            self._read_rows(lo, hi, rows)
         else:  # into a strided place: whole rows read, then copied there
             rows = np.empty(filled.shape, dtype=self.dtype)
             self._read_rows(lo, hi, rows)
             filled[...] = rows
-        self._tally((lo, hi), filled)
+        self._tally((lo, hi), rows)
         return filled
 
     def nonfinite(self, block_bytes: int = 64 * 2**20) -> int:
@@ -116,7 +117,7 @@ class LazyRows:
             done += got
 
 
-def _rows(index, n: int) -> tuple[int, int] | None:
+def rows_of(index, n: int) -> tuple[int, int] | None:
     """The rows ``[lo, hi)`` an index of the first axis reads (an int or a slice of step 1), else None."""
     if isinstance(index, int | np.integer):
         row = int(index) + n if index < 0 else int(index)

@@ -178,10 +178,13 @@ def _canonical_header(header: bytes):
     return shape, fortran == "True", dtype
 
 
-def read_npy_tensors(loaded: LoadedFile, keys, open_stream, names, scalars, collect_errors: bool, kind) -> None:
+def read_npy_tensors(loaded: LoadedFile, keys, open_stream, names, scalars, collect_errors: bool, kind,
+                     lazy_read=None) -> None:
     """The tensors ``names`` (and ``scalars``) of a container of .npy streams, each declared from its header before
     any is read (``declared.checked``), then read.  ``open_stream(key, opened)`` gives the name stored, the key's
-    NpyStream (entered into the ExitStack ``opened``) and how to read it; every stream is closed at the end."""
+    NpyStream (entered into the ExitStack ``opened``) and how to read it; every stream is closed at the end.
+    ``lazy_read(name, stored, stream)``, when given, says how to leave a tensor in its file (a ``lazy.LazyRows``),
+    or None to read it into memory."""
     path = loaded.path
     with contextlib.ExitStack() as opened:
         def declare(name: str) -> Declared | None:
@@ -189,6 +192,8 @@ def read_npy_tensors(loaded: LoadedFile, keys, open_stream, names, scalars, coll
             if key is None:
                 return None
             stored, stream, read = open_stream(key, opened)
-            return Declared(name, stored, stream.shape, stream.dtype, read, verify=stream.verify)
+            left = lazy_read(name, stored, stream) if lazy_read is not None else None
+            return Declared(name, stored, stream.shape, stream.dtype, left or read, lazy=left is not None,
+                            verify=stream.verify)
 
         read_checked(loaded, checked(loaded, Budget(path, kind), names, scalars, declare), scalars, collect_errors)

@@ -12,14 +12,20 @@ from __future__ import annotations
 import contextlib
 import io
 import lzma
+import math
 import os
 import struct
 import zipfile
 import zlib
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import InputFileError
-from ._common import Format, LoadedFile, describe_keys, open_regular, reason, worded
+from . import crc32
+from ._common import Format, LoadedFile, describe_keys, max_tensor_bytes, open_regular, reason, worded
+from .lazy import LazyRows
+from .lazy import rows_of as _rows_read
 from .npy import NpyStream, read_npy_tensors
 
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
@@ -42,24 +48,38 @@ def sniff(head: bytes) -> bool:
 
 @contextlib.contextmanager
 def open_npz(path: Path, names, scalars, group=None, lazy=(), collect_errors=False, kind=None, headers=()):
-    """NPZ files are always read into memory (``lazy`` does not apply)."""
-    yield read_npz(path, list(names), list(scalars), group, collect_errors, kind, headers)
+    """The tensors ``names`` and scalars of ``path``; large stored members of those in ``lazy`` are left in the
+    file while the block runs (``LazyMember``: read a slice of time steps at a time, their CRC-32 checked once every
+    byte was read; at the block's end the bytes no one read are read to check it), the others read into memory."""
+    with contextlib.ExitStack() as kept:
+        loaded = read_npz(path, list(names), list(scalars), group, collect_errors, kind, headers, frozenset(lazy),
+                          kept)
+        yield loaded
+        for value in loaded.tensors.values():
+            if isinstance(value, LazyMember):
+                value.verify()
 
 
-def read_npz(path: Path, names, scalars, group, collect_errors=False, kind=None, headers=()) -> LoadedFile:
+def read_npz(path: Path, names, scalars, group, collect_errors=False, kind=None, headers=(), lazy=frozenset(),
+             kept: contextlib.ExitStack | None = None) -> LoadedFile:
+    """The file's tensors in memory; with ``kept`` (the caller's ExitStack, which then keeps the file open), large
+    stored members of the tensors ``lazy`` as ``LazyMember``s."""
     loaded = LoadedFile(path, "npz", header_only=frozenset(headers))
     prefix = f"{group.strip('/')}/" if group else ""
     with worded(path, NPZ_ERRORS, lambda err: f"corrupt or truncated NPZ file ({reason(err)})",
-                "corrupt NPZ file (its zip directory does not fit in memory)"), \
-            open_regular(path, refusal="; expected an NPZ file") as fh:
+                "corrupt NPZ file (its zip directory does not fit in memory)"), contextlib.ExitStack() as opened:
+        fh = opened.enter_context(open_regular(path, refusal="; expected an NPZ file"))
         archive_size = os.fstat(fh.fileno()).st_size
         count = declared_members(fh, archive_size)
         if count is not None and count > MAX_MEMBERS:  # zipfile would hold ~500 bytes for each
             raise InputFileError(f"{path}: the archive declares {count} members, more than the {MAX_MEMBERS} an "
                                  "input may hold; refused before reading its directory")
         with zipfile.ZipFile(fh) as archive:
-            return _read_members(archive, fh, _members(archive, path), archive_size, loaded, prefix, group, names,
-                                 scalars, collect_errors, kind)
+            _read_members(archive, fh, _members(archive, path), archive_size, loaded, prefix, group, names,
+                          scalars, collect_errors, kind, lazy if kept is not None else frozenset())
+        if kept is not None and any(isinstance(v, LazyMember) for v in loaded.tensors.values()):
+            kept.push(opened.pop_all())  # the lazy members read from fh until the caller's block ends
+    return loaded
 
 
 def declared_members(fh, size: int) -> int | None:
@@ -106,7 +126,7 @@ def _members(archive: zipfile.ZipFile, path: Path) -> dict[str, zipfile.ZipInfo]
 
 
 def _read_members(archive, fh, members, archive_size, loaded, prefix, group, names, scalars, collect_errors,
-                  kind):
+                  kind, lazy=frozenset()):
     path = loaded.path
     if any(k == "data.pkl" or k.endswith("/data.pkl") for k in members):
         raise InputFileError(f"{path}: {TORCH_FILE}")
@@ -122,7 +142,17 @@ def _read_members(archive, fh, members, archive_size, loaded, prefix, group, nam
         stream = _open_member(archive, fh, members[stored], stored, path, archive_size, opened)
         return stored, stream, lambda: _guarded(stream.read, stored, path)
 
-    read_npy_tensors(loaded, keys, open_stream, names, scalars, collect_errors, kind)
+    def lazy_read(name: str, stored: str, stream: NpyStream):
+        """How to leave the member in the file (None: it is read into memory)."""
+        info = members[stored]
+        nbytes = math.prod(stream.shape) * stream.dtype.itemsize
+        if (name not in lazy or info.compress_type != zipfile.ZIP_STORED or stream.blob is not None
+                or stream.fortran_order or not stream.shape or stream.dtype.kind != "f"
+                or not stream.dtype.isnative or nbytes < min(LAZY_LEAST_BYTES, max_tensor_bytes() // 16)):
+            return None
+        return lambda: _guarded(lambda: LazyMember(fh, info, stream, stored, path), stored, path)
+
+    read_npy_tensors(loaded, keys, open_stream, names, scalars, collect_errors, kind, lazy_read)
     return loaded
 
 
@@ -173,7 +203,7 @@ class StoredMember(io.RawIOBase):
             raise NotImplementedError("strong encryption (flag bit 6)")
         if name.decode("utf-8" if flags & _UTF8_NAME else "cp437") != info.orig_filename:
             raise zipfile.BadZipFile(f"File name in directory {info.orig_filename!r} and header {name!r} differ.")
-        self._pos = self._start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+        self._pos = self._start = self.start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
         self._end = self._start + min(info.compress_size, info.file_size)
         if self._end > archive_size:
             raise EOFError(f"the member's data ends at byte {self._end} of a {archive_size}-byte archive")
@@ -212,6 +242,70 @@ class StoredMember(io.RawIOBase):
         if self._behind is not None:
             self._behind.close()
         super().close()
+
+
+# A stored member asked for lazily is left in the file from this size (or from a sixteenth of the memory an input
+# may take, LSTMGRAD_MAX_TENSOR_BYTES, where that is less): a smaller one is read whole, as a batch's small files
+# are, where the reads a chunk at a time would cost more than they save.
+LAZY_LEAST_BYTES = 4 * 2**20
+
+
+class LazyMember(LazyRows):
+    """A stored ``.npy`` member of a zip archive left in the file (``lazy.LazyRows``): rows read with ``pread``
+    from the archive's descriptor, in any order.  The CRC-32 of each row range read for the first time is summed as
+    it is read, and the pieces' are joined in file order (``crc32.combine``) once every row was read: a mismatch is
+    the error an eager read gives, raised then (``verify()`` reads the rows no one read and raises it at the
+    latest: the backward pass's caller asks before anything is written, through ``nonfinite()``)."""
+
+    def __init__(self, fh, info: zipfile.ZipInfo, stream: NpyStream, key: str, path: Path):
+        super().__init__(stream.shape, stream.dtype, key, path)
+        self._name = info.filename
+        self._fh, self._fd = fh, fh.fileno()
+        member = stream.fp.raw  # the StoredMember under the stream's read buffer
+        self._offset = member.start + stream.start  # the first row's byte in the archive
+        header = os.pread(self._fd, stream.start, member.start)  # the .npy header: the CRC-32's first bytes
+        if len(header) != stream.start:
+            raise EOFError(f"the archive ends inside {info.filename}")
+        self._header_crc, self._expected_crc = zlib.crc32(header), info.CRC
+        self._pieces: dict[int, tuple[int, int]] = {}  # first row -> (end row, CRC-32 of those rows)
+        self._checked = False
+
+    def _read(self, index) -> np.ndarray:
+        rows = _rows_read(index, self.shape[0])
+        if rows is None:  # any other index: of the whole array
+            return self[:][index]
+        lo, hi = rows
+        out = np.empty((hi - lo, *self.shape[1:]), dtype=self.dtype)
+        self._read_rows(lo, hi, out)
+        return out[0] if isinstance(index, int | np.integer) else out
+
+    def _read_rows(self, lo: int, hi: int, out: np.ndarray) -> None:
+        if self._fh.closed:  # its descriptor may belong to another file now
+            raise InputFileError(f"{self._path}: {self._key} cannot be read (the file was closed)")
+        self._pread(self._fd, self._offset, lo, hi, out)
+
+    def _first_read(self, lo: int, hi: int, rows: np.ndarray) -> None:
+        self._pieces[lo] = (hi, zlib.crc32(memoryview(np.ascontiguousarray(rows)).cast("B")))
+
+    def _tally(self, rows: tuple[int, int], value: np.ndarray) -> None:
+        super()._tally(rows, value)
+        if self._counted == [(0, self.shape[0])] and not self._checked:
+            self._check_crc()
+
+    def _check_crc(self) -> None:
+        with self._lock:
+            crc = self._header_crc
+            for lo in sorted(self._pieces):
+                hi, piece = self._pieces[lo]
+                crc = crc32.combine(crc, piece, (hi - lo) * self._row_bytes)
+            if crc != self._expected_crc:
+                raise InputFileError(f"{self._path}: {self._key} is corrupt or truncated (Bad CRC-32 for file "
+                                     f"{self._name!r})")  # (the words of an eager read's zipfile error)
+            self._checked = True
+
+    def verify(self) -> None:
+        """Read the rows no one read (their NaN/Inf counted), so the CRC-32 is checked: InputFileError if wrong."""
+        self.nonfinite()
 
 
 # A stored member this large has its CRC-32 computed on a thread of its own, behind the reads of its next bytes
