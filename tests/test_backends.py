@@ -1168,6 +1168,42 @@ def test_a_chunk_feed_copies_a_chunk_while_the_device_still_computes_the_one_bef
 
 
 @pytest.mark.parametrize("eager", [False, True])
+def test_a_chunk_feed_reads_a_lazy_inputs_rows_into_pinned_buffers_and_copies_them_from_there(eager):
+    """A lazy input's rows (an HDF5 dataset's, a stored NPZ member's) are read into a pinned buffer kept for the pass
+    and cross from it as they are (no staging copy: one DMA of the rows, in their dtype), each while the next one is
+    read; a host array's still cross through the staging buffers.  Through five chunks, with copies run late or at
+    once, every chunk's rows arrive as read: no buffer is read again before its copy is done."""
+    from lstmgrad_cli.backends._cupy_copies import ChunkFeed, PinnedCopies, fed_rows
+    from lstmgrad_cli.backends._xp import chunk_bounds
+    from lstmgrad_cli.backends.conformance import LazyRows
+
+    copied, pinned = [], []
+
+    def pinned_empty(shape, dtype):
+        pinned.append((tuple(shape), np.dtype(dtype)))
+        return np.empty(shape, dtype)
+
+    cp = cuda_host.fake_cupy(copied=copied, eager_copies=eager)
+    arrays = _random_inputs(np.random.default_rng(6), 10, 2, 3, 4, np.float32)
+    lazy = ("i", "cs", "x")
+    t = SeqTensors(**{k: LazyRows(v) if k in lazy else v for k, v in arrays.items()})
+    chunks = chunk_bounds(10, 2)
+    feed = ChunkFeed(cp, PinnedCopies(cp, pinned_empty, slice_bytes=40, threads=1), t, chunks, 2)
+    for j, (lo, hi) in enumerate(chunks):
+        copied.clear()
+        rows = feed.take(j)
+        for name in ("i", "cs", "x", "f", "h_grad"):
+            a, b = fed_rows(name, lo, hi)
+            np.testing.assert_array_equal(rows[name], arrays[name][a:b], err_msg=f"{name}, chunk {j}")
+        straight = sorted(shape for way, kind, shape in copied if way == "in" and kind == np.float32)
+        want = sorted((fed_rows(name, lo, hi)[1] - fed_rows(name, lo, hi)[0], *arrays[name].shape[1:])
+                      for name in lazy)
+        assert straight == want, j  # the lazy rows, each in one copy of its own; the rest staged (bytes)
+    buffers = sorted(shape for shape, dtype in pinned if dtype == np.float32)  # (the staging buffers' are bytes)
+    assert buffers == sorted((3, *arrays[name].shape[1:]) for name in lazy)  # one a lazy input, of K + 1 rows
+
+
+@pytest.mark.parametrize("eager", [False, True])
 def test_a_chunk_feed_copies_rows_back_once_computed_and_writes_them_without_reusing_a_buffer_in_flight(eager):
     """``ChunkFeed.put``: a chunk's device rows (queued on the current stream) go back on a stream of their own after
     what the current stream has queued, through two pinned buffers taken in turn; they reach the target two puts

@@ -52,11 +52,13 @@ class PinnedCopies:
         self.copy_in([(h, d) for h, d in zip(hosts, devices, strict=True) if h is not None])
         return devices
 
-    def copy_in(self, pairs, after=None) -> None:
+    def copy_in(self, pairs, after=None, stream=None) -> None:
         """Each ``(host, device)`` pair's host array into its C-contiguous device array of the same bytes, on a copy
-        stream that first waits for the event ``after`` (by default, for all the current stream has queued); returns
-        once every copy is complete."""
-        stream = self._copy_stream(after)  # (after allocations: their memory may be in use on the current stream)
+        stream that first waits for the event ``after`` (by default, for all the current stream has queued), or on
+        ``stream`` (``copy_stream``'s, holding copies of the caller's own); returns once every copy on it is
+        complete."""
+        if stream is None:  # (after allocations: their memory may be in use on the current stream)
+            stream = self.copy_stream(after)
         try:
             staging = self._staging([host for host, _ in pairs])
             for host, device in pairs:
@@ -75,7 +77,7 @@ class PinnedCopies:
         before is copied out of the other."""
         devices = [self._cp.ascontiguousarray(a) for a in arrays]  # (queued on the current stream: before it)
         hosts = [np.empty(a.shape, a.dtype) for a in devices]
-        stream = self._copy_stream()
+        stream = self.copy_stream()
         try:
             staging = self._staging(devices)
             waiting = None  # (event, buffer, where its bytes go) of the slice in flight
@@ -96,7 +98,7 @@ class PinnedCopies:
         return hosts
 
 
-    def _copy_stream(self, after=None):
+    def copy_stream(self, after=None):
         """A stream of its own, after ``after`` (an event), by default after all the current stream has queued: the
         arrays it reads were computed there, and the memory the pool hands out for those it writes may be in use
         there still."""
@@ -166,8 +168,8 @@ def fed_rows(name: str, lo: int, hi: int) -> tuple[int, int]:
 
 
 class ChunkFeed:
-    """A pass's time-major inputs (host arrays, or lazy ones: an HDF5 file's, read here) on the device a chunk of
-    steps at a time: ``XpGradient.block_lstm_grad``'s ``feed``.
+    """A pass's time-major inputs (host arrays, or lazy ones: an HDF5 file's or an NPZ file's, read here straight into
+    pinned buffers) on the device a chunk of steps at a time: ``XpGradient.block_lstm_grad``'s ``feed``.
 
     ``take(j)`` is asked once chunk j-1's work is queued on the current stream: chunk j's rows then cross through
     ``copies`` while the device still computes chunk j-1, into one of two sets of device buffers taken in turn.
@@ -183,7 +185,7 @@ class ChunkFeed:
                              for name in FED} for _ in range(2))
         self._freed = [None, None]  # per set: an event after which the device no longer reads it
         self._back = None  # put's stream, and its two pinned buffers taken in turn
-        self._host = {}  # name -> [K+1, ...] host buffer a lazy input's rows are read into
+        self._host = {}  # name -> [K+1, ...] pinned host buffer a lazy input's rows are read into
         self._puts = []  # (event, device rows, pinned rows, target, lo, hi) of rows on their way back
         self._turn = 0
 
@@ -193,24 +195,31 @@ class ChunkFeed:
         now = self._cp.cuda.get_current_stream().record()  # all before chunk j: chunk j-1's work done
         after = self._freed[j % 2] if self._freed[j % 2] is not None else now
         self._freed[(j - 1) % 2] = now
-        slot, rows, pairs = self._slots[j % 2], {}, []
-        for name in FED:
-            a, b = fed_rows(name, lo, hi)
-            rows[name] = slot[name][:b - a]
-            if b > a:
-                pairs.append((self._host_rows(name, a, b), rows[name]))
-        self._copies.copy_in(pairs, after)
+        slot, rows, staged = self._slots[j % 2], {}, []
+        stream = self._copies.copy_stream(after)
+        try:
+            for name in FED:
+                a, b = fed_rows(name, lo, hi)
+                rows[name] = slot[name][:b - a]
+                if b <= a:
+                    continue
+                source = getattr(self._t, name)
+                if hasattr(source, "read_into"):  # read into pinned memory, its DMA beside the next one's read
+                    rows[name].set(self._read(name, source, a, b), stream=stream)
+                else:
+                    staged.append((np.asarray(source[a:b]), rows[name]))
+            self._copies.copy_in(staged, stream=stream)
+        finally:  # (a read that failed: the DMAs queued before it are done before the error goes on)
+            stream.synchronize()
         return rows
 
-    def _host_rows(self, name: str, a: int, b: int) -> np.ndarray:
-        """Rows [a, b) of the input ``name`` on the host: a view of a host array; a lazy input's read into a buffer
-        kept for the pass (``read_into``: an HDF5 dataset's with ``pread``, where it can), else sliced."""
-        source = getattr(self._t, name)
-        if not hasattr(source, "read_into"):
-            return np.asarray(source[a:b])
+    def _read(self, name: str, source, a: int, b: int) -> np.ndarray:
+        """Rows [a, b) of the lazy input ``name`` (an HDF5 dataset's, a stored NPZ member's: ``read_into``, with
+        ``pread`` where it can) read into a pinned buffer kept for the pass, which a DMA reads straight from: a
+        file's rows cross with one host copy, the kernel's, not two."""
         buffer = self._host.get(name)
         if buffer is None:
-            buffer = self._host[name] = np.empty((self._K + 1, *source.shape[1:]), dtype=source.dtype)
+            buffer = self._host[name] = self._copies.host_buffer((self._K + 1, *source.shape[1:]), source.dtype)
         return source.read_into(a, b, buffer[:b - a])
 
     def put(self, target, lo: int, hi: int, rows) -> None:
