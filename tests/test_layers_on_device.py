@@ -279,13 +279,15 @@ def test_a_lazy_input_reaches_the_device_a_chunk_of_steps_at_a_time(loop, pinned
     assert got.x_grad is x_grad and host_operands == []
     for field, a, b in zip(want._fields, want, got, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=field)
-    if pinned:  # through the staging buffers, as bytes: the other tensors whole, the time-major ones fed a chunk of
-        # steps at a time (cs with the step before the chunk, h with the steps before: _cupy_copies.fed_rows)
+    if pinned:  # the other tensors whole through the staging buffers, as bytes; the time-major ones fed a chunk of
+        # steps at a time (cs with the step before the chunk, h with the steps before: _cupy_copies.fed_rows), each
+        # read into a pinned buffer and copied from there as it is
         fed = sum((hi - lo) * arrays[name][0].nbytes for a, b in chunk_bounds(T, 4)
                   for name in FED for lo, hi in [fed_rows(name, a, b)])
         others = sum(a.nbytes for name, a in arrays.items() if name not in TIME_MAJOR)
         staged = [shape[0] for way, dtype, shape in copied if way == "in" and dtype == np.uint8]
-        assert sum(staged) == others + fed
+        straight = [np.prod(shape) * 4 for way, dtype, shape in copied if way == "in" and dtype == np.float32]
+        assert sum(staged) == others and sum(straight) == fed
         assert sliced == []  # fed: every row read into the feed's buffers (read_into)
     else:
         steps = [shape[0] for way, _, shape in copied if way == "in" and len(shape) == 3]

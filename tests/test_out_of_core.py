@@ -460,13 +460,23 @@ def flip_byte(path, member: str, at: int) -> None:
         fh.write(bytes([byte ^ 1]))
 
 
-def test_an_npz_input_over_the_memory_limit_streams_and_equals_the_in_memory_run(runner, tmp_path, monkeypatch):
-    """Its large stored members are read a chunk of steps at a time, as an HDF5 file's are: a limit under the file's
-    tensors, which an eager read refuses, is enough, and the gradients are the in-memory run's, bit for bit."""
+@pytest.mark.parametrize("form", ["npz", "npy-dir"])
+def test_an_npz_input_over_the_memory_limit_streams_and_equals_the_in_memory_run(runner, tmp_path, monkeypatch,
+                                                                                 form):
+    """Its large stored members (or a directory's large .npy files) are read a chunk of steps at a time, as an HDF5
+    file's are: a limit under the file's tensors, which an eager read refuses, is enough, and the gradients are the
+    in-memory run's, bit for bit."""
     from lstmgrad_cli import io
     from lstmgrad_cli.errors import InputFileError
 
     src, tensors = big_npz(tmp_path / "in.npz", seq_len_max=50)
+    if form == "npy-dir":
+        (tmp_path / "in").mkdir()
+        with np.load(src) as archive:
+            for key in archive.files:
+                np.save(tmp_path / "in" / f"{key}.npy", archive[key])
+        src.unlink()
+        src = tmp_path / "in"
     assert sum(v.nbytes for v in tensors.values()) > 16 * 2**20
     eager = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "eager.npz"), "-q"])
     assert eager.exit_code == 0, eager.stderr
@@ -537,11 +547,16 @@ def test_an_npz_member_left_in_the_file_reads_rows_in_any_order_and_checks_its_c
                 assert not corrupt
 
 
-def test_an_npz_member_left_in_the_file_is_an_error_once_its_block_ended(tmp_path, monkeypatch):
+@pytest.mark.parametrize("form", ["npz", "npy-dir"])
+def test_an_npz_member_left_in_the_file_is_an_error_once_its_block_ended(tmp_path, monkeypatch, form):
     from lstmgrad_cli import io
     from lstmgrad_cli.errors import InputFileError
 
-    src, _ = big_npz(tmp_path / "in.npz")
+    src, tensors = big_npz(tmp_path / "in.npz")
+    if form == "npy-dir":
+        src = tmp_path / "in"
+        src.mkdir()
+        np.save(src / "cs.npy", tensors["cs"])
     monkeypatch.setenv("LSTMGRAD_MAX_TENSOR_BYTES", "16M")
     with io.open_inputs(src, ["cs"], lazy=["cs"]) as loaded:
         lazy = loaded.tensors["cs"]

@@ -181,11 +181,11 @@ def open_inputs(path: str | os.PathLike, names: Iterable[str], scalars: Iterable
     """``read_inputs`` that may leave tensors on disk while the block runs (``input_format``: what
     ``npydir.input_format`` said of ``path`` and ``group``, when the caller has asked it already).
 
-    Tensors named in ``lazy`` that are HDF5 datasets, or large stored members of an NPZ file, come back as
-    ``LazyRows`` (``LazyDataset``, ``npz.LazyMember``), read later by slicing (a chunk of time steps at a time),
-    after the same safety checks as an eager read; they do not count against the memory limit, which is what lets
-    an input larger than memory be processed.  Other formats, small or compressed NPZ members, and big-endian data
-    are always read into memory.
+    Tensors named in ``lazy`` that are HDF5 datasets, or large stored members of an NPZ file or large files of a
+    directory of .npy files, come back as ``LazyRows`` (``LazyDataset``, ``npz.LazyMember``, ``npy.LazyNpy``), read
+    later by slicing (a chunk of time steps at a time), after the same safety checks as an eager read; they do not
+    count against the memory limit, which is what lets an input larger than memory be processed.  Other formats,
+    small or compressed NPZ members, small .npy files and big-endian data are always read into memory.
     """
     path, names = Path(path), list(names)
     fmt = FORMATS[input_format or npydir.input_format(path, group)]  # (the group may make a directory one input)

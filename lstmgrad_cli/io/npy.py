@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputFileError
-from ._common import READ_CHUNK, Budget, LoadedFile, key_for, native, reason
+from ._common import READ_CHUNK, Budget, LoadedFile, key_for, max_tensor_bytes, native, reason
 from .declared import Declared, checked, read_checked
+from .lazy import LazyRows, rows_of
 
 NPY_MAGIC = b"\x93NUMPY"
 NPY_MAX_HEADER = 10000  # numpy's own limit for a .npy header it will parse
@@ -100,6 +101,43 @@ class NpyStream:
             raise InputFileError(
                 f"{path}: {key} cannot be read as {dtype} of shape {list(shape)} ({reason(err)})") from None
         return native(array)
+
+
+# A tensor asked for lazily is left in its file from this size (or from a sixteenth of the memory an input may take,
+# LSTMGRAD_MAX_TENSOR_BYTES, where that is less): a smaller one is read whole, as a batch's small files are, where
+# the reads a chunk at a time would cost more than they save.
+LAZY_LEAST_BYTES = 4 * 2**20
+
+
+def left_in_file(stream: NpyStream) -> bool:
+    """Whether a stream asked for lazily may be left in its file (``LazyNpy``): C-ordered native floats with a time
+    axis, too large to have been read whole, at least ``LAZY_LEAST_BYTES``."""
+    nbytes = math.prod(stream.shape) * stream.dtype.itemsize
+    return (stream.blob is None and not stream.fortran_order and bool(stream.shape) and stream.dtype.kind == "f"
+            and stream.dtype.isnative and nbytes >= min(LAZY_LEAST_BYTES, max_tensor_bytes() // 16))
+
+
+class LazyNpy(LazyRows):
+    """A ``.npy`` stream's data left in its file (``lazy.LazyRows``): rows read with ``pread`` from the descriptor
+    ``fd``, the first row at byte ``offset``, while ``closed()`` is false."""
+
+    def __init__(self, fd: int, offset: int, stream: NpyStream, key: str, path: Path, closed):
+        super().__init__(stream.shape, stream.dtype, key, path)
+        self._fd, self._offset, self._closed = fd, offset, closed
+
+    def _read(self, index) -> np.ndarray:
+        rows = rows_of(index, self.shape[0])
+        if rows is None:  # any other index: of the whole array
+            return self[:][index]
+        lo, hi = rows
+        out = np.empty((hi - lo, *self.shape[1:]), dtype=self.dtype)
+        self._read_rows(lo, hi, out)
+        return out[0] if isinstance(index, int | np.integer) else out
+
+    def _read_rows(self, lo: int, hi: int, out: np.ndarray) -> None:
+        if self._closed():  # its descriptor may belong to another file now
+            raise InputFileError(f"{self._path}: {self._key} cannot be read (the file was closed)")
+        self._pread(self._fd, self._offset, lo, hi, out)
 
 
 def _read_whole(fp, size: int, key: str, path: Path, container: str) -> bytearray:

@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from ..errors import InputFileError
 from ..messages import cut
 from ._common import Format, LoadedFile, open_regular, reason, worded
-from .npy import NpyStream, read_npy_tensors
+from .npy import LazyNpy, NpyStream, left_in_file, read_npy_tensors
 from .tfdbg import sniff as _is_dump
 
 SUFFIX = ".npy"
@@ -61,10 +61,17 @@ def input_format(path: str | os.PathLike, group: str | None = None) -> str:
 
 @contextlib.contextmanager
 def open_npy_dir(path: Path, names, scalars, group=None, lazy=(), collect_errors=False, kind=None, headers=()):
-    yield read_npy_dir(path, list(names), list(scalars), group, collect_errors, kind, headers)
+    """The tensors ``names`` and scalars of the directory ``path``; large files of those in ``lazy`` are left on disk
+    while the block runs (``npy.LazyNpy``: read a slice of time steps at a time), the others read into memory."""
+    with contextlib.ExitStack() as kept:
+        yield read_npy_dir(path, list(names), list(scalars), group, collect_errors, kind, headers, frozenset(lazy),
+                           kept)
 
 
-def read_npy_dir(path: Path, names, scalars, group=None, collect_errors=False, kind=None, headers=()) -> LoadedFile:
+def read_npy_dir(path: Path, names, scalars, group=None, collect_errors=False, kind=None, headers=(),
+                 lazy=frozenset(), kept: contextlib.ExitStack | None = None) -> LoadedFile:
+    """The directory's tensors in memory; with ``kept`` (the caller's ExitStack, which then keeps their files open),
+    large files of the tensors ``lazy`` as ``LazyNpy``s."""
     loaded = LoadedFile(path, "npy-dir", header_only=frozenset(headers))
     folder = path / _group_path(path, group) if group else path
     try:
@@ -88,7 +95,20 @@ def read_npy_dir(path: Path, names, scalars, group=None, collect_errors=False, k
         stream = _open_file(folder / files[key], key, path, opened)
         return key, stream, lambda: _guarded(stream.read, key, path)
 
-    read_npy_tensors(loaded, files, open_stream, names, scalars, collect_errors, kind)
+    def lazy_read(name: str, key: str, stream: NpyStream):
+        """How to leave the file on disk (None: it is read into memory)."""
+        if kept is None or name not in lazy or not left_in_file(stream):
+            return None
+
+        def leave() -> LazyNpy:
+            fd = os.dup(stream.fp.fileno())  # (the stream's own file is closed once the tensors are read)
+            closed = []
+            kept.callback(os.close, fd)
+            kept.callback(closed.append, True)  # (run first: the flag is up before the descriptor goes)
+            return LazyNpy(fd, stream.start, stream, key, path, lambda: bool(closed))
+        return lambda: _guarded(leave, key, path)
+
+    read_npy_tensors(loaded, files, open_stream, names, scalars, collect_errors, kind, lazy_read)
     return loaded
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import io
 import lzma
-import math
 import os
 import struct
 import zipfile
@@ -23,10 +22,8 @@ import numpy as np
 
 from ..errors import InputFileError
 from . import crc32
-from ._common import Format, LoadedFile, describe_keys, max_tensor_bytes, open_regular, reason, worded
-from .lazy import LazyRows
-from .lazy import rows_of as _rows_read
-from .npy import NpyStream, read_npy_tensors
+from ._common import Format, LoadedFile, describe_keys, open_regular, reason, worded
+from .npy import LazyNpy, NpyStream, left_in_file, read_npy_tensors
 
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 MAX_MEMBERS = 100_000  # members an archive may hold (zipfile's directory of them takes ~50 MB)
@@ -145,10 +142,7 @@ def _read_members(archive, fh, members, archive_size, loaded, prefix, group, nam
     def lazy_read(name: str, stored: str, stream: NpyStream):
         """How to leave the member in the file (None: it is read into memory)."""
         info = members[stored]
-        nbytes = math.prod(stream.shape) * stream.dtype.itemsize
-        if (name not in lazy or info.compress_type != zipfile.ZIP_STORED or stream.blob is not None
-                or stream.fortran_order or not stream.shape or stream.dtype.kind != "f"
-                or not stream.dtype.isnative or nbytes < min(LAZY_LEAST_BYTES, max_tensor_bytes() // 16)):
+        if name not in lazy or info.compress_type != zipfile.ZIP_STORED or not left_in_file(stream):
             return None
         return lambda: _guarded(lambda: LazyMember(fh, info, stream, stored, path), stored, path)
 
@@ -244,45 +238,23 @@ class StoredMember(io.RawIOBase):
         super().close()
 
 
-# A stored member asked for lazily is left in the file from this size (or from a sixteenth of the memory an input
-# may take, LSTMGRAD_MAX_TENSOR_BYTES, where that is less): a smaller one is read whole, as a batch's small files
-# are, where the reads a chunk at a time would cost more than they save.
-LAZY_LEAST_BYTES = 4 * 2**20
-
-
-class LazyMember(LazyRows):
-    """A stored ``.npy`` member of a zip archive left in the file (``lazy.LazyRows``): rows read with ``pread``
-    from the archive's descriptor, in any order.  The CRC-32 of each row range read for the first time is summed as
-    it is read, and the pieces' are joined in file order (``crc32.combine``) once every row was read: a mismatch is
-    the error an eager read gives, raised then (``verify()`` reads the rows no one read and raises it at the
-    latest: the backward pass's caller asks before anything is written, through ``nonfinite()``)."""
+class LazyMember(LazyNpy):
+    """A stored ``.npy`` member of a zip archive left in the file (``npy.LazyNpy``: rows read with ``pread`` from
+    the archive's descriptor, in any order).  The CRC-32 of each row range read for the first time is summed as it
+    is read, and the pieces' are joined in file order (``crc32.combine``) once every row was read: a mismatch is the
+    error an eager read gives, raised then (``verify()`` reads the rows no one read and raises it at the latest: the
+    backward pass's caller asks before anything is written, through ``nonfinite()``)."""
 
     def __init__(self, fh, info: zipfile.ZipInfo, stream: NpyStream, key: str, path: Path):
-        super().__init__(stream.shape, stream.dtype, key, path)
-        self._name = info.filename
-        self._fh, self._fd = fh, fh.fileno()
         member = stream.fp.raw  # the StoredMember under the stream's read buffer
-        self._offset = member.start + stream.start  # the first row's byte in the archive
+        super().__init__(fh.fileno(), member.start + stream.start, stream, key, path, lambda: fh.closed)
+        self._name = info.filename
         header = os.pread(self._fd, stream.start, member.start)  # the .npy header: the CRC-32's first bytes
         if len(header) != stream.start:
             raise EOFError(f"the archive ends inside {info.filename}")
         self._header_crc, self._expected_crc = zlib.crc32(header), info.CRC
         self._pieces: dict[int, tuple[int, int]] = {}  # first row -> (end row, CRC-32 of those rows)
         self._checked = False
-
-    def _read(self, index) -> np.ndarray:
-        rows = _rows_read(index, self.shape[0])
-        if rows is None:  # any other index: of the whole array
-            return self[:][index]
-        lo, hi = rows
-        out = np.empty((hi - lo, *self.shape[1:]), dtype=self.dtype)
-        self._read_rows(lo, hi, out)
-        return out[0] if isinstance(index, int | np.integer) else out
-
-    def _read_rows(self, lo: int, hi: int, out: np.ndarray) -> None:
-        if self._fh.closed:  # its descriptor may belong to another file now
-            raise InputFileError(f"{self._path}: {self._key} cannot be read (the file was closed)")
-        self._pread(self._fd, self._offset, lo, hi, out)
 
     def _first_read(self, lo: int, hi: int, rows: np.ndarray) -> None:
         self._pieces[lo] = (hi, zlib.crc32(memoryview(np.ascontiguousarray(rows)).cast("B")))

@@ -99,7 +99,7 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
         io.check_output(out, options.force, [input_path], _other_inputs(options))
     except OutputExistsError:
         return existing_output(result, out, request, start)
-    lazy = options.kind == "seq" and fmt in ("hdf5", "npz")  # (an NPZ file's large stored members)
+    lazy = options.kind == "seq" and fmt in ("hdf5", "npz", "npy-dir")  # (NPZ members and .npy files: large ones)
 
     asked = options if options.kind == "seq" else replace(options, layout=None)  # (the cell op is always ICFO)
     with open_problem(input_path, asked, lazy=lazy, input_format=fmt) as problem:

@@ -186,8 +186,8 @@ def load_problem(path, request: Request | None = None, **fields) -> Problem:
 @contextlib.contextmanager
 def open_problem(path, request: Request, *, lazy: bool = False, input_format: str | None = None
                  ) -> Iterator[Problem]:
-    """``load_problem`` whose time-major tensors may stay on disk (``lazy``: HDF5 datasets, large stored NPZ members)
-    while the block runs.
+    """``load_problem`` whose time-major tensors may stay on disk (``lazy``: HDF5 datasets, large stored NPZ members
+    and .npy files) while the block runs.
 
     Lazy tensors are read a chunk of time steps at a time by the backward pass, so an input larger
     than memory can be processed; they must not be used after the block ends.  ``input_format``: what
