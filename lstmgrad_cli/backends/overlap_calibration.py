@@ -9,16 +9,23 @@ lost 60% at 8e8 flops (7.0 ms in sequence, 11.4 ms overlapped: the second thread
 scheduler gives it late), tied at 1.3e10 and won 4-12% from 2.7e10.
 
 So ``measure`` times both schedules on the numpy backend, alternating, at a ladder of sizes (``RUNGS``, smallest
-first, ~1 s in all on that VM), and the threshold is the smallest rung where the overlap is at least ``MARGIN``
-faster (past the largest rung when none is).  It is cached beside the BLAS choice
-(``blas_calibration.cache_dir()``) under the processor, the cores, the library the products go through and
-numpy's version: any change measures again.  ``lstmgrad backends --check`` measures ahead.
+first, 1-2 s in all on that VM), in a new interpreter (``measure_fresh``: a process that had just timed MKL for
+the BLAS choice ran the sequential schedule 20-35% slower at the small rungs, even after a pause, and took the
+overlap from 1.1e9 flops where a fresh one took it from 4.3e9).  The threshold is the smallest rung where the
+overlap is at least ``MARGIN`` faster and is so again at the next rung (past the largest rung when there is none
+such): one win alone, at a size where the two schedules tie, was often the VM's noise (the same VM a session
+later: 16 steps won once by 8% and tied otherwise; 64 steps and more won by 4-18% in every measurement).  It is
+cached beside the BLAS choice (``blas_calibration.cache_dir()``) under the processor, the cores, the library the
+products go through, numpy's version and this way of measuring (``METHOD``): any change measures again.
+``lstmgrad backends --check`` measures ahead.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
@@ -30,7 +37,13 @@ CACHE_FILE = "overlap-threshold.json"
 OVERLAP_ENV = "LSTMGRAD_OVERLAP"  # auto (the measured threshold), on (every chunked pass) or off
 MARGIN = 1.03  # the overlap must take less than 1 / MARGIN of the sequential time
 # Passes timed, smallest first: T steps of B, I, C = 32, 256, 256 (6.7e7 flops a step).
-RUNGS = (16, 64, 256)
+RUNGS = (16, 32, 64, 128, 256)
+ROUNDS = 5  # timed passes of each schedule at a rung (after one untimed)
+CHILD_TIMEOUT = 120.0  # seconds the interpreter measuring may take (else it is measured in this process)
+# A pause before it starts: worker threads this process left spinning (the BLAS calibration's MKL passes: OpenMP's
+# spin up to 0.2 s) take the cores from the sequential schedule's two BLAS threads (once 37x slower at 16 steps).
+SETTLE_SECONDS = 0.5
+METHOD = 2  # the ladder, the rounds and the rule: a cached threshold measured otherwise is measured again
 RUNG_SHAPE = (32, 256, 256)  # B, I, C
 BEYOND = 4  # none overlapped faster: the threshold is this many times the largest rung's flops
 
@@ -95,12 +108,16 @@ def _chunked_from() -> float:
 def key(cores: int) -> str:
     """What a cached threshold holds for: the processor, the cores, the library products go through, numpy."""
     return json.dumps({"processor": blas_calibration.processor(), "cores": cores, "blas": cpu_blas.describe(),
-                       "numpy": np.__version__}, sort_keys=True)
+                       "numpy": np.__version__, "method": METHOD}, sort_keys=True)
 
 
-def measure(rungs=RUNGS, rounds: int = 3) -> dict[int, dict[str, float]]:
+def _won(times: dict[str, float]) -> bool:
+    return times["overlapped"] * MARGIN < times["sequential"]
+
+
+def measure(rungs=RUNGS, rounds: int = ROUNDS) -> dict[int, dict[str, float]]:
     """Median seconds of a pass of each rung's size, in sequence and overlapped, the two alternating after one
-    untimed pass each; up the ladder until a rung where the overlap is ``MARGIN`` faster."""
+    untimed pass each; up the ladder until two rungs in a row where the overlap is ``MARGIN`` faster."""
     from ..spec import LAYOUT_V2, SeqTensors  # noqa: PLC0415
     from ._numpy import NumpyBackend  # noqa: PLC0415
 
@@ -122,17 +139,35 @@ def measure(rungs=RUNGS, rounds: int = 3) -> dict[int, dict[str, float]]:
                 if round_:  # the first round warms up (threads, buffers): not counted
                     seconds[name].append(time.perf_counter() - start)
         found[T] = {name: statistics.median(times) for name, times in seconds.items()}
-        if found[T]["overlapped"] * MARGIN < found[T]["sequential"]:
+        if len(found) >= 2 and all(_won(found[r]) for r in list(found)[-2:]):
             break
     return found
 
 
+def measure_fresh(rungs=RUNGS, rounds: int = ROUNDS, python: str = sys.executable) -> dict[int, dict[str, float]]:
+    """``measure`` in a new interpreter (``python``, with this one's import path and environment: the same library
+    for the products, from the BLAS choice cached or set); in this process when that one fails."""
+    code = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+            "from lstmgrad_cli.backends import overlap_calibration as o; "
+            "print(json.dumps(o.measure(tuple(json.loads(sys.argv[2])), int(sys.argv[3]))))")
+    time.sleep(SETTLE_SECONDS)
+    try:
+        done = subprocess.run([python, "-c", code, json.dumps(sys.path), json.dumps(list(rungs)), str(rounds)],
+                              capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=True)
+        found = json.loads(done.stdout.splitlines()[-1])
+        return {int(T): {name: float(times[name]) for name in ("sequential", "overlapped")}
+                for T, times in found.items()}
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError, KeyError, TypeError, AttributeError):
+        return measure(rungs, rounds)
+
+
 def decide(seconds: dict[int, dict[str, float]]) -> float:
-    """The threshold in flops from ``measure``'s seconds: the smallest rung the overlap won, else ``BEYOND`` times
-    the largest rung's size."""
+    """The threshold in flops from ``measure``'s seconds: the smallest rung the overlap won at, and at the next rung
+    too (the largest rung: won there), else ``BEYOND`` times the largest rung's size."""
     B, I, C = RUNG_SHAPE  # noqa: E741
-    for T in sorted(seconds):
-        if seconds[T]["overlapped"] * MARGIN < seconds[T]["sequential"]:
+    rungs = sorted(seconds)
+    for T, after in zip(rungs, [*rungs[1:], None], strict=True):
+        if _won(seconds[T]) and (after is None or _won(seconds[after])):
             return float(flops(T, B, I, C))
     return float(BEYOND * flops(max(seconds), B, I, C))
 
@@ -140,7 +175,7 @@ def decide(seconds: dict[int, dict[str, float]]) -> float:
 _known: dict[tuple, Threshold] = {}  # this process's thresholds (the machine does not change under it)
 
 
-def threshold(cores: int, measure_now=measure) -> Threshold:
+def threshold(cores: int, measure_now=measure_fresh) -> Threshold:
     """The cached threshold for this machine, else measured now (``measure_now``) and cached."""
     known = _known.get((cores, cpu_blas.describe(), blas_calibration.cache_dir()))
     if known is not None:
