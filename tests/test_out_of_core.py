@@ -528,10 +528,10 @@ def test_an_npz_member_left_in_the_file_reads_rows_in_any_order_and_checks_its_c
         flip_byte(src, "h_grad.npy", 128 + want[0].nbytes * 40 + 3)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("LSTMGRAD_MAX_TENSOR_BYTES", "16M")  # members from 1 MiB left in the file
-        with io.open_inputs(src, ["h_grad"], lazy=["h_grad"]) as loaded:
-            lazy = loaded.tensors["h_grad"]
-            assert isinstance(lazy, io.LazyRows) and lazy.shape == want.shape and lazy.dtype == want.dtype
-            try:
+        try:
+            with io.open_inputs(src, ["h_grad"], lazy=["h_grad"]) as loaded:
+                lazy = loaded.tensors["h_grad"]
+                assert isinstance(lazy, io.LazyRows) and lazy.shape == want.shape and lazy.dtype == want.dtype
                 for read in reads:
                     index = slice(*read) if isinstance(read, tuple) and read else read
                     got = lazy[index]
@@ -541,10 +541,10 @@ def test_an_npz_member_left_in_the_file_reads_rows_in_any_order_and_checks_its_c
                     lazy.read_into(59, 64, buffer)
                     np.testing.assert_array_equal(buffer, want[59:])
                 assert lazy.nonfinite(block_bytes=want[0].nbytes * 3) == 1  # every row read: the CRC-32 checked
-            except InputFileError as err:
-                assert corrupt and "h_grad is corrupt or truncated (Bad CRC-32 for file 'h_grad.npy')" in str(err)
-            else:
-                assert not corrupt
+        except InputFileError as err:
+            assert corrupt and "h_grad is corrupt or truncated (Bad CRC-32 for file 'h_grad.npy')" in str(err)
+        else:
+            assert not corrupt
 
 
 @pytest.mark.parametrize("form", ["npz", "npy-dir"])
@@ -589,3 +589,45 @@ def test_an_npz_member_no_one_read_has_its_crc_checked_when_its_block_ends(tmp_p
     with pytest.raises(InputFileError, match=r"o is corrupt or truncated \(Bad CRC-32 for file 'o.npy'\)"):
         with io.open_inputs(src, ["o"], lazy=["o"]) as loaded:
             assert isinstance(loaded.tensors["o"], io.LazyRows)
+
+
+def test_an_npz_members_crc_error_is_raised_again_when_asked_again_and_a_selection_reads_only_its_rows(tmp_path,
+                                                                                                     monkeypatch):
+    """A caller that swallowed the first CRC-32 error (a read ahead not waited for) meets it again at ``nonfinite``
+    and at the block's end; a selection of rows (``[3:9, 0]``, an empty range) reads those rows only, so a flipped
+    byte elsewhere is not read by it."""
+    from lstmgrad_cli import io
+    from lstmgrad_cli.errors import InputFileError
+
+    want = np.random.default_rng(9).standard_normal((64, 32, 256)).astype(np.float32)
+    src = write_npz(tmp_path / "in.npz", {"h_grad": want})
+    flip_byte(src, "h_grad.npy", 128 + want[0].nbytes * 40 + 3)
+    monkeypatch.setenv("LSTMGRAD_MAX_TENSOR_BYTES", "16M")
+    crc_error = r"h_grad is corrupt or truncated \(Bad CRC-32 for file 'h_grad.npy'\)"
+    selected = []
+    with pytest.raises(InputFileError, match=crc_error):  # at the block's end
+        with io.open_inputs(src, ["h_grad"], lazy=["h_grad"]) as loaded:
+            lazy = loaded.tensors["h_grad"]
+            for index in [(slice(3, 9), 0), (slice(3, 9), slice(None), 5), slice(5, 5), slice(9, 3), (-2, 4),
+                          (slice(2, 4), Ellipsis, 3)]:
+                np.testing.assert_array_equal(lazy[index], want[index], err_msg=str(index))
+                selected.append(index)
+            with pytest.raises(InputFileError, match=crc_error):
+                lazy[:]
+            with pytest.raises(InputFileError, match=crc_error):
+                lazy.nonfinite()
+    assert len(selected) == 6  # none of them read the flipped row
+
+
+def test_a_crc_error_found_while_the_activations_are_fitted_names_the_file_once(runner, tmp_path, monkeypatch):
+    """With few steps the layout's fit reads every row of an activation: its CRC-32 error then comes from there, in
+    the eager read's words."""
+    src, tensors = big_npz(tmp_path / "in.npz", T=4, B=1024, I=8, C=128)
+    flip_byte(src, "ci.npy", 128 + tensors["ci"][0].nbytes * 2 + 5)
+    eager = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.npz")])
+    monkeypatch.setenv("LSTMGRAD_MAX_TENSOR_BYTES", "16M")
+    streamed = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.npz")])
+    assert streamed.exit_code == eager.exit_code == 1
+    assert streamed.stderr == eager.stderr == f"Error: {src}: ci is corrupt or truncated (Bad CRC-32 for file " \
+                                              "'ci.npy')\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npz"]

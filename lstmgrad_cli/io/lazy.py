@@ -119,7 +119,7 @@ class LazyRows:
 
 def rows_of(index, n: int) -> tuple[int, int] | None:
     """The rows ``[lo, hi)`` an index of the first axis reads (an int or a slice of step 1), else None."""
-    if isinstance(index, int | np.integer):
+    if isinstance(index, int | np.integer) and not isinstance(index, bool | np.bool_):  # (a bool is a new axis)
         row = int(index) + n if index < 0 else int(index)
         return (row, row + 1) if 0 <= row < n else None
     if isinstance(index, slice) and index.step in (None, 1):

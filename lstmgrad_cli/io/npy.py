@@ -126,13 +126,19 @@ class LazyNpy(LazyRows):
         self._fd, self._offset, self._closed = fd, offset, closed
 
     def _read(self, index) -> np.ndarray:
-        rows = rows_of(index, self.shape[0])
+        first, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
+        rows = rows_of(first, self.shape[0])
+        if rows is None and isinstance(first, slice) and first.step in (None, 1):
+            rows = (0, 0)  # an empty range of rows: nothing to read
         if rows is None:  # any other index: of the whole array
             return self[:][index]
         lo, hi = rows
         out = np.empty((hi - lo, *self.shape[1:]), dtype=self.dtype)
-        self._read_rows(lo, hi, out)
-        return out[0] if isinstance(index, int | np.integer) else out
+        if hi > lo:
+            self._read_rows(lo, hi, out)
+        if isinstance(first, int | np.integer):
+            return out[0][rest]
+        return out[(slice(None), *rest)] if rest else out
 
     def _read_rows(self, lo: int, hi: int, out: np.ndarray) -> None:
         if self._closed():  # its descriptor may belong to another file now

@@ -275,6 +275,13 @@ class LazyMember(LazyNpy):
                                      f"{self._name!r})")  # (the words of an eager read's zipfile error)
             self._checked = True
 
+    def nonfinite(self, block_bytes: int = 64 * 2**20) -> int:
+        """``LazyRows.nonfinite``, the CRC-32 checked then (again, if a read raised its error before)."""
+        count = super().nonfinite(block_bytes)
+        if not self._checked:
+            self._check_crc()
+        return count
+
     def verify(self) -> None:
         """Read the rows no one read (their NaN/Inf counted), so the CRC-32 is checked: InputFileError if wrong."""
         self.nonfinite()

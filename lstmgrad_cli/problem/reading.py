@@ -20,7 +20,7 @@ import numpy as np
 from .. import frameworks, io, ops
 from ..analysis import decide, detect
 from ..analysis.decide import Given
-from ..errors import InvalidArgumentError, LstmGradError, UnrecordedTensorsError
+from ..errors import InputFileError, InvalidArgumentError, LstmGradError, UnrecordedTensorsError
 from ..messages import TYPED, Command, Message, Param, cut, message_of
 from ..ops import validation
 from ..spec import (  # noqa: F401 - (re-exported)
@@ -493,6 +493,8 @@ def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole,
         if not recompute:
             decisions = decide.decide(kind, arrays, problem.dims.T, layout_given=layout_given,
                                       use_peephole_given=peephole, seq_len_max_given=length_given)
+    except InputFileError:  # (a read of an input left in its file: its message names the file already)
+        raise
     except LstmGradError as err:
         raise err.prefixed(label) from None
     problem.arrays = arrays
