@@ -23,6 +23,7 @@ products go through, numpy's version and this way of measuring (``METHOD``): any
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -76,7 +77,6 @@ def overlaps(pass_flops: float) -> bool:
 
 def setting_of_env() -> str:
     """``LSTMGRAD_OVERLAP``: "auto" (unset, or not one of the three: warned of), "on" or "off"."""
-    import os  # noqa: PLC0415
     import warnings  # noqa: PLC0415
 
     value = os.environ.get(OVERLAP_ENV, "auto").strip().lower() or "auto"
@@ -145,15 +145,16 @@ def measure(rungs=RUNGS, rounds: int = ROUNDS) -> dict[int, dict[str, float]]:
 
 
 def measure_fresh(rungs=RUNGS, rounds: int = ROUNDS, python: str = sys.executable) -> dict[int, dict[str, float]]:
-    """``measure`` in a new interpreter (``python``, with this one's import path and environment: the same library
-    for the products, from the BLAS choice cached or set); in this process when that one fails."""
+    """``measure`` in a new interpreter (``python``, with this one's import path and environment, told to put the
+    products on the library this process chose); in this process when that one fails."""
+    env = {**os.environ, cpu_blas.BLAS_ENV: "mkl" if cpu_blas.on_mkl() else "openblas"}
     code = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
             "from lstmgrad_cli.backends import overlap_calibration as o; "
             "print(json.dumps(o.measure(tuple(json.loads(sys.argv[2])), int(sys.argv[3]))))")
     time.sleep(SETTLE_SECONDS)
     try:
         done = subprocess.run([python, "-c", code, json.dumps(sys.path), json.dumps(list(rungs)), str(rounds)],
-                              capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=True)
+                              capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=True, env=env)
         found = json.loads(done.stdout.splitlines()[-1])
         return {int(T): {name: float(times[name]) for name in ("sequential", "overlapped")}
                 for T, times in found.items()}
