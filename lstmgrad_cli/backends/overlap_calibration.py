@@ -106,7 +106,8 @@ def _chunked_from() -> float:
 
 
 def key(cores: int) -> str:
-    """What a cached threshold holds for: the processor, the cores, the library products go through, numpy."""
+    """What a cached threshold holds for: the processor, the cores, the library products go through, numpy, and the
+    way it was measured."""
     return json.dumps({"processor": blas_calibration.processor(), "cores": cores, "blas": cpu_blas.describe(),
                        "numpy": np.__version__, "method": METHOD}, sort_keys=True)
 
