@@ -631,3 +631,29 @@ def test_a_crc_error_found_while_the_activations_are_fitted_names_the_file_once(
     assert streamed.stderr == eager.stderr == f"Error: {src}: ci is corrupt or truncated (Bad CRC-32 for file " \
                                               "'ci.npy')\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npz"]
+
+
+@pytest.mark.parametrize("form", ["npz", "npy-dir"])
+def test_an_input_left_in_its_file_and_truncated_meanwhile_is_a_one_line_error(tmp_path, monkeypatch, form):
+    """The file shrinks while the pass reads it (another process rewrites it): the rows past its new end are a
+    clear error naming file and tensor, never zeros or another file's bytes."""
+    from lstmgrad_cli import io
+    from lstmgrad_cli.errors import InputFileError
+
+    src, tensors = big_npz(tmp_path / "in.npz")
+    target = src
+    if form == "npy-dir":
+        src = tmp_path / "in"
+        src.mkdir()
+        target = src / "cs.npy"
+        np.save(target, tensors["cs"])
+    monkeypatch.setenv("LSTMGRAD_MAX_TENSOR_BYTES", "16M")
+    with pytest.raises(InputFileError) as err:
+        with io.open_inputs(src, ["cs"], lazy=["cs"]) as loaded:
+            lazy = loaded.tensors["cs"]
+            np.testing.assert_array_equal(lazy[60:], tensors["cs"][60:])
+            os.truncate(target, 4096)
+            lazy[60:]
+    message = str(err.value)
+    assert message.startswith(f"{src}: cs") and "\n" not in message
+    assert "cannot be read" in message or "corrupt or truncated" in message
