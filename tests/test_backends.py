@@ -32,7 +32,7 @@ from lstmgrad_cli.backends._numpy import NumpyBackend
 from lstmgrad_cli.backends._xp import XpGradient, default_chunk_steps
 from lstmgrad_cli.backends.conformance import LazyRows
 from lstmgrad_cli.cli import main
-from lstmgrad_cli.errors import BackendUnavailableError, UnknownBackendError
+from lstmgrad_cli.errors import BackendUnavailableError, InputFileError, UnknownBackendError
 from lstmgrad_cli.spec import SeqTensors
 
 HAVE_NUMBA = reg.status("numba").available
@@ -1556,6 +1556,34 @@ def test_cupy_on_gpu_feeds_host_inputs_a_chunk_at_a_time_and_matches_numpy(loop)
             assert type(b) is np.ndarray
             np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(a).max(initial=0))),
                                        err_msg=field)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _gpu_usable()", reason="needs cupy and a CUDA device")
+def test_cupy_on_gpu_streams_a_large_npz_file_and_gives_the_numpy_backends_gradients(tmp_path, monkeypatch):
+    """On a GPU, file to file: an NPZ input's large members stay in the file (read into the feed's pinned buffers,
+    their CRC-32 checked) and the gradients are the numpy backend's; a flipped byte is the one-line CRC error."""
+    from lstmgrad_cli.operations.grad import GradOptions, run_grad_file
+
+    T, B, I, C = 40, 64, 32, 256  # noqa: E741  (2.5 MiB a time-major member)
+    inputs = _random_inputs(np.random.default_rng(11), T, B, I, C, np.float32)
+    src = tmp_path / "in.npz"
+    np.savez(src, **inputs, seq_len_max=np.int64(T), use_peephole=np.bool_(True))
+    monkeypatch.setenv("LSTMGRAD_MAX_TENSOR_BYTES", "16M")  # members from 1 MiB left in the file
+    options = {name: GradOptions("seq", backend=name, layout="ifco", force=True) for name in ("numpy", "cupy")}
+    for name, option in options.items():
+        run_grad_file(src, tmp_path / f"{name}.npz", option)
+    with np.load(tmp_path / "numpy.npz") as want, np.load(tmp_path / "cupy.npz") as got:
+        for key in ("x_grad", "cs_prev_grad", "h_prev_grad", "w_grad", "b_grad"):
+            a = want[key]
+            np.testing.assert_allclose(got[key], a, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(a).max())),
+                                       err_msg=key)
+    raw = bytearray(src.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    src.write_bytes(bytes(raw))
+    with pytest.raises(InputFileError, match="is corrupt or truncated"):
+        run_grad_file(src, tmp_path / "flipped.npz", options["cupy"])
+    assert not (tmp_path / "flipped.npz").exists()
 
 
 # -- arrays already on a GPU ------------------------------------------------------------------------
