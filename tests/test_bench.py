@@ -115,9 +115,22 @@ def test_an_interpreter_without_the_frameworks_is_named_not_dropped(runner):
         assert f"not compared: {name} not timed with {sys.executable}: No module named '{name}'" in text
 
 
+def test_other_interpreters_rounds_come_between_this_ones(monkeypatch):
+    events = []
+    monkeypatch.setattr(bench.time, "sleep", lambda s: None)
+    bench._round_robin({"a": lambda: events.append("a")}, repeats=2, others=[lambda: events.append("child")])
+    assert events == ["a"] + ["a", "a", "child"] * 2  # (its warm-up is its own, when it starts)
+
+
+def test_paired_ratio_compares_round_by_round():
+    # the third round was slow for both: round by round the first engine is always half the second
+    assert bench.paired_ratio([1.0, 1.0, 5.0], [2.0, 2.0, 10.0]) == 0.5
+    assert bench.paired_ratio([], []) is None
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("library", ["openblas", "mkl"])
-def test_child_mode_reports_missing_frameworks_and_its_blas(tmp_path, library):
+def test_child_mode_reports_missing_frameworks_and_its_blas_then_times_a_round_a_line(tmp_path, library):
     if library == "mkl" and cpu_blas.mkl() is None:
         pytest.skip("needs the mkl wheel")
     path = tmp_path / "in.npz"
@@ -125,29 +138,35 @@ def test_child_mode_reports_missing_frameworks_and_its_blas(tmp_path, library):
     script = ROOT / "lstmgrad_cli" / "operations" / "bench.py"
     env = {**os.environ, cpu_blas.BLAS_ENV: library}  # what the parent passes on
     proc = subprocess.run([sys.executable, "-c", bench.CHILD_LAUNCH, str(script), "--child", str(path),
-                           "--repeats", "1", "--frameworks", "no_such_framework"], capture_output=True, text=True,
-                          timeout=60, env=env)
+                           "--frameworks", "no_such_framework"], input="round\nround\n", capture_output=True,
+                          text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
-    assert "error" in out["no_such_framework"]
-    assert len(out["gemm-limit"]["seconds"]) == 1 and out["gemm-limit"]["seconds"][0] > 0
-    assert out["blas"] == (f"MKL {cpu_blas.mkl_version()}" if library == "mkl" else "OpenBLAS (numpy's)")
-    assert len(out["gemm-limit"]["back_to_back_seconds"]) == 1
+    info, *rounds = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert "no_such_framework" in info["errors"] and info["versions"] == {}
+    assert info["blas"] == (f"MKL {cpu_blas.mkl_version()}" if library == "mkl" else "OpenBLAS (numpy's)")
+    assert len(rounds) == 2
+    for times in rounds:
+        assert sorted(times) == ["back-to-back:gemm-limit", "gemm-limit"] and times["gemm-limit"] > 0
 
 
 # Another interpreter, as the parent runs it (``python -c CHILD_LAUNCH bench.py --child ...``), that has PyTorch: it
-# reports fixed timings, so that what the parent makes of them is known.
+# reports fixed timings, a round per line asked, so that what the parent makes of them is known.
 OTHER_PYTHON = """#!{python}
 import json, sys
 args = sys.argv[1:]
-assert args[0] == "-c" and args[args.index("--frameworks") + 1].split(",") == ["torch"] and "--repeats" in args, args
-print(json.dumps({{"gemm-limit": {{"seconds": [4.0, 2.0, 3.0]}}, "blas": "MKL 9.9",
-                  "torch": {{"seconds": [1.5, 1.5, 1.5], "back_to_back_seconds": [2.0, 2.5, 2.0], "version": "9.9",
-                            "note": "no peepholes"}}}}))
+assert args[0] == "-c" and args[args.index("--frameworks") + 1].split(",") == ["torch"], args
+print("a line a library printed")
+print(json.dumps({{"versions": {{"torch": "9.9"}}, "notes": {{"torch": "no peepholes"}}, "errors": {{}},
+                  "blas": "MKL 9.9"}}), flush=True)
+limit, torch, torch_after = [4.0, 2.0, 3.0], [1.5, 3.0, 1.5], [2.0, 2.5, 2.0]
+for r, _ in enumerate(sys.stdin):
+    print(json.dumps({{"gemm-limit": limit[r], "back-to-back:gemm-limit": limit[r], "torch": torch[r],
+                      "back-to-back:torch": torch_after[r]}}), flush=True)
 """
 
 
-def test_frameworks_from_another_interpreter_are_compared_with_its_own_gemm_limit(monkeypatch, tmp_path):
+def test_frameworks_from_another_interpreter_are_compared_with_its_own_gemm_limit_and_round_by_round(
+        monkeypatch, tmp_path):
     other = tmp_path / "other-python"
     other.write_text(OTHER_PYTHON.format(python=sys.executable))
     other.chmod(0o755)
@@ -158,6 +177,10 @@ def test_frameworks_from_another_interpreter_are_compared_with_its_own_gemm_limi
     assert torch_row.back_to_back_median == 2.0
     assert torch_row.note.startswith("no peepholes; ratio to the GEMM limit timed in the same rounds")
     assert torch_row.note.endswith(", on MKL 9.9")
+    numpy_row = next(r for r in report.results if r.engine == "numpy")
+    paired = sorted(mine / theirs for mine, theirs in zip(numpy_row.seconds, [1.5, 3.0, 1.5], strict=True))[1]
+    assert numpy_row.versus == {"torch": pytest.approx(paired)} and torch_row.versus == {}
+    assert f"| {numpy_row.versus['torch']:.2f}x torch |" in bench.markdown_table(report)
 
 
 def test_bench_command_json(runner):

@@ -44,8 +44,10 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
     mkl wheel is installed), measured in the same run.  Engines
     are timed round-robin so machine noise hits them alike, each call 0.3 s after the one before
     (thread pools stop spinning), and again right after it, as a loop of calls runs them: the
-    back-to-back median.  Engines run in another interpreter (--compare-python) are rated
-    against a GEMM limit timed in their own rounds.  With the cupy backend on a GPU, the GPU's
+    back-to-back median.  Engines run in another interpreter (--compare-python) are timed a
+    round at a time between this one's rounds and rated against a GEMM limit timed in their own
+    rounds.  "x framework, same rounds": a backend's time over TensorFlow's or PyTorch's in the
+    same round, the median over rounds (below 1: faster).  With the cupy backend on a GPU, the GPU's
     engines are rated against the GPU's own GEMM limit (gpu-gemm-limit): cupy from host arrays
     (copies included; cupy-pinned through pinned staging buffers, fed a chunk of steps at a time
     beside the GPU's work on the chunk before), cupy-device on arrays already
@@ -86,13 +88,14 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
     table = Table()
     for col, justify in (("T,B,I,C", "left"), ("engine", "left"), ("version", "left"), ("median", "right"),
                          ("GFLOP/s", "right"), ("x GEMM limit", "right"), ("back-to-back", "right"),
-                         ("note", "left")):
+                         ("x framework, same rounds", "right"), ("note", "left")):
         table.add_column(col, justify=justify)
     previous = None
     for r in report.results:
         shape = ",".join(map(str, r.shape))
         table.add_row(shape if shape != previous else "", r.engine, r.version or "-", bench.seconds_text(r.median),
-                      f"{r.gflops:.0f}", f"{r.ratio_to_gemm:.2f}", bench.seconds_text(r.back_to_back_median), r.note,
+                      f"{r.gflops:.0f}", f"{r.ratio_to_gemm:.2f}", bench.seconds_text(r.back_to_back_median),
+                      bench.versus_text(r), r.note,
                       end_section=False)
         previous = shape
     console = stdout_console()

@@ -13,16 +13,22 @@ only; neither library is ever a dependency).
 Engines are timed round-robin, one call each per round, so a noisy machine slows all of them
 alike; the median of the rounds is reported.  Each call starts after a short pause, once the thread
 pools of the call before (OpenBLAS, OpenMP) have stopped spinning, as in a fresh ``lstmgrad`` run.
+Another interpreter's engines are timed a round at a time between this one's rounds (``_ChildRounds``),
+and each backend is compared with each framework round by round (``paired_ratio``): a machine whose
+speed drifts over a run (a shared VM) moves both sides of each pair.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -56,6 +62,9 @@ class Timing:
     # whatever the call before left spinning); None where an engine was timed without them.
     back_to_back_seconds: list[float] | None = None
     back_to_back_median: float | None = None
+    # A backend's time over each framework's (TensorFlow, PyTorch) timed in the same rounds: the median over
+    # rounds of the two times' ratio (paired_ratio; below 1: faster than it).
+    versus: dict[str, float | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -403,9 +412,10 @@ def files_io_call(shape, inputs: dict, source: str):
     return call, None, "read and write alone: the input read with np.load, the outputs' bytes saved and fsynced"
 
 
-def _round_robin(calls: dict, repeats: int, progress=None) -> dict[str, list[float]]:
+def _round_robin(calls: dict, repeats: int, progress=None, others=()) -> dict[str, list[float]]:
     """``repeats`` rounds of two calls per engine: the first after a pause of ``SETTLE_SECONDS`` (under the
-    engine's name), the second right after it (under ``BACK_TO_BACK + name``).
+    engine's name), the second right after it (under ``BACK_TO_BACK + name``).  ``others``: a round of another
+    interpreter's engines (``_ChildRounds.round``) each, after this one's in every round.
 
     Thread pools spin for a while after their work (OpenBLAS ~0.1 s, OpenMP up to 0.2 s): without the
     pause, an engine would be timed against the previous engine's spinning threads on 2 cores.  A user's
@@ -416,45 +426,132 @@ def _round_robin(calls: dict, repeats: int, progress=None) -> dict[str, list[flo
     for call in calls.values():  # warm up: first-call costs (compiles, allocations) are not timed
         call()
     for r in range(repeats):
-        for name, call in calls.items():
-            if SETTLE_SECONDS:
-                time.sleep(SETTLE_SECONDS)
-            t0 = time.perf_counter()
-            call()
-            t1 = time.perf_counter()
-            call()
-            t2 = time.perf_counter()
-            times[name].append(t1 - t0)
-            times[BACK_TO_BACK + name].append(t2 - t1)
+        _timed_round(calls, times)
+        for other in others:
+            other()
         if progress:
             progress(f"round {r + 1}/{repeats}")
     return times
 
 
-def _child_times(python: str, inputs: dict, frameworks, repeats: int, use_peephole: bool) -> dict:
-    """Time frameworks in another interpreter (this file as a script there) on the same arrays.
+def _timed_round(calls: dict, times: dict[str, list[float]]) -> None:
+    """One round of ``_round_robin``: each call paused, then again back to back; their seconds appended."""
+    for name, call in calls.items():
+        if SETTLE_SECONDS:
+            time.sleep(SETTLE_SECONDS)
+        t0 = time.perf_counter()
+        call()
+        t1 = time.perf_counter()
+        call()
+        t2 = time.perf_counter()
+        times.setdefault(name, []).append(t1 - t0)
+        times.setdefault(BACK_TO_BACK + name, []).append(t2 - t1)
+
+
+class _ChildRounds:
+    """Frameworks timed in another interpreter (this file as a script there, ``_child_main``) on the same arrays,
+    a round at a time between this process's rounds (``round``), so that the machine's noise hits both alike
+    and each round's times can be paired.  ``info`` is what the child said when it started (versions, notes,
+    errors, the BLAS of its GEMM limit; ``{"error": ...}`` when it could not be run); ``times`` its rounds so far,
+    by ``_round_robin``'s keys.  A child that fails later stops being asked; its rounds so far are kept.
 
     The child times its GEMM limit on the library this process's backends use where it has it
-    (``LSTMGRAD_BLAS`` is passed on; ``_child_blas``) and says which one it used.
+    (``LSTMGRAD_BLAS`` is passed on; ``_child_blas``).
     """
-    from ..backends import cpu_blas
 
-    env = {**os.environ, cpu_blas.BLAS_ENV: "mkl" if cpu_blas.on_mkl() else "openblas"}
-    with tempfile.TemporaryDirectory(prefix="lstmgrad-bench-") as tmp:
-        path = os.path.join(tmp, "inputs.npz")
+    def __init__(self, python: str, inputs: dict, frameworks, use_peephole: bool):
+        from ..backends import cpu_blas
+
+        self.python, self.times, self.proc = python, {}, None
+        self._tmp = tempfile.TemporaryDirectory(prefix="lstmgrad-bench-")
+        path = os.path.join(self._tmp.name, "inputs.npz")
         np.savez(path, **inputs)
+        env = {**os.environ, cpu_blas.BLAS_ENV: "mkl" if cpu_blas.on_mkl() else "openblas"}
         # run as a script, without its folder first on sys.path (python FILE puts it there), where this package's
         # modules would shadow the standard library's (inspect.py)
-        cmd = [python, "-c", CHILD_LAUNCH, os.path.abspath(__file__), "--child", path, "--repeats", str(repeats),
+        cmd = [python, "-c", CHILD_LAUNCH, os.path.abspath(__file__), "--child", path,
                "--frameworks", ",".join(frameworks)] + (["--peephole"] if use_peephole else [])
+        self._stderr = open(os.path.join(self._tmp.name, "stderr.txt"), "w+")  # noqa: SIM115 - closed in close()
+        try:  # (stderr to a file: a framework's log lines would fill a pipe no one reads meanwhile)
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # noqa: S603
+                                         stderr=self._stderr, text=True, env=env)
+        except OSError as err:
+            self.info = {"error": f"{python}: {err}"}
+            return
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.info = self._answer() or {"error": f"{python}: {self._failure()}"}
+
+    @property
+    def names(self) -> list[str]:
+        """The frameworks it times."""
+        return list(self.info.get("versions", {}))
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _answer(self) -> dict | None:
+        """The child's next JSON object (a line; other lines a library printed are passed over); None when it
+        ended or took ``CHILD_TIMEOUT``."""
+        while True:
+            try:
+                line = self._lines.get(timeout=CHILD_TIMEOUT)
+            except queue.Empty:
+                return None
+            if line is None:
+                return None
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(answer, dict):
+                return answer
+
+    def _failure(self) -> str:
+        """The last line the child wrote to stderr, once it has ended."""
+        self._end()
+        self._stderr.seek(0)
+        return (self._stderr.read().strip().splitlines() or ["no output"])[-1]
+
+    def round(self) -> None:
+        """One round of the child's engines, added to ``times``."""
+        if "error" in self.info or self.proc.poll() is not None:
+            return
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=False, env=env)
-        except (OSError, subprocess.SubprocessError) as err:
-            return {"error": f"{python}: {err}"}
-        if proc.returncode != 0:
-            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            return {"error": f"{python}: {tail}"}
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+            self.proc.stdin.write("round\n")
+            self.proc.stdin.flush()
+        except OSError:
+            return
+        answer = self._answer()
+        if answer is None:
+            self._end()
+            return
+        for key, seconds in answer.items():
+            self.times.setdefault(key, []).append(seconds)
+
+    def _end(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def close(self) -> None:
+        self._end()
+        self._stderr.close()
+        self._tmp.cleanup()
+
+
+def paired_ratio(mine: list[float], theirs: list[float]) -> float | None:
+    """The median over rounds of ``mine[r] / theirs[r]``: two engines timed in the same rounds, compared round by
+    round, so that a round the machine slowed counts against both."""
+    pairs = [a / b for a, b in zip(mine, theirs, strict=False) if b > 0]  # (a child may stop early)
+    return float(np.median(pairs)) if pairs else None
 
 
 def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, use_peephole: bool = False,
@@ -515,29 +612,35 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
                 calls[name] = call
             except Exception as err:  # noqa: BLE001 - a comparison never breaks the benchmark
                 notes[name] = f"failed: {err}"
-        times = _round_robin(calls, repeats, say)
+        children = []  # frameworks this interpreter lacks, timed in others, a round at a time between ours
+        try:
+            for python in compare_python if compare else ():
+                missing = [f for f in FRAMEWORKS if f not in calls and not any(f in c.names for c in children)]
+                if not missing:
+                    break
+                if say:
+                    say(f"starting {python} to time {', '.join(missing)}")
+                child = _ChildRounds(python, inputs, missing, use_peephole)
+                children.append(child)  # (closed below; one that times nothing is asked for no round)
+                if "error" in child.info:
+                    skipped.setdefault(python, f"{python} could not be run: {child.info['error']}")
+                for name, error in child.info.get("errors", {}).items():
+                    skipped.setdefault(f"{python} {name}", f"{name} not timed with {python}: {error}")
+            times = _round_robin(calls, repeats, say, others=[c.round for c in children if c.names])
+        finally:
+            for child in children:
+                child.close()
         limits = {}  # engines timed in another interpreter: the GEMM limit of their own rounds
-        for python in compare_python if compare else ():
-            missing = [f for f in FRAMEWORKS if f not in calls and f not in times]
-            if not missing:
-                break
-            if say:
-                say(f"timing {', '.join(missing)} with {python}")
-            child = _child_times(python, inputs, missing, repeats, use_peephole)
-            if "error" in child:
-                skipped.setdefault(python, f"{python} could not be run: {child['error']}")
-            for name, entry in child.items():
-                if isinstance(entry, dict) and "error" in entry:
-                    skipped.setdefault(f"{python} {name}", f"{name} not timed with {python}: {entry['error']}")
-            child_limit = child.get("gemm-limit", {}).get("seconds")
-            limit_note = f"{CHILD_RATIO_NOTE}, on {child.get('blas') or 'numpy.matmul'}"
-            for name, entry in child.items():
-                if name in ("error", "gemm-limit", "blas") or "seconds" not in entry:
+        for child in children:
+            child_limit = child.times.get("gemm-limit")
+            limit_note = f"{CHILD_RATIO_NOTE}, on {child.info.get('blas') or 'numpy.matmul'}"
+            for name in child.names:
+                if not child.times.get(name):
+                    skipped.setdefault(f"{child.python} {name}", f"{name} not timed with {child.python}: it stopped")
                     continue
-                times[name] = entry["seconds"]
-                if entry.get("back_to_back_seconds"):
-                    times[BACK_TO_BACK + name] = entry["back_to_back_seconds"]
-                versions[name], notes[name] = entry["version"], entry["note"]
+                times[name] = child.times[name]
+                times[BACK_TO_BACK + name] = child.times.get(BACK_TO_BACK + name, [])
+                versions[name], notes[name] = child.info["versions"][name], child.info["notes"][name]
                 if child_limit:
                     limits[name] = float(np.median(child_limit))
                     notes[name] = "; ".join(filter(None, [notes[name], limit_note]))
@@ -545,16 +648,19 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
             if name not in times and note.startswith(("failed", "not run")):
                 skipped.setdefault(f"{shape} {name}", f"{name} at {','.join(map(str, shape))}: {note}")
         limit = float(np.median(times["gemm-limit"]))
+        compared = [name for name in FRAMEWORKS if name in times]  # each backend's times over theirs, paired
         if GPU_LIMIT in times:
             limits.update(dict.fromkeys(gpu_engines, float(np.median(times[GPU_LIMIT]))))
         for name, secs in times.items():
             if name.startswith(BACK_TO_BACK):
                 continue
             med = float(np.median(secs))
-            following = times.get(BACK_TO_BACK + name)
+            following = times.get(BACK_TO_BACK + name) or None
+            versus = {} if name in compared or name == "gemm-limit" else {
+                other: paired_ratio(secs, times[other]) for other in compared if other in times}
             results.append(Timing(name, versions.get(name), shape, dtype, secs, med, flops(shape) / med / 1e9,
                                   med / limits.get(name, limit), notes.get(name, ""), following,
-                                  float(np.median(following)) if following else None))
+                                  float(np.median(following)) if following else None, versus))
     settings = {"dtype": dtype, "repeats": repeats, "use_peephole": use_peephole, "layout": LAYOUT_V2,
                 "shapes": [list(s) for s in shapes]}
     return BenchReport(machine_info(), settings, results, list(skipped.values()))
@@ -562,12 +668,20 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
 
 def markdown_table(report: BenchReport) -> str:
     """The results as a Markdown table (for the README)."""
-    lines = ["| shape T,B,I,C | engine | version | median | GFLOP/s | x GEMM limit | back-to-back |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    lines = ["| shape T,B,I,C | engine | version | median | GFLOP/s | x GEMM limit | back-to-back | "
+             "x framework, same rounds |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in report.results:
         lines.append(f"| {','.join(map(str, r.shape))} | {r.engine} | {r.version or '-'} | {seconds_text(r.median)} | "
-                     f"{r.gflops:.0f} | {r.ratio_to_gemm:.2f} | {seconds_text(r.back_to_back_median)} |")
+                     f"{r.gflops:.0f} | {r.ratio_to_gemm:.2f} | {seconds_text(r.back_to_back_median)} | "
+                     f"{versus_text(r)} |")
     return "\n".join(lines)
+
+
+def versus_text(timing: Timing) -> str:
+    """``0.93x torch, 0.31x tensorflow``: ``Timing.versus`` in words; ``-`` when it has none."""
+    said = [f"{ratio:.2f}x {name}" for name, ratio in timing.versus.items() if ratio is not None]
+    return ", ".join(said) or "-"
 
 
 def gpu_summary(report: BenchReport) -> list[dict]:
@@ -642,9 +756,11 @@ def _child_blas():
 
 
 def _child_main(argv) -> int:
-    """``python bench.py --child INPUTS.npz --repeats N --frameworks a,b [--peephole]``: JSON on stdout."""
+    """``python bench.py --child INPUTS.npz --frameworks a,b [--peephole]``, for ``_ChildRounds``: one JSON line on
+    stdout once the frameworks are loaded and warmed up (``versions`` and ``notes`` of those that run, ``errors`` of
+    those that do not, ``blas``: the library of its GEMM limit), then for each line on stdin a round of them and of
+    that GEMM limit (``_timed_round``), one JSON line of seconds each, until stdin ends."""
     path = argv[argv.index("--child") + 1]
-    repeats = int(argv[argv.index("--repeats") + 1])
     names = argv[argv.index("--frameworks") + 1].split(",")
     peephole = "--peephole" in argv
     with np.load(path) as src:
@@ -654,21 +770,22 @@ def _child_main(argv) -> int:
     blas = _child_blas()
     matmul = blas.matmul if blas is not None else None
     calls = {"gemm-limit": _gemm_limit_call((T, B, I, inputs["w"].shape[1] // 4), inputs["x"].dtype, matmul)}
-    out = {"gemm-limit": {}}
+    info = {"versions": {}, "notes": {}, "errors": {}, "blas": blas.describe() if blas is not None else None}
     for name in names:
         try:
-            call, version, note = framework_call(name, inputs, peephole)
+            call, info["versions"][name], info["notes"][name] = framework_call(name, inputs, peephole)
             call()
         except Exception as err:  # noqa: BLE001 - report, do not fail the parent
-            out[name] = {"error": str(err)}
+            info["versions"].pop(name, None)
+            info["errors"][name] = str(err)
             continue
         calls[name] = call
-        out[name] = {"version": version, "note": note}
-    for key, secs in _round_robin(calls, repeats).items():
-        name = key.removeprefix(BACK_TO_BACK)
-        out[name]["back_to_back_seconds" if key.startswith(BACK_TO_BACK) else "seconds"] = secs
-    out["blas"] = blas.describe() if blas is not None else None  # the library the limit was timed on
-    print(json.dumps(out))
+    calls["gemm-limit"]()  # (every call warmed up, as _round_robin does)
+    print(json.dumps(info), flush=True)
+    for _line in sys.stdin:
+        times: dict[str, list[float]] = {}
+        _timed_round(calls, times)
+        print(json.dumps({key: seconds[0] for key, seconds in times.items()}), flush=True)
     return 0
 
 
