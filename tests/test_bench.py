@@ -180,7 +180,11 @@ def test_frameworks_from_another_interpreter_are_compared_with_its_own_gemm_limi
     numpy_row = next(r for r in report.results if r.engine == "numpy")
     paired = sorted(mine / theirs for mine, theirs in zip(numpy_row.seconds, [1.5, 3.0, 1.5], strict=True))[1]
     assert numpy_row.versus == {"torch": pytest.approx(paired)} and torch_row.versus == {}
-    assert f"| {numpy_row.versus['torch']:.2f}x torch |" in bench.markdown_table(report)
+    after = sorted(mine / theirs for mine, theirs in zip(numpy_row.back_to_back_seconds, [2.0, 2.5, 2.0],
+                                                         strict=True))[1]
+    assert numpy_row.versus_back_to_back == {"torch": pytest.approx(after)}
+    assert (f"| {numpy_row.versus['torch']:.2f}x torch ({after:.2f}x back to back) |"
+            in bench.markdown_table(report))
 
 
 def test_bench_command_json(runner):

@@ -65,6 +65,7 @@ class Timing:
     # A backend's time over each framework's (TensorFlow, PyTorch) timed in the same rounds: the median over
     # rounds of the two times' ratio (paired_ratio; below 1: faster than it).
     versus: dict[str, float | None] = field(default_factory=dict)
+    versus_back_to_back: dict[str, float | None] = field(default_factory=dict)  # the same of the back-to-back calls
 
 
 @dataclass
@@ -656,11 +657,13 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
                 continue
             med = float(np.median(secs))
             following = times.get(BACK_TO_BACK + name) or None
-            versus = {} if name in compared or name == "gemm-limit" else {
-                other: paired_ratio(secs, times[other]) for other in compared if other in times}
+            paired = [] if name in compared or name == "gemm-limit" else compared
+            versus = {other: paired_ratio(secs, times[other]) for other in paired}
+            versus_after = {other: paired_ratio(following, times.get(BACK_TO_BACK + other) or [])
+                            for other in paired if following}
             results.append(Timing(name, versions.get(name), shape, dtype, secs, med, flops(shape) / med / 1e9,
                                   med / limits.get(name, limit), notes.get(name, ""), following,
-                                  float(np.median(following)) if following else None, versus))
+                                  float(np.median(following)) if following else None, versus, versus_after))
     settings = {"dtype": dtype, "repeats": repeats, "use_peephole": use_peephole, "layout": LAYOUT_V2,
                 "shapes": [list(s) for s in shapes]}
     return BenchReport(machine_info(), settings, results, list(skipped.values()))
@@ -679,8 +682,13 @@ def markdown_table(report: BenchReport) -> str:
 
 
 def versus_text(timing: Timing) -> str:
-    """``0.93x torch, 0.31x tensorflow``: ``Timing.versus`` in words; ``-`` when it has none."""
-    said = [f"{ratio:.2f}x {name}" for name, ratio in timing.versus.items() if ratio is not None]
+    """``0.93x torch (1.05x back to back), 0.31x tensorflow (...)``: ``Timing.versus`` and
+    ``versus_back_to_back`` in words; ``-`` when it has none."""
+    said = []
+    for name, ratio in timing.versus.items():
+        after = timing.versus_back_to_back.get(name)
+        if ratio is not None:
+            said.append(f"{ratio:.2f}x {name}" + (f" ({after:.2f}x back to back)" if after is not None else ""))
     return ", ".join(said) or "-"
 
 
