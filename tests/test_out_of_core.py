@@ -633,6 +633,23 @@ def test_a_crc_error_found_while_the_activations_are_fitted_names_the_file_once(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npz"]
 
 
+def test_strict_on_a_corrupt_member_whose_bad_value_the_fit_sampled_says_corrupt_not_misfit(runner, tmp_path,
+                                                                                           monkeypatch):
+    """A flipped bit in a value the layout's fit samples makes the activations fit nothing; with --strict that
+    refuses the file before the pass reads the rest.  The member's CRC-32 is checked first: the error is the eager
+    read's, which says what is wrong, not a misfit."""
+    src, tensors = big_npz(tmp_path / "in.npz")
+    T = tensors["ci"].shape[0]
+    flip_byte(src, "ci.npy", 128 + (T // 2) * tensors["ci"][0].nbytes + 3)  # row 0, unit 0 of a sampled step
+    eager = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.npz"), "--strict"])
+    monkeypatch.setenv("LSTMGRAD_MAX_TENSOR_BYTES", "16M")
+    streamed = runner.invoke(main, ["seq", str(src), "-o", str(tmp_path / "g.npz"), "--strict"])
+    assert streamed.exit_code == eager.exit_code == 1
+    assert streamed.stderr == eager.stderr == f"Error: {src}: ci is corrupt or truncated (Bad CRC-32 for file " \
+                                              "'ci.npy')\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npz"]
+
+
 @pytest.mark.parametrize("form", ["npz", "npy-dir"])
 def test_an_input_left_in_its_file_and_truncated_meanwhile_is_a_one_line_error(tmp_path, monkeypatch, form):
     """The file shrinks while the pass reads it (another process rewrites it): the rows past its new end are a

@@ -113,6 +113,7 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
             result.notes = [*result.notes, passed_over]
         result.activations = problem.fit.to_json() if problem.fit is not None else None
         if options.strict and problem.warnings:
+            _verify_left_in_file(problem)  # a corrupt member is the error, not the misfit it may have caused
             raise InvalidArgumentError(_refused_strictly(input_path, problem.warnings))
         cdt = validation.resolve_compute_dtype(problem.arrays["x"].dtype, options.compute_dtype)
         seq_len_max = problem.seq_len_max if options.kind == "seq" else None
@@ -175,6 +176,16 @@ def existing_output(result: GradResult, out: Path, request: dict, start: float |
                                                Param("force", True)))
     raise OutputExistsError(Message.format("{}: its output {} already exists and {}; use {} to overwrite it", source,
                                            out, difference, Param("force", True)))
+
+
+def _verify_left_in_file(problem) -> None:
+    """Check the inputs left in their file that carry a checksum (an NPZ member's CRC-32: ``verify`` reads the rows
+    no one read yet), raising the corrupt file's error.  Before --strict refuses a file for what its activations
+    say: a value the layout's fit sampled may be the corrupt one."""
+    for value in given(problem).values():
+        verify = getattr(value, "verify", None) if isinstance(value, io.LazyRows) else None
+        if verify is not None:
+            verify()
 
 
 def _refused_strictly(path, warnings) -> Message:
