@@ -187,6 +187,33 @@ def test_frameworks_from_another_interpreter_are_compared_with_its_own_gemm_limi
             in bench.markdown_table(report))
 
 
+# An interpreter that has one framework (HAS) of those asked: it times it (fixed seconds) and says the others fail.
+ONE_FRAMEWORK_PYTHON = """#!{python}
+import json, sys
+HAS = {has!r}
+asked = sys.argv[sys.argv.index("--frameworks") + 1].split(",")
+print(json.dumps({{"versions": {{n: "1.0" for n in asked if n == HAS}}, "notes": {{n: "" for n in asked if n == HAS}},
+                  "errors": {{n: f"No module named {{n!r}}" for n in asked if n != HAS}}, "blas": None}}), flush=True)
+for _ in sys.stdin:
+    print(json.dumps({{"gemm-limit": 1.0, "back-to-back:gemm-limit": 1.0,
+                      **{{key: 0.5 for n in asked if n == HAS for key in (n, "back-to-back:" + n)}}}}), flush=True)
+"""
+
+
+def test_a_framework_one_interpreter_lacks_and_the_next_times_is_not_reported_missing(monkeypatch, tmp_path):
+    pythons = []
+    for has in ("torch", "tensorflow"):
+        path = tmp_path / f"{has}-python"
+        path.write_text(ONE_FRAMEWORK_PYTHON.format(python=sys.executable, has=has))
+        path.chmod(0o755)
+        pythons.append(str(path))
+    report = bench.run(["numpy"], shapes=[(2, 1, 2, 2)], repeats=2, compare_python=pythons)
+    assert {r.engine for r in report.results} == {"gemm-limit", "numpy", "torch", "tensorflow"}
+    assert report.notes == []
+    report = bench.run(["numpy"], shapes=[(2, 1, 2, 2)], repeats=2, compare_python=pythons[:1])
+    assert report.notes == [f"tensorflow not timed with {pythons[0]}: No module named 'tensorflow'"]
+
+
 def test_bench_command_json(runner):
     result = runner.invoke(main, ["bench", "--backend", "numpy", "--shape", "3,2,5,4", "--repeats", "1",
                                   "--no-compare", "--json"], catch_exceptions=False)

@@ -47,7 +47,8 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
     back-to-back median.  Engines run in another interpreter (--compare-python) are timed a
     round at a time between this one's rounds and rated against a GEMM limit timed in their own
     rounds.  "x framework, same rounds": a backend's time over TensorFlow's or PyTorch's in the
-    same round, the median over rounds (below 1: faster), and the same of the back-to-back calls.  With the cupy backend on a GPU, the GPU's
+    same round, the median over rounds (below 1: faster), and the same of the back-to-back
+    calls.  With the cupy backend on a GPU, the GPU's
     engines are rated against the GPU's own GEMM limit (gpu-gemm-limit): cupy from host arrays
     (copies included; cupy-pinned through pinned staging buffers, fed a chunk of steps at a time
     beside the GPU's work on the chunk before), cupy-device on arrays already

@@ -625,8 +625,10 @@ def run(backends=None, shapes=SHAPES, dtype: str = "float32", repeats: int = 5, 
                 children.append(child)  # (closed below; one that times nothing is asked for no round)
                 if "error" in child.info:
                     skipped.setdefault(python, f"{python} could not be run: {child.info['error']}")
+            for child in children:  # what no interpreter could time, and why
                 for name, error in child.info.get("errors", {}).items():
-                    skipped.setdefault(f"{python} {name}", f"{name} not timed with {python}: {error}")
+                    if not any(name in other.names for other in children):
+                        skipped.setdefault(f"{child.python} {name}", f"{name} not timed with {child.python}: {error}")
             times = _round_robin(calls, repeats, say, others=[c.round for c in children if c.names])
         finally:
             for child in children:
