@@ -783,13 +783,12 @@ def _child_main(argv) -> int:
     info = {"versions": {}, "notes": {}, "errors": {}, "blas": blas.describe() if blas is not None else None}
     for name in names:
         try:
-            call, info["versions"][name], info["notes"][name] = framework_call(name, inputs, peephole)
+            call, version, note = framework_call(name, inputs, peephole)
             call()
         except Exception as err:  # noqa: BLE001 - report, do not fail the parent
-            info["versions"].pop(name, None)
             info["errors"][name] = str(err)
             continue
-        calls[name] = call
+        calls[name], info["versions"][name], info["notes"][name] = call, version, note
     calls["gemm-limit"]()  # (every call warmed up, as _round_robin does)
     print(json.dumps(info), flush=True)
     for _line in sys.stdin:
