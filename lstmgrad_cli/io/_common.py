@@ -79,10 +79,14 @@ def camel(name: str) -> str:
 
 
 def key_for(name: str, keys: Iterable[str], path: Path) -> str | None:
-    present = [k for k in dict.fromkeys((name, camel(name))) if k in keys]
-    if len(present) > 1:
-        raise InputFileError(f"{path}: both {present[0]!r} and {present[1]!r} are present; keep one")
-    return present[0] if present else None
+    """The key ``name`` has in ``keys``: itself or its camelCase spelling (``camel``); None when neither is there.
+    Asked for every name a file may hold, most of them absent: two lookups, nothing built."""
+    other = camel(name)
+    if name in keys:
+        if other != name and other in keys:
+            raise InputFileError(f"{path}: both {name!r} and {other!r} are present; keep one")
+        return name
+    return other if other != name and other in keys else None
 
 
 def describe_keys(keys: Iterable[str], limit: int = 20, width: int = 60) -> str:
