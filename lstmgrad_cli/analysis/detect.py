@@ -187,7 +187,6 @@ def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=tuple(LAY
             peeped = {gate: bool(term.any()) for gate, term in peep_terms.items()}
         forget = _ForgetFit(stored["f"], dtype)
         gate_dev = {}  # (gate, layout or None, use_peephole or None) -> (deviation, forget_bias)
-        plain = sigmoid(z_all)  # σ of every block without peepholes, in one call (i's and o's are used)
         for use_peephole in (False, True):
             for gate, block in (("i", 0), ("o", 3)):  # the same block in both layouts
                 if use_peephole and not peeped[gate]:
@@ -196,7 +195,7 @@ def fit_activations(arrays: dict, kind: str, seq_len_max: int, layouts=tuple(LAY
                 if use_peephole:
                     recomputed = sigmoid(z[block] + peep_terms[gate])
                 else:
-                    recomputed = plain[:, block * units.size:(block + 1) * units.size]
+                    recomputed = sigmoid(z[block])
                 gate_dev[gate, None, use_peephole] = (_worst(stored[gate], recomputed), None)
         for layout in layouts:
             k = LAYOUTS[layout]
