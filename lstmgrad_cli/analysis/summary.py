@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from dataclasses import dataclass
@@ -69,9 +70,15 @@ class RunningSummary:
 
     def summary(self, name: str, shape, dtype) -> TensorSummary:
         if self.nonfinite:
-            return TensorSummary(name, list(shape), str(dtype), None, None, False, self.nonfinite)
-        return TensorSummary(name, list(shape), str(dtype), self.scale * math.sqrt(self.scaled_sq), self.scale, True,
-                             0)
+            return TensorSummary(name, list(shape), dtype_name(dtype), None, None, False, self.nonfinite)
+        return TensorSummary(name, list(shape), dtype_name(dtype), self.scale * math.sqrt(self.scaled_sq), self.scale,
+                             True, 0)
+
+
+@functools.cache
+def dtype_name(dtype) -> str:
+    """``str(dtype)``, remembered: numpy builds the text anew each time (~2.5 us, nine times a file's summaries)."""
+    return str(dtype)
 
 
 class SummarisedOutput:
@@ -143,7 +150,8 @@ def _block_part(block: np.ndarray) -> tuple[float, float, int]:
     unscaled where they can neither overflow nor underflow."""
     if not block.size:
         return 0.0, 0.0, 0
-    peak = float(np.maximum(abs(block.max()), abs(block.min())))  # np.maximum: a NaN is not lost
+    high, low = float(block.max()), -float(block.min())  # (both NaN where the block holds one: then so is peak)
+    peak = high if high >= low else low
     if not math.isfinite(peak):
         return peak, 0.0, int(block.size - np.count_nonzero(np.isfinite(block)))
     if peak == 0.0:
