@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 from .. import io
@@ -20,10 +21,9 @@ from ..errors import LstmGradError
 def file_identity(path: str | os.PathLike) -> str:
     """Size and modification time of a file, or a digest of those of a directory's files (npy directories,
     TensorFlow debug dumps): changes when the input is rewritten, not when it is read."""
-    path = Path(path)
     try:
-        if not path.is_dir():
-            st = path.stat()
+        st = os.stat(path)
+        if not stat.S_ISDIR(st.st_mode):
             return f"{st.st_size}:{st.st_mtime_ns}"
         import hashlib  # noqa: PLC0415 - only for directory inputs (with OpenSSL, ~5 ms of every command's start)
 

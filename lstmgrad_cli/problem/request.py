@@ -9,6 +9,7 @@ identity and every field that changes the numbers.  ``backend`` and ``chunk_step
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -50,12 +51,20 @@ class Request:
     def key(self, input_path: str | os.PathLike) -> dict:
         """What an output of ``input_path`` under this request depends on besides the code: the input (its
         identity) and every field but ``HOW``, with a weights file's path and identity; as it reads back from a
-        file (JSON)."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(Request) if f.name not in HOW}
+        file (JSON), its keys sorted."""
         weights = None if self.weights is None else Path(self.weights)
-        fields.update(weights=None if weights is None else str(weights.resolve()),
-                      weights_identity=None if weights is None else file_identity(weights),
-                      framework=dataclasses.asdict(self.framework), input_identity=file_identity(input_path))
+        fields = {**self._fields_key, "framework": dict(self._fields_key["framework"]),
+                  "input_identity": file_identity(input_path),
+                  "weights": None if weights is None else str(weights.resolve()),
+                  "weights_identity": None if weights is None else file_identity(weights)}
+        return dict(sorted(fields.items()))
+
+    @functools.cached_property
+    def _fields_key(self) -> dict:
+        """The part of ``key`` that is the request's own fields, made once (a batch asks it of every file)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(Request) if f.name not in HOW}
+        fields.update(framework=dataclasses.asdict(self.framework))
+        del fields["weights"]  # (its path resolved, by ``key``)
         return json.loads(json.dumps(fields, sort_keys=True, default=str))
 
 
