@@ -11,6 +11,7 @@ mode makes it an error).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,11 +200,7 @@ def open_problem(path, request: Request, *, lazy: bool = False, input_format: st
     forget_bias, cell_clip = request.forget_bias, request.cell_clip
     path = Path(path)
     framework = request.framework
-    wanted = validation.SEQ_TENSORS if kind != "cell" else validation.CELL_TENSORS
-    if kind != "cell" and framework.framework != "tf":
-        wanted = tuple(dict.fromkeys([*wanted, *frameworks.file_names(framework)]))
-    if kind == "cell":  # a PyTorch or Keras cell's step too (frameworks/cells.py)
-        wanted = tuple(dict.fromkeys([*wanted, *frameworks.cells.file_names()]))
+    wanted = _names_to_read(kind, framework)
     scalars = ("seq_len_max", "use_peephole") if kind != "cell" else ("use_peephole",)
     scalars += ("forget_bias", "cell_clip")  # used only when the activations are recomputed
     scalars += (io.METADATA_KEY,)  # the forward op of an ``lstmgrad forward`` output
@@ -258,6 +255,18 @@ def open_problem(path, request: Request, *, lazy: bool = False, input_format: st
             problem.notes += plan.notes
             problem.warnings += plan.warnings
         yield problem
+
+
+@functools.lru_cache(maxsize=16)
+def _names_to_read(kind: str | None, framework: frameworks.FrameworkOptions) -> tuple[str, ...]:
+    """The tensors an input of ``kind`` is read for: the op's, and those a Keras or PyTorch layer's (or cell
+    step's) may hold.  The same for every file of a batch: made once (~17 us a file)."""
+    wanted = validation.SEQ_TENSORS if kind != "cell" else validation.CELL_TENSORS
+    if kind != "cell" and framework.framework != "tf":
+        wanted = tuple(dict.fromkeys([*wanted, *frameworks.file_names(framework)]))
+    if kind == "cell":  # a PyTorch or Keras cell's step too (frameworks/cells.py)
+        wanted = tuple(dict.fromkeys([*wanted, *frameworks.cells.file_names()]))
+    return wanted
 
 
 # Keys that change a framework layer's maths: never ignored in silence where the op's own tensors are given.
