@@ -472,18 +472,19 @@ def test_a_quiet_run_does_not_import_what_it_does_not_show(tmp_path):
 
 
 def test_only_the_command_lines_own_process_freezes_what_it_imported(runner):
-    """The command line's own process hands what it imported to gc.freeze, so that neither its collections nor its
-    exit walk it again; a program that invokes the command (CliRunner) keeps its collector as it was."""
-    code = ("import atexit, gc; atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0)); "
-            "from lstmgrad_cli.cli import main; main()")
+    """The command line's own process imports its command with the collector off, then hands what it imported to
+    gc.freeze (neither its collections nor its exit walk it again) and turns the collector on for the work; a
+    program that invokes the command (CliRunner) keeps its collector as it was."""
+    code = ("import atexit, gc; atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0, 'collecting', "
+            "gc.isenabled())); from lstmgrad_cli.cli import main; main()")
     own = subprocess.run([sys.executable, "-c", code, "inspect", str(FIXTURES / "seq_v2_peep.in.npz")],
                          capture_output=True, text=True, timeout=120)
     assert own.returncode == 0, own.stderr
-    assert own.stdout.splitlines()[-1] == "frozen True"
+    assert own.stdout.splitlines()[-1] == "frozen True collecting True"
     before = gc.get_freeze_count()
     result = runner.invoke(main, ["inspect", str(FIXTURES / "seq_v2_peep.in.npz")])
     assert result.exit_code == 0, result.output
-    assert gc.get_freeze_count() == before
+    assert gc.get_freeze_count() == before and gc.isenabled()
 
 
 def test_names_with_markup_and_control_characters_are_shown_literally(runner, tmp_path):
