@@ -471,6 +471,27 @@ def test_a_quiet_run_does_not_import_what_it_does_not_show(tmp_path):
     assert shown.stdout.strip().splitlines()[-1] == "['rich.console', 'rich.table']"
 
 
+@pytest.mark.slow
+def test_the_tf_ops_own_tensors_do_not_load_the_frameworks_modules(tmp_path):
+    """Whose tensors an input holds is told from names alone (frameworks/names.py): a TF op's file loads neither the
+    Keras and PyTorch modules nor the layer engine under them (~13 ms of every start), a PyTorch layer's file does."""
+    code = ("import sys; from lstmgrad_cli.cli import main; rc = main(sys.argv[1:], standalone_mode=False); "
+            "print(sorted(m for m in ('lstmgrad_cli.frameworks.keras', 'lstmgrad_cli.frameworks.pytorch', "
+            "'lstmgrad_cli.frameworks.cells', 'lstmgrad_cli.layers.modules') if m in sys.modules))")
+    tf = subprocess.run([sys.executable, "-c", code, "seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o",
+                         str(tmp_path / "g.npz"), "-q"], capture_output=True, text=True, timeout=120)
+    assert tf.returncode == 0, tf.stderr
+    assert tf.stdout.strip() == "[]"
+    rng = np.random.default_rng(0)
+    layer = {"weight_ih_l0": rng.standard_normal((12, 2)), "weight_hh_l0": rng.standard_normal((12, 3)),
+             "x": rng.standard_normal((4, 2, 2)), "h_grad": rng.standard_normal((4, 2, 3))}
+    torch = subprocess.run([sys.executable, "-c", code, "seq", str(write_npz(tmp_path / "torch.npz", layer)), "-o",
+                            str(tmp_path / "t.npz"), "-q"], capture_output=True, text=True, timeout=120)
+    assert torch.returncode == 0, torch.stderr
+    assert torch.stdout.strip() == str(["lstmgrad_cli.frameworks.cells", "lstmgrad_cli.frameworks.keras",
+                                        "lstmgrad_cli.frameworks.pytorch", "lstmgrad_cli.layers.modules"])
+
+
 def test_only_the_command_lines_own_process_freezes_what_it_imported(runner):
     """The command line's own process imports its command with the collector off, then hands what it imported to
     gc.freeze (neither its collections nor its exit walk it again) and turns the collector on for the work; a

@@ -23,59 +23,23 @@ from ..layers.modules import Module
 from ..layers.recurrence import DirectionGrads, DirectionWeights
 from ..layers.schedule import Schedule
 from ..messages import Command, Message, Param
-from . import keras, pytorch
+from . import pytorch
 from .common import Plan, cells, dtyped, rank, shaped
 from .keras import KerasLayer
+from .names import CELL_KERAS_ALIASES as KERAS_ALIASES
+from .names import CELL_STATE_NAMES as STATE_NAMES
 
-STATE_NAMES = ("x", "h0", "c0", "h1_grad", "c1_grad")
-TORCH_PARAMETERS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-# Keras name -> where files keep a cell's weights: a layer's names (keras.ALIASES), and a cell's own group (a
-# subclassed model's attribute: <attribute>/vars/0, 1, 2)
-KERAS_ALIASES = {name: (*aliases, f"vars/{k}") for k, (name, aliases) in enumerate(keras.ALIASES.items())}
 # Names a user of a layer, or of the TF op, gives for what a step calls otherwise: ignored, the gradient would be
 # wrong, so they are refused with the step's name.
 NEAR_MISSES = {"h_grad": "h1_grad", "hn_grad": "h1_grad", "c_grad": "c1_grad", "cn_grad": "c1_grad",
                "h": "h0", "c": "c0", "hx": "h0", "cx": "c0"}
-# The TF op's own names: their file is the op's (LSTMBlockCell), not a framework cell's.
-TF_NAMES = {"w", "i", "cs", "cs_prev", "h_prev"}
 STEP = "h1, c1 = cell(x, (h0, c0))"
-
-
-def file_names() -> list[str]:
-    """Every name a cell step's input (or its weights file, below the cell's group) may keep a tensor under."""
-    keras_names = [alias for aliases in KERAS_ALIASES.values() for alias in aliases]
-    return list(dict.fromkeys([*STATE_NAMES, *TORCH_PARAMETERS, *keras_names]))
-
-
-def framework_of(keys, kind: str | None, x_rank: int | None) -> str | None:
-    """"torch" or "keras" where an input (``keys``: every name it and its weights file hold) is a framework cell's
-    step for ``lstmgrad cell`` (``kind`` "cell") or for a caller that does not say (``kind`` None: a Keras cell's
-    names with x of one step, [B, I]); None for the TF op's own tensors, or a whole layer's."""
-    keys = set(keys)
-    if kind == "seq" or keys & TF_NAMES:
-        return None
-    if {"weight_ih", "weight_hh"} & keys or (kind == "cell" and any(pytorch.WEIGHT.match(k) for k in keys)):
-        return "torch"
-    # (a cell's own vars/0, 1, 2 are read below its group, for lstmgrad cell only: other layers have them too)
-    names = {alias for aliases in KERAS_ALIASES.values() for alias in aliases
-             if kind == "cell" or not alias.startswith("vars/")}
-    if keys & names and (kind == "cell" or x_rank == 2):
-        return "keras"
-    return None
 
 
 MISSING_WEIGHTS = Message.format("the tensors are a cell step's (x, h0, c0, h1_grad, c1_grad), and its weights are "
                                  "missing: an nn.LSTMCell's weight_ih, weight_hh (bias_ih, bias_hh), or a Keras "
                                  "LSTMCell's kernel, recurrent_kernel (bias); give them in the file, or with {}",
                                  Param("weights"))
-
-
-def without_weights(keys) -> bool:
-    """Whether an input holds a framework cell step's own names (h0, c0, h1_grad, c1_grad) and no weights, its own or
-    the TF op's."""
-    keys = set(keys)
-    return bool(keys & {"h0", "c0", "h1_grad", "c1_grad"}) and not keys & TF_NAMES and framework_of(
-        keys, "cell", None) is None
 
 
 class CellPlan(Plan):

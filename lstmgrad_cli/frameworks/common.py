@@ -15,43 +15,10 @@ from ..layers.recurrence import DirectionGrads
 from ..messages import Message, Param
 from ..ops import validation
 from ..results import BlockLSTMGradOutputs
+from .names import FrameworkOptions, check_applicable  # noqa: F401 - (the views' shared options, re-exported)
 
 # Where the layer engine computes a recurrence the op does not (layers/device.py), in words for the summary.
 ENGINE = "by lstmgrad's layer engine (numpy; cupy on a GPU backend)"
-
-
-@dataclass(frozen=True)
-class FrameworkOptions:
-    framework: str | None = None  # "keras" | "torch" | "tf" (the op's own names) | None: from the names
-    time_major: bool = False  # Keras: x and h_grad are [T, B, ...]
-    batch_first: bool = False  # PyTorch: x and h_grad are [B, T, ...]
-    layer: int | None = None  # PyTorch: one layer's weights (the K of weight_ih_l{K}); None: the whole module
-    reverse: bool = False  # the backward direction of a bidirectional LSTM (h_grad in x's time order)
-    go_backwards: bool = False  # Keras: a layer made with go_backwards=True (h_grad in the order it ran)
-    inference: bool = False  # Keras: the gradient was taken with training=False (a layer's dropout inactive)
-
-
-# Options that say how one framework's tensors are laid out, and whose they are.  Given for another's, they would
-# be ignored and the gradient silently wrong, so they are refused (``check_applicable``).
-_OPTIONS = {"time_major": ("keras",), "go_backwards": ("keras",), "batch_first": ("torch",), "layer": ("torch",),
-            "reverse": ("keras", "torch"), "inference": ("keras",)}
-_WHOSE = {"keras": "a Keras LSTM layer's", "torch": "a PyTorch nn.LSTM's", "tf": "the TF op's own"}
-
-
-def check_applicable(framework: str, options: FrameworkOptions) -> None:
-    """Refuse options given for another framework's tensors than ``framework``'s ("keras", "torch", "tf")."""
-    wrong = [(name, owners) for name, owners in _OPTIONS.items()
-             if getattr(options, name) != getattr(FrameworkOptions, name) and framework not in owners]
-    if wrong:
-        said = Message.join("; ", (Message.format("{} is for {} tensors", Param(name),
-                                                  " and ".join(_WHOSE[o] for o in owners)) for name, owners in wrong))
-        raise InvalidArgumentError(Message.format("{}, and this input holds {} ({} says whose they are where the "
-                                                  "names do not tell)", said, _WHOSE[framework], Param("framework")))
-    if options.reverse and options.go_backwards:
-        raise InvalidArgumentError(Message.format(
-            "{} and {} do not go together: the first is a Bidirectional's backward layer (h_grad in x's time order), "
-            "the second a layer made with go_backwards=True (h_grad in the order it ran)", Param("reverse"),
-            Param("go_backwards")))
 
 
 @dataclass

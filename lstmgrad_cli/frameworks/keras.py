@@ -42,40 +42,11 @@ from .common import (
     states,
 )
 from .keras_masks import MaskSource, Reaching
-
-PARAMETERS = ("kernel", "recurrent_kernel", "bias")
-# Keras name -> where files keep it (plain, Keras 3 weights file, older tf.keras HDF5)
-ALIASES = {
-    "kernel": ("kernel", "cell/vars/0", "lstm_cell/kernel", "lstm_cell/kernel:0"),
-    "recurrent_kernel": ("recurrent_kernel", "cell/vars/1", "lstm_cell/recurrent_kernel",
-                         "lstm_cell/recurrent_kernel:0"),
-    "bias": ("bias", "cell/vars/2", "lstm_cell/bias", "lstm_cell/bias:0"),
-}
-# A whole Bidirectional's two layers: Keras 3 keeps them at forward_layer/ and backward_layer/, full-model files
-# under the layers' own names, forward_ and backward_ then the wrapped layer's name (forward_lstm_1/, ...).
-WRAPPED = {"forward": ("forward_layer", "forward_lstm"), "backward": ("backward_layer", "backward_lstm")}
-
-
-def direction_of(group: str) -> str | None:
-    """"forward" or "backward" for a Bidirectional's layer group name (forward_layer, backward_lstm_1, ...)."""
-    return next((d for d in WRAPPED if group.startswith(f"{d}_")), None)
-
-
-def wrapped_names(keys) -> list[str]:
-    """The weights' names under a Bidirectional's two layer groups among ``keys`` (a group's entries), whatever the
-    layers were called: read once the entries say which there are."""
-    plain = [alias for aliases in ALIASES.values() for alias in aliases if "/" in alias]
-    return [f"{key}/{alias}" for key in keys if direction_of(key) and key not in WRAPPED["forward"] + WRAPPED[
-        "backward"] for alias in plain]
-STATE_NAMES = ("x", "h0", "c0", "h_grad", "hn_grad", "cn_grad", "mask")
-
-
-def file_names() -> list[str]:
-    """Every name a Keras input or weights file may keep a layer's (or a Bidirectional's) tensors under."""
-    plain = [alias for aliases in ALIASES.values() for alias in aliases]
-    wrapped = [f"{group}/{alias}" for groups in WRAPPED.values() for group in groups for alias in plain[1:]
-               if "/" in alias]
-    return [*STATE_NAMES, *plain, *wrapped, *(f"{d}_{p}" for d in WRAPPED for p in PARAMETERS)]
+from .names import KERAS_ALIASES as ALIASES
+from .names import KERAS_PARAMETERS as PARAMETERS  # noqa: F401 - (keras.PARAMETERS, for unused.py)
+from .names import KERAS_STATE_NAMES as STATE_NAMES
+from .names import KERAS_WRAPPED as WRAPPED
+from .names import keras_direction_of as direction_of
 
 
 def tensors_of(held: dict) -> dict:

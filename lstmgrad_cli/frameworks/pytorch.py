@@ -30,27 +30,20 @@ from ..layers.recurrence import DirectionGrads, DirectionWeights
 from ..layers.schedule import Schedule
 from ..messages import TYPED, Command, Message, Param, cut
 from .common import FrameworkOptions, Plan, as_lengths, cells, check_applicable, dtyped, nonempty, rank, shaped
+from .names import TORCH_CELL_KEYS as CELL_KEYS
+from .names import TORCH_PARAMETERS as PARAMETERS
+from .names import TORCH_STATE_NAMES as STATE_NAMES  # noqa: F401 - (pytorch.STATE_NAMES, for unused.py)
+from .names import TORCH_WEIGHT as WEIGHT
+from .names import torch_names as names
+from .names import torch_suffix as suffix
 
-WEIGHT = re.compile(r"\Aweight_ih_l(0|[1-9][0-9]*)(_reverse)?\Z")  # ASCII digits, as nn.LSTM numbers its layers
 # A name that looks like a parameter's but is not spelt as nn.LSTM spells it (a leading zero, another script's
 # digits): read as one, it would be a second name for the same parameter.
 _LOOSE = re.compile(r"\A(?:weight_ih|weight_hh|weight_hr|bias_ih|bias_hh)_l(\d+)(?:_reverse)?\Z")
 _STRICT = re.compile(r"\A(?:weight_ih|weight_hh|weight_hr|bias_ih|bias_hh)_l(?:0|[1-9][0-9]*)(?:_reverse)?\Z")
-PARAMETERS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-STATE_NAMES = ("x", "h0", "c0", "h_grad", "hn_grad", "cn_grad", "lengths")
 # A state_dict does not say whether the module was made with dropout > 0, nor which units a training pass dropped.
 DROPOUT_NOTE = ("computed without dropout between layers, as the module runs in eval() mode or with dropout=0 (the "
                 "units a training pass drops are not in the state_dict)")
-
-
-def suffix(layer: int, reverse: bool) -> str:
-    return f"_l{layer}" + ("_reverse" if reverse else "")
-
-
-def names(layer: int, reverse: bool) -> dict[str, str]:
-    """weight_ih, weight_hh, bias_ih, bias_hh -> their state_dict names for the layer and direction."""
-    sfx = suffix(layer, reverse)
-    return {n: f"{n}{sfx}" for n in PARAMETERS}
 
 
 def layers_in(keys) -> list[str]:
@@ -126,9 +119,6 @@ def state_dict_layers(keys) -> list[dict]:
                           "projection": f"{prefix + '.' if prefix else ''}weight_hr_l{match.group(1)}"
                                         f"{match.group(2) or ''}" in keys})
     return sorted(found, key=lambda d: (d["prefix"], d["layer"], d["reverse"]))
-
-
-CELL_KEYS = ("weight_ih", "weight_hh")
 
 
 def cells_in(keys) -> list[str]:

@@ -119,8 +119,9 @@ def _useful(key: str) -> bool:
     """Whether a command may read ``key``: one of the op's tensors (or an alias), a Keras layer's or a PyTorch
     module's (a state_dict's keys behind their module's prefix too)."""
     last = key.rpartition(".")[2]
-    return (_canonical(key) is not None or key in FRAMEWORK_NAMES or frameworks.keras.direction_of(key) is not None
-            or last.startswith((*frameworks.pytorch.PARAMETERS, "weight_hr")))
+    return (_canonical(key) is not None or key in FRAMEWORK_NAMES
+            or frameworks.names.keras_direction_of(key) is not None
+            or last.startswith((*frameworks.names.TORCH_PARAMETERS, "weight_hr")))
 
 
 def _read_all(path: Path, fmt: str, group: str | None, report: InspectReport) -> tuple[dict[str, np.ndarray], list]:
@@ -363,8 +364,8 @@ def _framework_kind(path: Path, fmt: str, group, raw: dict, order: list, report:
         _framework_roles(report, "weights")
         return True
     held = {k: np.asarray(v) for k, v in raw.items()}
-    step = frameworks.cells.framework_of(keys, None, held["x"].ndim if "x" in held else None)
-    if step is None and frameworks.cells.without_weights(keys):
+    step = frameworks.framework_of(keys, None, held["x"].ndim if "x" in held else None)
+    if step is None and frameworks.without_weights(keys):
         report.kind, report.op = "cell", "one step of a PyTorch or Keras cell, without its weights"
         report.error(None, frameworks.cells.MISSING_WEIGHTS)
         _framework_roles(report, "used")

@@ -212,7 +212,7 @@ def open_problem(path, request: Request, *, lazy: bool = False, input_format: st
         notes, keys, supplied, extra = _supplement(loaded, weights, weights_group, wanted, scalars)
         notes += [f"from {weights}: {resolved}"] if resolved else []
         try:
-            step = frameworks.cells.framework_of([*keys, *loaded.tensors], kind, np.ndim(loaded.tensors["x"])
+            step = frameworks.framework_of([*keys, *loaded.tensors], kind, np.ndim(loaded.tensors["x"])
                                                  if "x" in loaded.tensors else None)
             name = step or ("tf" if kind == "cell" else frameworks.detect([*keys, *loaded.tensors], framework))
             misnamed = frameworks.pytorch.misnamed(keys) if name == "torch" else []
@@ -221,7 +221,7 @@ def open_problem(path, request: Request, *, lazy: bool = False, input_format: st
             plan = None
             if name == "tf":
                 try:
-                    if kind == "cell" and frameworks.cells.without_weights([*keys, *loaded.tensors]):
+                    if kind == "cell" and frameworks.without_weights([*keys, *loaded.tensors]):
                         raise InvalidArgumentError(frameworks.cells.MISSING_WEIGHTS)
                     frameworks.check_applicable(name, framework)
                     _refuse_unused(loaded.keys)
@@ -265,7 +265,7 @@ def _names_to_read(kind: str | None, framework: frameworks.FrameworkOptions) -> 
     if kind != "cell" and framework.framework != "tf":
         wanted = tuple(dict.fromkeys([*wanted, *frameworks.file_names(framework)]))
     if kind == "cell":  # a PyTorch or Keras cell's step too (frameworks/cells.py)
-        wanted = tuple(dict.fromkeys([*wanted, *frameworks.cells.file_names()]))
+        wanted = tuple(dict.fromkeys([*wanted, *frameworks.names.cell_file_names()]))
     return wanted
 
 
@@ -435,8 +435,8 @@ def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) 
     tensors = [n for n in wanted if n not in loaded.tensors]
     params = [n for n in scalars if n not in loaded.scalars and n != io.METADATA_KEY]
     extra = io.read_inputs(weights, tensors, params, weights_group)
-    layers = [n for n in (*frameworks.pytorch.parameter_names(extra.keys), *frameworks.keras.wrapped_names(extra.keys))
-              if n not in extra.tensors and n not in loaded.tensors]
+    found = (*frameworks.pytorch.parameter_names(extra.keys), *frameworks.names.keras_wrapped_names(extra.keys))
+    layers = [n for n in found if n not in extra.tensors and n not in loaded.tensors]
     if layers:  # an nn.LSTM's other layers and directions, a Bidirectional's layers, now that the names say which
         extra.tensors.update(io.read_inputs(weights, layers, (), weights_group).tensors)
     loaded.tensors.update(extra.tensors)
