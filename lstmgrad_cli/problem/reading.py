@@ -213,7 +213,7 @@ def open_problem(path, request: Request, *, lazy: bool = False, input_format: st
         notes += [f"from {weights}: {resolved}"] if resolved else []
         try:
             step = frameworks.framework_of([*keys, *loaded.tensors], kind, np.ndim(loaded.tensors["x"])
-                                                 if "x" in loaded.tensors else None)
+                                           if "x" in loaded.tensors else None)
             name = step or ("tf" if kind == "cell" else frameworks.detect([*keys, *loaded.tensors], framework))
             misnamed = frameworks.pytorch.misnamed(keys) if name == "torch" else []
             if misnamed:  # (before any layer number is used to count or to read)
