@@ -12,6 +12,8 @@
    its split into row groups and by the loads in flight a thread; the host's profile of a small pass;
 6. benchmarks/gpu_copy_rates.py: host to device copy rates (cupy's, the DMA alone, the host's copy into pinned
    memory and the staging by thread count) and a pass from host arrays fed in chunks against one chunk;
+   benchmarks/gpu_pass_parts.py: the device pass by its chunk size and the host path by its copies (at once, fed,
+   by staging threads), beside cuDNN and the PCIe floor, and a host array page-locked in place;
 7. `lstmgrad bench` on the GPU for issue 39's six shapes (`make bench-gpu`'s, in two runs: the four small
    shapes, then the two large ones; medians of 3 rounds, to stay inside the budget): the cupy backend from host
    arrays (cupy's copies, and through pinned buffers), on device arrays (the loop it chooses, and each loop) and
@@ -187,6 +189,8 @@ def main(argv: list[str]) -> int:
                                       [python, "benchmarks/gpu_loop_anatomy.py", "--repeats", "3"], 120)))
     rows.append(("copy rates", *run("host arrays to the GPU: copy rates, and a pass fed in chunks",
                                     [python, "benchmarks/gpu_copy_rates.py", "--repeats", "3"], 60)))
+    rows.append(("pass parts", *run("the device's chunks and the host path's copies, beside cuDNN",
+                                    [python, "benchmarks/gpu_pass_parts.py", "--repeats", "3"], 120)))
     for k, shapes in enumerate(SHAPES, 1):  # (--no-compare: no CPU framework; cuDNN is timed all the same)
         bench = [python, "-m", "lstmgrad_cli", "bench", "--backend", "cupy", "--repeats", "3", "--markdown",
                  "--no-compare", *(arg for shape in shapes for arg in ("--shape", shape))]

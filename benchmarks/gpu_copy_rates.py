@@ -3,7 +3,7 @@
 1. Copy rates for one host array of ``--megabytes``, medians of ``--repeats``: cupy's own copy from pageable memory;
    the DMA alone from a pinned buffer (the PCIe floor); the host's copy into pinned memory alone, by 1, 2, 4 and 8
    threads; and both together through ``PinnedCopies`` (two 32 MB buffers, the DMA of one slice beside the host's
-   copy of the next) by 1, 2, 4 and 8 threads.  The slower of the host's copy and the DMA bounds what the staging
+   copy of the next) by 1, 2, 4, 8 and 16 threads.  The slower of the host's copy and the DMA bounds what the staging
    gives: the thread count to choose is where it stops being the host's copy.
 2. A pass from host arrays through the pinned buffers at ``--shape``: fed in ``STREAM_CHUNKS`` chunks (each chunk's
    copies beside the device's work on the one before: ``ChunkFeed``) against every input copied before the first
@@ -46,7 +46,7 @@ def copy_rates(cp, megabytes: int, repeats: int) -> None:
     sync = cp.cuda.Device().synchronize
     rows = [("cupy from pageable memory", median_seconds(lambda: device.set(host), repeats, sync)),
             ("DMA alone, from pinned memory", median_seconds(lambda: device.set(pinned), repeats, sync))]
-    for threads in (1, 2, 4, 8):
+    for threads in (1, 2, 4, 8, 16):
         bounds = np.linspace(0, n, threads + 1).astype(np.int64)
         from concurrent.futures import ThreadPoolExecutor
 

@@ -290,16 +290,17 @@ def test_backends_says_how_cupy_runs_its_loop_and_copies(runner, monkeypatch):
     assert doc["gpu_schedule"] == ("cupy: a chunk's time loop in one launch where a step's product is at most "
                                    "1.3e+08 multiply-adds and a block's share of w fits its shared memory, else a "
                                    "step at a time (LSTMGRAD_CUPY_LOOP=auto), host arrays copied through pinned "
-                                   "staging buffers from 32 MB a call (the time-major ones in 8 chunks of steps, "
-                                   "each while the device computes the one before), by cupy below "
+                                   "staging buffers from 32 MB a call (the time-major ones in 8 chunks of steps "
+                                   "where the GPU cannot hold them whole, each while the device computes the one "
+                                   "before), by cupy below "
                                    "(LSTMGRAD_CUPY_COPIES=auto)")
     monkeypatch.setenv("LSTMGRAD_CUPY_LOOP", "steps")
     monkeypatch.setenv("LSTMGRAD_CUPY_COPIES", "pinned")
     monkeypatch.setenv("COLUMNS", "400")
     table = runner.invoke(main, ["backends"], catch_exceptions=False).stdout
     assert ("cupy: a chunk's time loop a step at a time (LSTMGRAD_CUPY_LOOP=steps), host arrays copied through "
-            "pinned staging buffers (the time-major ones in 8 chunks of steps, each while the device computes the "
-            "one before) (LSTMGRAD_CUPY_COPIES=pinned)") in " ".join(table.split())
+            "pinned staging buffers (the time-major ones in 8 chunks of steps where the GPU cannot hold them whole, "
+            "each while the device computes the one before) (LSTMGRAD_CUPY_COPIES=pinned)") in " ".join(table.split())
 
 
 def test_backends_command_table(runner):
@@ -1022,8 +1023,9 @@ def test_a_persistent_loop_whose_blocks_cannot_all_run_is_redone_a_step_at_a_tim
     """Another program holding part of the GPU leaves some of the loop's blocks waiting: the loop stops them all
     and sets its flag, which the backend reads once the pass is queued.  Where the backend chose that loop ("auto")
     it computes the pass again from its inputs with the loop of steps (fed again a chunk at a time, through the
-    pinned buffers); where it was asked for, the error stands (one line, naming the way out)."""
-    from lstmgrad_cli.backends._cupy import CupyBackend
+    pinned buffers, on a device that cannot hold the inputs whole); where it was asked for, the error stands (one
+    line, naming the way out)."""
+    from lstmgrad_cli.backends._cupy import CupyBackend, device_bytes
     from lstmgrad_cli.backends._cupy_copies import FED, fed_rows
     from lstmgrad_cli.backends._xp import chunk_bounds
 
@@ -1035,8 +1037,9 @@ def test_a_persistent_loop_whose_blocks_cannot_all_run_is_redone_a_step_at_a_tim
     inputs = SeqTensors(**_random_inputs(np.random.default_rng(4), 6, 3, 4, 5, np.float32))
     kw = dict(seq_len_max=6, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float32"))
     calls, copied = [], []
-    got = CupyBackend(cp=cuda_host.fake_cupy(copied=copied), launcher=Crowded(calls), loop="auto", copies=copies,
-                      pinned_empty=np.empty).block_lstm_grad(inputs, **kw)
+    free = device_bytes(inputs, 6, np.float32) - (copies == "pinned")  # (pinned: it cannot hold it whole, so fed)
+    got = CupyBackend(cp=cuda_host.fake_cupy(copied=copied, free_bytes=free), launcher=Crowded(calls), loop="auto",
+                      copies=copies, pinned_empty=np.empty).block_lstm_grad(inputs, **kw)
     want = NumpyBackend().block_lstm_grad(inputs, **kw, chunk_steps=1 if copies == "pinned" else None)
     if copies == "pinned":  # the other tensors copied once, the time-major ones fed to both passes
         fed = sum((b - a) * getattr(inputs, name)[0].nbytes for lo, hi in chunk_bounds(6, 1)
@@ -1234,9 +1237,9 @@ def test_a_chunk_feed_copies_rows_back_once_computed_and_writes_them_without_reu
 @pytest.mark.parametrize("peephole, seq_len_max, dtype", [(True, 13, "float32"), (False, 9, "float16"),
                                                           (True, 2, "float64")])
 def test_host_inputs_fed_a_chunk_at_a_time_give_the_gradients_of_the_whole_copy(loop, peephole, seq_len_max, dtype):
-    """Host arrays through the pinned buffers: the time-major ones cross a chunk of steps at a time, STREAM_CHUNKS
-    chunks (``ChunkFeed``), the device holding two chunks of them; the gradients are the numpy backend's with the
-    same chunks (float16 computed in float32)."""
+    """Host arrays through the pinned buffers, on a device that cannot hold them whole: the time-major ones cross a
+    chunk of steps at a time, STREAM_CHUNKS chunks (``ChunkFeed``), the device holding two chunks of them; the
+    gradients are the numpy backend's with the same chunks (float16 computed in float32)."""
     from lstmgrad_cli.backends._cupy import STREAM_CHUNKS, device_bytes
     from lstmgrad_cli.spec import TIME_MAJOR
 
@@ -1247,7 +1250,8 @@ def test_host_inputs_fed_a_chunk_at_a_time_give_the_gradients_of_the_whole_copy(
     K = -(-seq_len_max // STREAM_CHUNKS)
     want = NumpyBackend().block_lstm_grad(tensors, **kw, chunk_steps=K)
     copied = []
-    got = cuda_host.cupy_backend(loop=loop, pinned=True, copied=copied).block_lstm_grad(tensors, **kw)
+    free = device_bytes(tensors, seq_len_max, cdt) - 1
+    got = cuda_host.cupy_backend(loop=loop, pinned=True, copied=copied, free_bytes=free).block_lstm_grad(tensors, **kw)
     for field, a, b in zip(want._fields, want, got, strict=True):
         assert type(b) is np.ndarray and b.dtype == a.dtype
         np.testing.assert_allclose(b, a, rtol=1e-5 if dtype != "float16" else 2e-3, atol=1e-6, err_msg=field)
@@ -1319,19 +1323,21 @@ def test_the_cupy_backends_copies_are_named_by_the_environment(monkeypatch):
 @needs_host_kernels
 def test_cupy_copies_a_calls_host_arrays_through_pinned_buffers_from_32_mb_by_default(monkeypatch):
     """LSTMGRAD_CUPY_COPIES unset ("auto"): inputs of less than PINNED_LEAST_BYTES in all cross by cupy's own
-    copies (``asarray``), larger ones through the pinned staging buffers; the gradients back by the same rule."""
-    from lstmgrad_cli.backends._cupy import COPIES_ENV, PINNED_LEAST_BYTES, STREAM_CHUNKS, CupyBackend
+    copies (``asarray``), larger ones through the pinned staging buffers: all at once where the device holds the
+    pass whole, else the time-major ones a chunk of steps at a time; the gradients back by the same rule."""
+    from lstmgrad_cli.backends._cupy import COPIES_ENV, PINNED_LEAST_BYTES, STREAM_CHUNKS, CupyBackend, device_bytes
     from lstmgrad_cli.backends._cupy_copies import FED, fed_rows
     from lstmgrad_cli.backends._xp import chunk_bounds
     from lstmgrad_cli.spec import TIME_MAJOR
 
     monkeypatch.delenv(COPIES_ENV, raising=False)
     kw = dict(use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
-    for T, B, I, C in ((4, 3, 5, 6), (40, 128, 512, 128)):  # noqa: E741
+    for T, B, I, C, room in ((4, 3, 5, 6, True), (40, 128, 512, 128, True), (40, 128, 512, 128, False)):  # noqa: E741
         tensors = SeqTensors(**_random_inputs(np.random.default_rng(2), T, B, I, C, np.float32))
         inputs = sum(a.nbytes for a in tensors if a is not None)
         copies, copied = [], []
-        cp = cuda_host.fake_cupy(copies=copies, copied=copied)
+        whole = device_bytes(tensors, T, np.float32)
+        cp = cuda_host.fake_cupy(copies=copies, copied=copied, free_bytes=whole if room else whole - 1)
         backend = CupyBackend(cp=cp, launcher=cuda_host.HostLauncher(), pinned_empty=np.empty)
         got = backend.block_lstm_grad(tensors, seq_len_max=T, **kw)
         np.testing.assert_allclose(got.x_grad, NumpyBackend().block_lstm_grad(tensors, seq_len_max=T, **kw).x_grad,
@@ -1340,8 +1346,11 @@ def test_cupy_copies_a_calls_host_arrays_through_pinned_buffers_from_32_mb_by_de
         if (T, B) == (4, 3):
             assert inputs < PINNED_LEAST_BYTES
             assert copies.count("in") == sum(1 for a in tensors if a is not None) and not staged
-        else:  # the time-major tensors fed a chunk of steps at a time through them, the rest by cupy's copies
+        elif room:  # every input at once through them; the gradients (under 32 MB) back by cupy's copies
             assert T * B * I * 4 < PINNED_LEAST_BYTES <= inputs  # (x alone would not be, the call's inputs are)
+            assert sum(c[2][0] for c in staged) == inputs and copies.count("in") == 0
+            assert copies.count("out") == 8
+        else:  # the time-major tensors fed a chunk of steps at a time through them, the rest by cupy's copies
             K = -(-T // STREAM_CHUNKS)
             fed = sum(np.subtract(*reversed(fed_rows(name, lo, hi))) * getattr(tensors, name)[0].nbytes
                       for lo, hi in chunk_bounds(T, K) for name in FED)
@@ -1536,10 +1545,10 @@ def test_cupy_on_gpu_matches_numpy_on_a_larger_shape(peephole):
 @pytest.mark.gpu
 @pytest.mark.skipif("not _gpu_usable()", reason="needs cupy and a CUDA device")
 @pytest.mark.parametrize("loop", ["steps", "persistent"])
-def test_cupy_on_gpu_feeds_host_inputs_a_chunk_at_a_time_and_matches_numpy(loop):
-    """On a GPU: host arrays through the pinned buffers are fed in chunks (ChunkFeed, its streams and events real),
-    x_grad back the same way; the gradients are the numpy backend's with the same chunks, and an HDF5-like lazy
-    input's too."""
+def test_cupy_on_gpu_feeds_lazy_inputs_a_chunk_at_a_time_and_matches_numpy(loop):
+    """On a GPU: an HDF5-like lazy input's time-major rows are fed through the pinned buffers in chunks (ChunkFeed,
+    its streams and events real), x_grad back the same way; host arrays the GPU can hold cross through the same
+    buffers at once; the gradients are the numpy backend's with the feed's chunks."""
     from lstmgrad_cli.backends._cupy import STREAM_CHUNKS, CupyBackend
     from lstmgrad_cli.backends.conformance import LazyRows
     from lstmgrad_cli.spec import TIME_MAJOR

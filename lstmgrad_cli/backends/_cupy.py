@@ -1,12 +1,11 @@
 """The cupy backend: the numpy backend's array code (``_xp``) on a CUDA device, plus fused kernels.
 
 The inputs are copied to the device once, or a chunk of steps at a time: the time-major inputs of a call that
-crosses through the pinned buffers (``ChunkFeed``: each chunk's copies run while the device computes the chunk
-before), and a lazy input's (an HDF5 file's).  The whole backward pass runs there (cuBLAS for the matrix products,
-the time loop in fused kernels: ``_cupy_kernels``), and the outputs are copied back once (a lazy x_grad output a
-chunk at a time).  The kernels
-keep TensorFlow's bracketing and contract no multiply-add: results equal the numpy backend's up to the matrix
-products.
+crosses through the pinned buffers and that the device cannot hold whole (``ChunkFeed``: each chunk's copies run
+while the device computes the chunk before), and a lazy input's (an HDF5 or NPZ file's).  The whole backward pass
+runs there (cuBLAS for the matrix products, the time loop in fused kernels: ``_cupy_kernels``), and the outputs
+are copied back once (a lazy x_grad output a chunk at a time).  The kernels keep TensorFlow's bracketing and
+contract no multiply-add: results equal the numpy backend's up to the matrix products.
 
 Usable only when ``cupy.is_available()`` (cupy installed *and* a CUDA device); the registry checks
 that before importing this module.  Without a GPU the test suite runs all of it on the CPU: the
@@ -27,7 +26,7 @@ from ..spec import TIME_MAJOR
 from . import _cupy_kernels as kernels
 from . import gpu_array, on_gpu
 from ._cupy_copies import ChunkFeed, PinnedCopies
-from ._xp import CHUNK_BYTES, XpGradient, default_chunk_steps
+from ._xp import XpGradient, default_chunk_steps
 
 COPIES_ENV = "LSTMGRAD_CUPY_COPIES"
 COPIES = ("auto", "pageable", "pinned")  # how host arrays cross: cupy's own copies, _cupy_copies.PinnedCopies, or
@@ -47,10 +46,15 @@ LOOPS = ("auto", "steps", "persistent")
 # 1024 * 2**20 (100,256,1024,1024: 50.5 against 21.7 ms) to cuBLAS's tiled products.  Measured in float32; float64
 # and float16 (computed in float32) take the same threshold, not measured apart.
 PERSISTENT_MOST_MACS = 128 * 2**20
-# Host inputs crossing through the pinned buffers are fed to the device a chunk of steps at a time, in this many
-# chunks (``ChunkFeed``): a chunk's copies run while the device computes the chunk before, so only the first
-# chunk's copies and the last chunk's work are not overlapped, and the device holds two chunks of the inputs.
+# Host inputs crossing through the pinned buffers that the device cannot hold whole, and lazy ones (a file's), are fed
+# to the device a chunk of steps at a time, in this many chunks (``ChunkFeed``): a chunk's copies run while the
+# device computes the chunk before, and the device holds two chunks of the inputs.  Host arrays it can hold are
+# copied at once: on an H100 that was 1.5x faster (200,128,512,512: 44 against 66 ms; benchmarks/RESULTS.md).
 STREAM_CHUNKS = 8
+# Budget for a pass's chunk buffers on the device (the gate gradients of a chunk's steps and [x, h_prev, 1]): larger
+# than the host's ``_xp.CHUNK_BYTES``, which is sized for its caches; fewer, larger chunks make fewer, larger cuBLAS
+# products and loop launches.  The chunks still depend on the shape alone.
+DEVICE_CHUNK_BYTES = 512 * 2**20
 
 
 def describe() -> str:
@@ -60,7 +64,8 @@ def describe() -> str:
     loops = {"auto": f"in one launch where a step's product is at most {PERSISTENT_MOST_MACS:.2g} multiply-adds "
                      "and a block's share of w fits its shared memory, else a step at a time",
              "steps": "a step at a time", "persistent": "in one launch"}
-    fed = f"the time-major ones in {STREAM_CHUNKS} chunks of steps, each while the device computes the one before"
+    fed = (f"the time-major ones in {STREAM_CHUNKS} chunks of steps where the GPU cannot hold them whole, each while "
+           "the device computes the one before")
     how = {"pageable": "by cupy from pageable memory", "pinned": f"through pinned staging buffers ({fed})",
            "auto": f"through pinned staging buffers from {PINNED_LEAST_BYTES // 2**20} MB a call ({fed}), by cupy "
                    "below"}
@@ -82,6 +87,8 @@ class CupyGradient(XpGradient):
     ``launcher``: what runs the kernels (``step``, ``loop``); by default cupy on its device, compiled on first use.
     The test suite gives one that runs the same kernels built for the host, with numpy as ``xp``.
     """
+
+    chunk_bytes = DEVICE_CHUNK_BYTES
 
     def __init__(self, xp, launcher=None, loop: str | None = None):
         super().__init__(xp)
@@ -308,30 +315,39 @@ class CupyBackend:
             self._pinned = PinnedCopies(self._cp, pinned_empty)
         return self._pinned
 
-    def _fed(self, tensors, seq_len_max: int, compute_dtype, chunk_steps) -> tuple[PinnedCopies, int] | None:
+    def _fed(self, tensors, seq_len_max: int, compute_dtype, chunk_steps,
+             return_dgates: bool) -> tuple[PinnedCopies, int] | None:
         """The pinned copier that feeds this pass its time-major inputs a chunk at a time (``ChunkFeed``), and the
         chunk's steps: ``chunk_steps`` when given, else ``STREAM_CHUNKS`` chunks, smaller where the pass's chunk
-        buffers would outgrow ``_xp.CHUNK_BYTES`` (``default_chunk_steps``, as a pass copied at once sizes them).
-        None: copy them all at once (cupy's own copies, arrays on the device already, a single chunk)."""
+        buffers would outgrow ``DEVICE_CHUNK_BYTES`` (``default_chunk_steps``, as a pass copied at once sizes them).
+        None: copy them all at once (cupy's own copies, arrays on the device already, a single chunk, host arrays
+        the device can hold whole: ``_fits_at_once``)."""
         cp = self._cp
         hosts = [getattr(tensors, name) for name in TIME_MAJOR]
         if seq_len_max < 2 or any(isinstance(a, cp.ndarray) or on_gpu(a) for a in hosts):
+            return None
+        copies = self._pinned_copies(sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in tensors
+                                         if a is not None and not isinstance(a, cp.ndarray)))
+        if copies is None or (not any(_lazy(cp, a) for a in hosts)
+                              and self._fits_at_once(tensors, seq_len_max, compute_dtype, return_dgates)):
             return None
         T, B, I = tensors.x.shape  # noqa: E741
         C = tensors.w.shape[1] // 4
         cdt = np.dtype(compute_dtype)
         K = min(chunk_steps or min(-(-seq_len_max // STREAM_CHUNKS), default_chunk_steps(
-            seq_len_max, B, C, cdt.itemsize, I, np.dtype(tensors.x.dtype) != cdt)), seq_len_max)
-        if K >= seq_len_max:
-            return None
-        copies = self._pinned_copies(sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in tensors
-                                         if a is not None and not isinstance(a, cp.ndarray)))
-        return None if copies is None else (copies, K)
+            seq_len_max, B, C, cdt.itemsize, I, np.dtype(tensors.x.dtype) != cdt, DEVICE_CHUNK_BYTES)), seq_len_max)
+        return None if K >= seq_len_max else (copies, K)
+
+    def _fits_at_once(self, tensors, seq_len_max: int, compute_dtype, return_dgates: bool) -> bool:
+        """Whether the device's free memory holds the whole pass with its host inputs copied at once."""
+        need = device_bytes(tensors, seq_len_max, compute_dtype, return_dgates)
+        free = self._free_for(need)
+        return free is None or need <= free
 
     def block_lstm_grad(self, tensors, *, seq_len_max, use_peephole, layout, compute_dtype,
                         chunk_steps=None, return_dgates=False, x_grad_out=None, observe=None):
         cp = self._cp
-        fed = self._fed(tensors, seq_len_max, compute_dtype, chunk_steps)
+        fed = self._fed(tensors, seq_len_max, compute_dtype, chunk_steps, return_dgates)
         copies = None
         if fed is not None:  # the time-major inputs cross a chunk of steps at a time, as the device computes,
             copies, chunk_steps = fed
@@ -384,9 +400,9 @@ def _why_not(cp) -> str:
     return "" if count else ": the driver finds no CUDA device"
 
 
-# Device memory a pass needs beyond its inputs and outputs: the chunk buffers (_xp.CHUNK_BYTES), cuBLAS's
-# workspace and cupy's rounding of allocations.
-WORKING_BYTES = 160 * 2**20
+# Device memory a pass needs beyond its inputs and outputs: the chunk buffers (DEVICE_CHUNK_BYTES), cuBLAS's
+# workspace, a chunk's product for w_grad before it is added in, and cupy's rounding of allocations.
+WORKING_BYTES = DEVICE_CHUNK_BYTES + 96 * 2**20
 
 
 def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool = False,
@@ -395,7 +411,7 @@ def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool =
     time, as ``LAZY_BYTES`` for them all; with ``streamed_steps``, the time-major ones as the feed's two chunks of
     that many steps, one more, and x_grad's rows of two chunks on their way back), the outputs (x_grad not, when it
     is ``x_grad_streamed`` to a lazy output), the gate gradients of all steps when ``return_dgates``, and
-    ``WORKING_BYTES`` (the chunk buffers: ``_xp.CHUNK_BYTES``, which a fed pass's chunks keep to as well)."""
+    ``WORKING_BYTES`` (the chunk buffers: ``DEVICE_CHUNK_BYTES``, which a fed pass's chunks keep to as well)."""
     fed = TIME_MAJOR if streamed_steps is not None else ()
     inputs = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for name, a in tensors._asdict().items()
                  if a is not None and hasattr(a, "__array__") and name not in fed)
@@ -414,8 +430,8 @@ def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool =
 
 
 # A chunk of steps of the lazy inputs on the device, their rows cast to the compute dtype, and x_grad's rows on
-# their way to a lazy output: the chunks are sized for the host's _xp.CHUNK_BYTES, so twice that at most.
-LAZY_BYTES = 2 * CHUNK_BYTES
+# their way to a lazy output: the chunks are sized for DEVICE_CHUNK_BYTES, so twice that at most.
+LAZY_BYTES = 2 * DEVICE_CHUNK_BYTES
 
 
 def _contiguous_on(cp, a) -> bool:

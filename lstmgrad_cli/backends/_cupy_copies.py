@@ -7,13 +7,15 @@ a copy stream, the next is copied into the other buffer by ``THREADS`` host thre
 large copies), and back the other way likewise.  The cupy backend copies so a call's host arrays of 32 MB or more
 in all (``LSTMGRAD_CUPY_COPIES=auto``, the default; ``pinned`` always, ``pageable`` never): on an H100 this was
 2.0-2.3x faster than cupy's own copies at 0.5-1.4 GB, 1.1-1.2x at 60-75 MB, and level or slower at 7 MB
-(`lstmgrad bench`'s ``cupy-pinned`` row against ``cupy``'s, benchmarks/RESULTS.md).  Such a call's time-major
-inputs are fed to the pass a chunk of steps at a time (``ChunkFeed``), each chunk's copies beside the device's
-work on the chunk before, and x_grad comes back the same way.
+(`lstmgrad bench`'s ``cupy-pinned`` row against ``cupy``'s, benchmarks/RESULTS.md).  Where the device cannot hold
+such a call's time-major inputs whole, and for a file's, they are fed to the pass a chunk of steps at a time
+(``ChunkFeed``), each chunk's copies beside the device's work on the chunk before, and x_grad comes back the same
+way.
 """
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -21,7 +23,10 @@ import numpy as np
 from ._xp import STEP_NAMES
 
 SLICE_BYTES = 32 * 2**20  # a staging buffer
-THREADS = 4  # host threads copying a slice into or out of a staging buffer
+# Host threads copying a slice into or out of a staging buffer: up to 8, not more than the cores this process may
+# use.  On the H100 machine (16 cores) the staged copies ran at 18.9 GB/s with 4 threads and 22.8 with 8
+# (benchmarks/gpu_copy_rates.py, benchmarks/RESULTS.md).
+THREADS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 ONE_THREAD_BYTES = 2**20  # a slice this small is copied by one thread
 
 

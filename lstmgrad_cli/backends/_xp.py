@@ -54,13 +54,15 @@ OVERLAP_SLOTS = 3
 STEP_NAMES = ("i", "f", "o", "ci", "co", "h_grad", "cs_grad")
 
 
-def default_chunk_steps(L: int, B: int, C: int, itemsize: int, I: int = 0, casting: bool = False) -> int:  # noqa: E741
-    """Time steps per chunk so the chunk's buffers stay near ``CHUNK_BYTES``; chunks of equal length."""
+def default_chunk_steps(L: int, B: int, C: int, itemsize: int, I: int = 0, casting: bool = False,  # noqa: E741
+                        budget: int = CHUNK_BYTES) -> int:
+    """Time steps per chunk so the chunk's buffers stay near ``budget`` (the host's ``CHUNK_BYTES`` by default);
+    chunks of equal length."""
     if L <= 0:
         return 1
     # gate gradients, [x, h_prev, 1], and the activations and cs cast to the compute dtype
     per_step = (4 * C + I + C + 1 + ((len(STEP_NAMES) + 1) * C if casting else 0)) * B * max(itemsize, 1)
-    k_max = max(1, CHUNK_BYTES // max(per_step, 1))
+    k_max = max(1, budget // max(per_step, 1))
     chunks = -(-L // k_max)
     return -(-L // chunks)
 
@@ -184,6 +186,9 @@ class Step(NamedTuple):
 class XpGradient:
     """The chunked backward pass over an array module; subclasses may replace ``step``."""
 
+    # Budget for one chunk's buffers where chunks are not cut for the overlapped schedule (a GPU's is larger)
+    chunk_bytes = CHUNK_BYTES
+
     def __init__(self, xp, overlap: bool | None = None):
         self.xp = xp
         self.overlap = overlap  # None: by size and cores; True/False: always/never overlap (tests)
@@ -300,7 +305,8 @@ class XpGradient:
             k_fit = CHUNK_BYTES // max(OVERLAP_SLOTS * gates_step, 1)
             K = max(1, min(chunk_steps or min(-(-L // OVERLAP_CHUNKS), k_fit), L))
         else:
-            K = max(1, min(chunk_steps or default_chunk_steps(L, B, C, cdt.itemsize, I, casting), max(L, 1)))
+            K = max(1, min(chunk_steps or default_chunk_steps(L, B, C, cdt.itemsize, I, casting, self.chunk_bytes),
+                           max(L, 1)))
         chunks = chunk_bounds(L, K, short_first=overlap_chunks and not chunk_steps)
         # Overlapped, the chunks' gate gradients live in a ring of slots until their products are done.
         slots = max(1, min(len(chunks), CHUNK_BYTES // max(K * gates_step, 1))) if overlap else 1
