@@ -4,8 +4,8 @@ against engine in one process (issue 39; `make gpu-check` runs it).
 For each shape (issue 39's six by default):
 
 * cuDNN's backward (PyTorch's ``nn.LSTM``, TF32 off), as ``lstmgrad bench`` times it;
-* the cupy backend on device arrays, the loop it chooses, in chunks sized for ``DEVICE_CHUNK_BYTES`` (its default),
-  for the host's ``_xp.CHUNK_BYTES`` (the default before), and in one chunk (rows only where they differ);
+* the cupy backend on device arrays, the loop it chooses, in its chunks (``CupyGradient.chunk_budget``), in the
+  host's (``_xp.CHUNK_BYTES``), and in one chunk (rows only where they differ);
 * from host arrays through the pinned buffers: copied at once (the default where the GPU holds the pass), fed a
   chunk of steps at a time (``ChunkFeed``; the default before for 32 MB or more), and at once with 4 and 16 staging
   threads (the default is up to 8);
@@ -50,7 +50,7 @@ def engines(cp, shape, inputs):
         print(f"{shape}: no cuDNN ({type(err).__name__}: {err})")
     backend = _cupy.CupyBackend()
     on_device = SeqTensors(**{k: cp.asarray(v) for k, v in inputs.items()})
-    sizes = {"device": default_chunk_steps(T, B, C, 4, I, False, _cupy.DEVICE_CHUNK_BYTES),
+    sizes = {"device": default_chunk_steps(T, B, C, 4, I, False, backend._gradient.chunk_budget(B, C)),
              "device, host's chunks": default_chunk_steps(T, B, C, 4, I, False, CHUNK_BYTES), "device, one chunk": T}
     seen = set()
     for name, K in sizes.items():

@@ -1053,6 +1053,36 @@ def test_a_persistent_loop_whose_blocks_cannot_all_run_is_redone_a_step_at_a_tim
         CupyBackend(cp=cuda_host.fake_cupy(), launcher=Crowded(), loop="persistent").block_lstm_grad(inputs, **kw)
 
 
+@needs_host_kernels
+def test_a_chunk_looped_in_one_launch_is_sized_for_a_larger_budget_than_a_loop_of_steps():
+    """On the device, chunks whose time loop runs in one launch get PERSISTENT_CHUNK_BYTES (fewer launches, larger
+    products: faster on an H100), a loop of steps the host's CHUNK_BYTES; a pass's loop launches follow the budget."""
+    from lstmgrad_cli.backends._cupy import PERSISTENT_CHUNK_BYTES, CupyGradient
+    from lstmgrad_cli.backends._xp import CHUNK_BYTES, default_chunk_steps
+
+    auto = CupyGradient(np, loop="auto")
+    assert auto.chunk_budget(32, 1024) == PERSISTENT_CHUNK_BYTES > CHUNK_BYTES
+    assert auto.chunk_budget(33, 1024) == CHUNK_BYTES
+    assert CupyGradient(np, loop="steps").chunk_budget(1, 1) == CHUNK_BYTES
+    assert default_chunk_steps(1000, 64, 512, 4, 512, budget=PERSISTENT_CHUNK_BYTES) == 500
+    assert default_chunk_steps(1000, 64, 512, 4, 512) == 84
+
+    class Budgeted(CupyGradient):
+        def chunk_budget(self, B, C):
+            return 3 * (4 * C + 4 + C + 1) * B * 4  # three steps of gate gradients and [x, h_prev, 1]
+
+    calls = []
+    tensors = SeqTensors(**_random_inputs(np.random.default_rng(5), 9, 2, 4, 3, np.float32))
+    kw = dict(seq_len_max=9, use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
+    cp = cuda_host.fake_cupy()
+    got = Budgeted(cp, cuda_host.HostLauncher(calls), loop="persistent").block_lstm_grad(
+        SeqTensors(*(cp.asarray(a) for a in tensors)), **kw)
+    assert calls.count(_cupy_kernels.loop_name(np.float32, False)) == 3  # 9 steps, chunks of 3
+    want = NumpyBackend().block_lstm_grad(tensors, **kw, chunk_steps=3)
+    for field, a, b in zip(want._fields, want, got, strict=True):
+        np.testing.assert_allclose(np.asarray(b), a, rtol=1e-5, atol=1e-6, err_msg=field)
+
+
 def test_the_auto_loop_takes_one_launch_up_to_its_threshold_exactly():
     from lstmgrad_cli.backends._cupy import PERSISTENT_MOST_MACS, CupyGradient
 

@@ -26,7 +26,7 @@ from ..spec import TIME_MAJOR
 from . import _cupy_kernels as kernels
 from . import gpu_array, on_gpu
 from ._cupy_copies import ChunkFeed, PinnedCopies
-from ._xp import XpGradient, default_chunk_steps
+from ._xp import CHUNK_BYTES, XpGradient, default_chunk_steps
 
 COPIES_ENV = "LSTMGRAD_CUPY_COPIES"
 COPIES = ("auto", "pageable", "pinned")  # how host arrays cross: cupy's own copies, _cupy_copies.PinnedCopies, or
@@ -51,10 +51,12 @@ PERSISTENT_MOST_MACS = 128 * 2**20
 # device computes the chunk before, and the device holds two chunks of the inputs.  Host arrays it can hold are
 # copied at once: on an H100 that was 1.5x faster (200,128,512,512: 44 against 66 ms; benchmarks/RESULTS.md).
 STREAM_CHUNKS = 8
-# Budget for a pass's chunk buffers on the device (the gate gradients of a chunk's steps and [x, h_prev, 1]): larger
-# than the host's ``_xp.CHUNK_BYTES``, which is sized for its caches; fewer, larger chunks make fewer, larger cuBLAS
-# products and loop launches.  The chunks still depend on the shape alone.
-DEVICE_CHUNK_BYTES = 512 * 2**20
+# Budget for a pass's chunk buffers on the device (a chunk's gate gradients and [x, h_prev, 1]) where its time loop
+# runs in one launch: fewer, larger chunks make fewer loop launches and larger cuBLAS products.  Measured on an H100
+# (benchmarks/gpu_chunk_sizes.py, benchmarks/RESULTS.md): 200,128,512,512 8.91 ms against 9.18 with the host's
+# 64 MB, 1000,64,512,512 23.15 against 24.45.  A loop of steps keeps the host's ``CHUNK_BYTES``: 100,256,1024,1024
+# took 20.94 ms with it and 21.7-21.9 with 128-512 MB.  The chunks still depend on the shape alone.
+PERSISTENT_CHUNK_BYTES = 512 * 2**20
 
 
 def describe() -> str:
@@ -87,8 +89,6 @@ class CupyGradient(XpGradient):
     ``launcher``: what runs the kernels (``step``, ``loop``); by default cupy on its device, compiled on first use.
     The test suite gives one that runs the same kernels built for the host, with numpy as ``xp``.
     """
-
-    chunk_bytes = DEVICE_CHUNK_BYTES
 
     def __init__(self, xp, launcher=None, loop: str | None = None):
         super().__init__(xp)
@@ -128,6 +128,11 @@ class CupyGradient(XpGradient):
             raise NotAllResident("the GPU's blocks of the persistent time loop were not all running at once (another "
                                  f"program is using the GPU?): use {LOOP_ENV}=steps")
         return result
+
+    def chunk_budget(self, B: int, C: int) -> int:
+        """``PERSISTENT_CHUNK_BYTES`` where a chunk's time loop runs in one launch, the host's ``CHUNK_BYTES`` where it
+        runs a step at a time."""
+        return PERSISTENT_CHUNK_BYTES if self.persistent(B, C) else CHUNK_BYTES
 
     def persistent(self, B: int, C: int) -> bool:
         """Whether a chunk's time loop runs in one launch, for a batch of B and C cells."""
@@ -319,7 +324,7 @@ class CupyBackend:
              return_dgates: bool) -> tuple[PinnedCopies, int] | None:
         """The pinned copier that feeds this pass its time-major inputs a chunk at a time (``ChunkFeed``), and the
         chunk's steps: ``chunk_steps`` when given, else ``STREAM_CHUNKS`` chunks, smaller where the pass's chunk
-        buffers would outgrow ``DEVICE_CHUNK_BYTES`` (``default_chunk_steps``, as a pass copied at once sizes them).
+        buffers would outgrow their budget (``default_chunk_steps``, as a pass copied at once sizes them).
         None: copy them all at once (cupy's own copies, arrays on the device already, a single chunk, host arrays
         the device can hold whole: ``_fits_at_once``)."""
         cp = self._cp
@@ -335,7 +340,8 @@ class CupyBackend:
         C = tensors.w.shape[1] // 4
         cdt = np.dtype(compute_dtype)
         K = min(chunk_steps or min(-(-seq_len_max // STREAM_CHUNKS), default_chunk_steps(
-            seq_len_max, B, C, cdt.itemsize, I, np.dtype(tensors.x.dtype) != cdt, DEVICE_CHUNK_BYTES)), seq_len_max)
+            seq_len_max, B, C, cdt.itemsize, I, np.dtype(tensors.x.dtype) != cdt, self._gradient.chunk_budget(B, C))),
+                seq_len_max)
         return None if K >= seq_len_max else (copies, K)
 
     def _fits_at_once(self, tensors, seq_len_max: int, compute_dtype, return_dgates: bool) -> bool:
@@ -400,9 +406,9 @@ def _why_not(cp) -> str:
     return "" if count else ": the driver finds no CUDA device"
 
 
-# Device memory a pass needs beyond its inputs and outputs: the chunk buffers (DEVICE_CHUNK_BYTES), cuBLAS's
+# Device memory a pass needs beyond its inputs and outputs: the chunk buffers (at most PERSISTENT_CHUNK_BYTES), cuBLAS's
 # workspace, a chunk's product for w_grad before it is added in, and cupy's rounding of allocations.
-WORKING_BYTES = DEVICE_CHUNK_BYTES + 96 * 2**20
+WORKING_BYTES = PERSISTENT_CHUNK_BYTES + 96 * 2**20
 
 
 def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool = False,
@@ -411,7 +417,7 @@ def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool =
     time, as ``LAZY_BYTES`` for them all; with ``streamed_steps``, the time-major ones as the feed's two chunks of
     that many steps, one more, and x_grad's rows of two chunks on their way back), the outputs (x_grad not, when it
     is ``x_grad_streamed`` to a lazy output), the gate gradients of all steps when ``return_dgates``, and
-    ``WORKING_BYTES`` (the chunk buffers: ``DEVICE_CHUNK_BYTES``, which a fed pass's chunks keep to as well)."""
+    ``WORKING_BYTES`` (the chunk buffers, within ``PERSISTENT_CHUNK_BYTES``, as a fed pass's chunks are)."""
     fed = TIME_MAJOR if streamed_steps is not None else ()
     inputs = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for name, a in tensors._asdict().items()
                  if a is not None and hasattr(a, "__array__") and name not in fed)
@@ -430,8 +436,8 @@ def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool =
 
 
 # A chunk of steps of the lazy inputs on the device, their rows cast to the compute dtype, and x_grad's rows on
-# their way to a lazy output: the chunks are sized for DEVICE_CHUNK_BYTES, so twice that at most.
-LAZY_BYTES = 2 * DEVICE_CHUNK_BYTES
+# their way to a lazy output: the chunks are sized for PERSISTENT_CHUNK_BYTES at most, so twice that at most.
+LAZY_BYTES = 2 * PERSISTENT_CHUNK_BYTES
 
 
 def _contiguous_on(cp, a) -> bool:

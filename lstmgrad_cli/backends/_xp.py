@@ -186,12 +186,14 @@ class Step(NamedTuple):
 class XpGradient:
     """The chunked backward pass over an array module; subclasses may replace ``step``."""
 
-    # Budget for one chunk's buffers where chunks are not cut for the overlapped schedule (a GPU's is larger)
-    chunk_bytes = CHUNK_BYTES
-
     def __init__(self, xp, overlap: bool | None = None):
         self.xp = xp
         self.overlap = overlap  # None: by size and cores; True/False: always/never overlap (tests)
+
+    def chunk_budget(self, B: int, C: int) -> int:  # noqa: ARG002 - a subclass's budget may depend on them
+        """Bytes for one chunk's buffers where the chunks are not cut for the overlapped schedule: ``CHUNK_BYTES``,
+        sized for the host's caches."""
+        return CHUNK_BYTES
 
     # -- the per-step elementwise kernel ------------------------------------------------------
     def step(self, a: Step, carried_h, carried_cs, gates, new_cs, peep, acc, offsets, ws):
@@ -305,8 +307,8 @@ class XpGradient:
             k_fit = CHUNK_BYTES // max(OVERLAP_SLOTS * gates_step, 1)
             K = max(1, min(chunk_steps or min(-(-L // OVERLAP_CHUNKS), k_fit), L))
         else:
-            K = max(1, min(chunk_steps or default_chunk_steps(L, B, C, cdt.itemsize, I, casting, self.chunk_bytes),
-                           max(L, 1)))
+            K = max(1, min(chunk_steps or default_chunk_steps(L, B, C, cdt.itemsize, I, casting,
+                                                              self.chunk_budget(B, C)), max(L, 1)))
         chunks = chunk_bounds(L, K, short_first=overlap_chunks and not chunk_steps)
         # Overlapped, the chunks' gate gradients live in a ring of slots until their products are done.
         slots = max(1, min(len(chunks), CHUNK_BYTES // max(K * gates_step, 1))) if overlap else 1

@@ -50,8 +50,8 @@ def bench_command(backends, shapes, dtype, repeats, peephole, compare, compare_p
     same round, the median over rounds (below 1: faster), and the same of the back-to-back
     calls.  With the cupy backend on a GPU, the GPU's
     engines are rated against the GPU's own GEMM limit (gpu-gemm-limit): cupy from host arrays
-    (copies included; cupy-pinned through pinned staging buffers, fed a chunk of steps at a time
-    beside the GPU's work on the chunk before), cupy-device on arrays already
+    (copies included; cupy-pinned through pinned staging buffers, at once where the GPU holds
+    the pass, else a chunk of steps at a time beside its work), cupy-device on arrays already
     there (cupy-device-steps and cupy-device-persistent: each of its time loops), cupy-files from
     one NPZ file to another, pcie-floor (the pass's bytes copied in from pinned memory and out to
     it), and PyTorch's cuDNN backward with TF32 off and on when a CUDA-enabled torch is

@@ -300,8 +300,8 @@ def gpu_calls(shape, dtype: str, inputs: dict, use_peephole: bool, backend) -> t
     notes = {"cupy-device": "arrays already on the GPU, the time loop the backend chooses",
              "cupy-device-steps": "arrays already on the GPU, a step's kernel and cuBLAS product launched from Python",
              "cupy-device-persistent": "arrays already on the GPU, each chunk's time loop in one launch",
-             "cupy-pinned": "host arrays, copied in and out through pinned staging buffers, a chunk of steps at a "
-                            "time beside the GPU's work (LSTMGRAD_CUPY_COPIES)",
+             "cupy-pinned": "host arrays, copied in and out through pinned staging buffers, at once where the GPU "
+                            "holds the pass, else a chunk of steps at a time beside its work (LSTMGRAD_CUPY_COPIES)",
              **refused}
     makers = {"pcie-floor": lambda: _pcie_floor_call(cupy, shape, inputs, backend, sync)}
     try:
