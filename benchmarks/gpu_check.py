@@ -7,21 +7,22 @@
    tests/test_ops_golden.py, test_frameworks.py, test_modules.py and test_forward_cmd.py (the forward ops against
    TensorFlow's) with LSTMGRAD_TEST_BACKEND=cupy, the time loop as the backend chooses (in one launch for these
    small problems); and again with the time loop launched a step at a time from Python (LSTMGRAD_CUPY_LOOP=steps);
-5. benchmarks/gpu_loop_anatomy.py: the persistent loop's time per step, the grid barrier's, the elementwise
-   phase's and the product phase's, and its answers against the loop of steps', for the six shapes; the loop by
-   its split into row groups and by the loads in flight a thread; the host's profile of a small pass;
-6. benchmarks/gpu_copy_rates.py: host to device copy rates (cupy's, the DMA alone, the host's copy into pinned
-   memory and the staging by thread count) and a pass from host arrays fed in chunks against one chunk;
-   benchmarks/gpu_pass_parts.py: the device pass by its chunk size and the host path by its copies (at once, fed,
-   by staging threads), beside cuDNN and the PCIe floor, and a host array page-locked in place;
-7. `lstmgrad bench` on the GPU for issue 39's six shapes (`make bench-gpu`'s, in two runs: the four small
+5. `lstmgrad bench` on the GPU for issue 39's six shapes (`make bench-gpu`'s, in two runs: the four small
    shapes, then the two large ones; medians of 3 rounds, to stay inside the budget): the cupy backend from host
    arrays (cupy's copies, and through pinned buffers), on device arrays (the loop it chooses, and each loop) and
    from one file to another, the PCIe floor and the GPU's own GEMM limit, PyTorch's cuDNN backward with TF32 off
    and on;
-8. what a user waits for, numpy against cupy with its kernel cache warm (median of 3): `lstmgrad seq` on one
+6. what a user waits for, numpy against cupy with its kernel cache warm (median of 3): `lstmgrad seq` on one
    small TF file and on one PyTorch layer file (issue 38: cupy within 1 s of numpy), and a batch of 100 small
-   files (issue 39: no slower per file than numpy).
+   files (issue 39: no slower per file than numpy);
+7. where the time goes, as far as the budget allows: benchmarks/gpu_pass_parts.py (the device pass by its chunk
+   size and the host path by its copies: at once, fed, by staging threads; beside cuDNN and the PCIe floor; a host
+   array page-locked in place); benchmarks/gpu_loop_anatomy.py (the persistent loop's time per step, the grid
+   barrier's, the elementwise phase's and the product phase's, and its answers against the loop of steps', for
+   the six shapes; the loop by its split into row groups and by the loads in flight a thread; the host's profile
+   of a small pass); benchmarks/gpu_copy_rates.py (host to device copy rates: cupy's, the DMA alone, the host's
+   copy into pinned memory and the staging by thread count; a pass from host arrays fed in chunks against one
+   chunk).  (benchmarks/gpu_chunk_sizes.py, the pass by its chunk budget, runs alone.)
 
 Runs with the machine's own Python from the repository root (`make gpu-check PYTHON=python3` sets PYTHONPATH): the
 device tool's machines have cupy, torch, numba, h5py, click, rich, pytest and hypothesis (2026-11-27, an H100);
@@ -185,12 +186,6 @@ def main(argv: list[str]) -> int:
         rows.append(("gpu tests", *run("gpu tests", [*pytest, "-m", "gpu", "-rs", "tests/test_backends.py"], 120)))
         rows.append(("golden cases on cupy", *run("golden cases on cupy", [*pytest, *GOLDEN_TESTS], 150,
                                                   {"LSTMGRAD_TEST_BACKEND": "cupy"})))
-    rows.append(("loop anatomy", *run("where the persistent loop's time goes",
-                                      [python, "benchmarks/gpu_loop_anatomy.py", "--repeats", "3"], 120)))
-    rows.append(("copy rates", *run("host arrays to the GPU: copy rates, and a pass fed in chunks",
-                                    [python, "benchmarks/gpu_copy_rates.py", "--repeats", "3"], 60)))
-    rows.append(("pass parts", *run("the device's chunks and the host path's copies, beside cuDNN",
-                                    [python, "benchmarks/gpu_pass_parts.py", "--repeats", "3"], 120)))
     for k, shapes in enumerate(SHAPES, 1):  # (--no-compare: no CPU framework; cuDNN is timed all the same)
         bench = [python, "-m", "lstmgrad_cli", "bench", "--backend", "cupy", "--repeats", "3", "--markdown",
                  "--no-compare", *(arg for shape in shapes for arg in ("--shape", shape))]
@@ -210,6 +205,13 @@ def main(argv: list[str]) -> int:
             rows.append(("start-up and batch", "TIMEOUT", "stopped: no time left in the budget", 0.0))
         except (subprocess.CalledProcessError, OSError) as err:
             rows.append(("start-up and batch", f"FAILED ({err})", "", 0.0))
+    # where the time goes, as the budget allows (the checks and the issue's table first)
+    rows.append(("pass parts", *run("the device's chunks and the host path's copies, beside cuDNN",
+                                    [python, "benchmarks/gpu_pass_parts.py", "--repeats", "3"], 120)))
+    rows.append(("loop anatomy", *run("where the persistent loop's time goes",
+                                      [python, "benchmarks/gpu_loop_anatomy.py", "--repeats", "3"], 120)))
+    rows.append(("copy rates", *run("host arrays to the GPU: copy rates, and a pass fed in chunks",
+                                    [python, "benchmarks/gpu_copy_rates.py", "--repeats", "3"], 60)))
     print("\n| step | result | last lines | seconds |\n| --- | --- | --- | ---: |")
     for step, result, tail, seconds in rows:
         print(f"| {step} | {result} | {tail.replace('|', '/')} | {seconds:.0f} |")
