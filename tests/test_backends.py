@@ -1393,6 +1393,33 @@ def test_cupy_copies_a_calls_host_arrays_through_pinned_buffers_from_32_mb_by_de
             assert copies.count("out") == 7
 
 
+def test_a_passs_device_memory_counts_its_chunk_buffers_beyond_the_hosts_budget():
+    """``device_bytes``: WORKING_BYTES holds chunk buffers of up to the host's CHUNK_BYTES; a persistent loop's
+    larger budget, or chunks asked for, add what their buffers take beyond it (three times that with lazy inputs);
+    a small pass needs the same whatever the budget."""
+    from lstmgrad_cli.backends._cupy import PERSISTENT_CHUNK_BYTES, device_bytes
+    from lstmgrad_cli.backends._xp import CHUNK_BYTES, chunk_step_bytes
+    from lstmgrad_cli.backends.conformance import LazyRows
+
+    def shaped(T, B, I, C):  # noqa: E741 - arrays of these shapes with no memory behind them
+        shapes = {"x": (T, B, I), "w": (I + C, 4 * C), "b": (4 * C,), "cs_prev": (B, C), "h_prev": (B, C),
+                  "wci": (C,), "wcf": (C,), "wco": (C,)}
+        return SeqTensors(**{name: np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), shape, (0,) * len(shape))
+                             for name in SeqTensors._fields for shape in [shapes.get(name, (T, B, C))]})
+
+    big = shaped(1000, 64, 512, 512)
+    step = chunk_step_bytes(64, 512, 4, 512)
+    host = device_bytes(big, 1000, np.float32)
+    assert device_bytes(big, 1000, np.float32, chunk_budget=PERSISTENT_CHUNK_BYTES) - host == 500 * step - CHUNK_BYTES
+    assert device_bytes(big, 1000, np.float32, chunk_steps=1000) - host == 1000 * step - CHUNK_BYTES
+    lazy = big._replace(i=LazyRows(big.i))
+    assert device_bytes(lazy, 1000, np.float32, chunk_budget=PERSISTENT_CHUNK_BYTES) - device_bytes(
+        lazy, 1000, np.float32) == 3 * (500 * step - CHUNK_BYTES)
+    small = shaped(50, 32, 128, 128)
+    assert device_bytes(small, 50, np.float32, chunk_budget=PERSISTENT_CHUNK_BYTES) == device_bytes(
+        small, 50, np.float32)
+
+
 @needs_host_kernels
 def test_cupy_refuses_a_problem_larger_than_the_free_gpu_memory_before_copying_it():
     from lstmgrad_cli.backends._cupy import WORKING_BYTES, device_bytes

@@ -26,7 +26,7 @@ from ..spec import TIME_MAJOR
 from . import _cupy_kernels as kernels
 from . import gpu_array, on_gpu
 from ._cupy_copies import ChunkFeed, PinnedCopies
-from ._xp import CHUNK_BYTES, XpGradient, default_chunk_steps
+from ._xp import CHUNK_BYTES, XpGradient, chunk_step_bytes, default_chunk_steps
 
 COPIES_ENV = "LSTMGRAD_CUPY_COPIES"
 COPIES = ("auto", "pageable", "pinned")  # how host arrays cross: cupy's own copies, _cupy_copies.PinnedCopies, or
@@ -334,7 +334,7 @@ class CupyBackend:
         copies = self._pinned_copies(sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in tensors
                                          if a is not None and not isinstance(a, cp.ndarray)))
         if copies is None or (not any(_lazy(cp, a) for a in hosts)
-                              and self._fits_at_once(tensors, seq_len_max, compute_dtype, return_dgates)):
+                              and self._fits_at_once(tensors, seq_len_max, compute_dtype, return_dgates, chunk_steps)):
             return None
         T, B, I = tensors.x.shape  # noqa: E741
         C = tensors.w.shape[1] // 4
@@ -344,9 +344,10 @@ class CupyBackend:
                 seq_len_max)
         return None if K >= seq_len_max else (copies, K)
 
-    def _fits_at_once(self, tensors, seq_len_max: int, compute_dtype, return_dgates: bool) -> bool:
+    def _fits_at_once(self, tensors, seq_len_max: int, compute_dtype, return_dgates: bool, chunk_steps) -> bool:
         """Whether the device's free memory holds the whole pass with its host inputs copied at once."""
-        need = device_bytes(tensors, seq_len_max, compute_dtype, return_dgates)
+        need = device_bytes(tensors, seq_len_max, compute_dtype, return_dgates, chunk_steps=chunk_steps,
+                            chunk_budget=self._gradient.chunk_budget(tensors.x.shape[1], tensors.w.shape[1] // 4))
         free = self._free_for(need)
         return free is None or need <= free
 
@@ -360,7 +361,8 @@ class CupyBackend:
             if x_grad_out is None:  # and x_grad's rows come back so (steps from seq_len_max on: zeros)
                 x_grad_out = np.zeros(tensors.x.shape, dtype=tensors.x.dtype)
         _check_fits(cp, tensors, seq_len_max, compute_dtype, return_dgates, x_grad_out is not None, self._free_for,
-                    streamed_steps=chunk_steps if copies is not None else None)
+                    streamed_steps=chunk_steps if copies is not None else None, chunk_steps=chunk_steps,
+                    chunk_budget=self._gradient.chunk_budget(tensors.x.shape[1], tensors.w.shape[1] // 4))
         try:
             # Host inputs: the time-major ones fed a chunk at a time (large ones, through the pinned buffers), the
             # rest copied at once; lazy ones (an HDF5 file's) a chunk at a time; a lazy x_grad_out filled so.
@@ -406,18 +408,21 @@ def _why_not(cp) -> str:
     return "" if count else ": the driver finds no CUDA device"
 
 
-# Device memory a pass needs beyond its inputs and outputs: the chunk buffers (at most PERSISTENT_CHUNK_BYTES), cuBLAS's
-# workspace, a chunk's product for w_grad before it is added in, and cupy's rounding of allocations.
-WORKING_BYTES = PERSISTENT_CHUNK_BYTES + 96 * 2**20
+# Device memory a pass needs beyond its inputs and outputs: the chunk buffers (_xp.CHUNK_BYTES), cuBLAS's
+# workspace and cupy's rounding of allocations.
+WORKING_BYTES = 160 * 2**20
 
 
 def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool = False,
-                 x_grad_streamed: bool = False, streamed_steps: int | None = None) -> int:
+                 x_grad_streamed: bool = False, streamed_steps: int | None = None, chunk_steps: int | None = None,
+                 chunk_budget: int = CHUNK_BYTES) -> int:
     """About the device memory a pass of these tensors takes: every input (a lazy one, read a chunk of steps at a
     time, as ``LAZY_BYTES`` for them all; with ``streamed_steps``, the time-major ones as the feed's two chunks of
     that many steps, one more, and x_grad's rows of two chunks on their way back), the outputs (x_grad not, when it
     is ``x_grad_streamed`` to a lazy output), the gate gradients of all steps when ``return_dgates``, and
-    ``WORKING_BYTES`` (the chunk buffers, within ``PERSISTENT_CHUNK_BYTES``, as a fed pass's chunks are)."""
+    ``WORKING_BYTES`` (chunk buffers of up to ``_xp.CHUNK_BYTES``), more where the pass's chunks of ``chunk_steps``
+    steps, or those its ``chunk_budget`` gives (``CupyGradient.chunk_budget``), take more (three times that more with
+    lazy inputs, whose chunks' rows and their casts are as large)."""
     fed = TIME_MAJOR if streamed_steps is not None else ()
     inputs = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for name, a in tensors._asdict().items()
                  if a is not None and hasattr(a, "__array__") and name not in fed)
@@ -432,12 +437,17 @@ def device_bytes(tensors, seq_len_max: int, compute_dtype, return_dgates: bool =
         tensors.x.dtype).itemsize
     dgates = seq_len_max * B * 4 * C * itemsize if return_dgates else 0
     back = 0 if streamed_steps is None else 2 * streamed_steps * B * I * (itemsize + np.dtype(tensors.x.dtype).itemsize)
-    return inputs + lazy + outputs + dgates + back + WORKING_BYTES
+    casting = np.dtype(tensors.x.dtype) != np.dtype(compute_dtype)
+    steps = min(chunk_steps or default_chunk_steps(seq_len_max, B, C, itemsize, I, casting, chunk_budget),
+                max(seq_len_max, 1))
+    larger = max(0, steps * chunk_step_bytes(B, C, itemsize, I, casting) - CHUNK_BYTES)  # chunks over the host's
+    return inputs + lazy + outputs + dgates + back + WORKING_BYTES + larger * (3 if lazy else 1)
 
 
 # A chunk of steps of the lazy inputs on the device, their rows cast to the compute dtype, and x_grad's rows on
-# their way to a lazy output: the chunks are sized for PERSISTENT_CHUNK_BYTES at most, so twice that at most.
-LAZY_BYTES = 2 * PERSISTENT_CHUNK_BYTES
+# their way to a lazy output: the chunks are sized for the host's _xp.CHUNK_BYTES, so twice that at most (more with
+# a larger chunk budget: device_bytes).
+LAZY_BYTES = 2 * CHUNK_BYTES
 
 
 def _contiguous_on(cp, a) -> bool:
@@ -457,12 +467,13 @@ def _lazy(cp, a) -> bool:
 
 
 def _check_fits(cp, tensors, seq_len_max, compute_dtype, return_dgates, x_grad_streamed=False,
-                free_for=None, streamed_steps=None) -> None:
+                free_for=None, streamed_steps=None, chunk_steps=None, chunk_budget=CHUNK_BYTES) -> None:
     """Refuse, before anything is copied, a problem the device's free memory cannot hold (inputs already on the
     device, as the layer engine gives them, hold their memory already: not counted again).  ``free_for(need)``:
     the free memory to weigh it against (by default the driver's answer now, ``_free_bytes``)."""
     there = sum(int(a.nbytes) for a in tensors if isinstance(a, getattr(cp, "ndarray", ())))
-    need = device_bytes(tensors, seq_len_max, compute_dtype, return_dgates, x_grad_streamed, streamed_steps) - there
+    need = device_bytes(tensors, seq_len_max, compute_dtype, return_dgates, x_grad_streamed, streamed_steps,
+                        chunk_steps, chunk_budget) - there
     free = free_for(need) if free_for is not None else _free_bytes(cp)
     if free is not None and need > free:
         raise BackendUnavailableError(

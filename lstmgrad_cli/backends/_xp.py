@@ -60,11 +60,15 @@ def default_chunk_steps(L: int, B: int, C: int, itemsize: int, I: int = 0, casti
     chunks of equal length."""
     if L <= 0:
         return 1
-    # gate gradients, [x, h_prev, 1], and the activations and cs cast to the compute dtype
-    per_step = (4 * C + I + C + 1 + ((len(STEP_NAMES) + 1) * C if casting else 0)) * B * max(itemsize, 1)
-    k_max = max(1, budget // max(per_step, 1))
+    k_max = max(1, budget // max(chunk_step_bytes(B, C, itemsize, I, casting), 1))
     chunks = -(-L // k_max)
     return -(-L // chunks)
+
+
+def chunk_step_bytes(B: int, C: int, itemsize: int, I: int = 0, casting: bool = False) -> int:  # noqa: E741
+    """Bytes a step takes in a chunk's buffers: its gate gradients, [x, h_prev, 1], and (``casting``) the activations
+    and cs cast to the compute dtype."""
+    return (4 * C + I + C + 1 + ((len(STEP_NAMES) + 1) * C if casting else 0)) * B * max(itemsize, 1)
 
 
 def contiguous_transpose(xp, a, tile: int = 128):
