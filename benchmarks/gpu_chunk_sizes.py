@@ -16,6 +16,7 @@ import sys
 import time
 
 import numpy as np
+from gpu_args import repeats_and_shapes
 
 SHAPES = ((100, 64, 256, 256), (200, 128, 512, 512), (100, 256, 1024, 1024), (1000, 64, 512, 512))
 BUDGETS_MB = (8, 16, 32, 64, 128, 512)
@@ -112,10 +113,7 @@ def locked_in_slices(cp, megabytes: int, repeats: int, slice_mb: int = 32) -> No
 def main(argv: list[str]) -> int:
     import cupy as cp
 
-    repeats = 7
-    if argv[:1] == ["--repeats"]:
-        repeats, argv = int(argv[1]), argv[2:]
-    shapes = [tuple(int(d) for d in a.split(",")) for a in argv] or SHAPES
+    repeats, shapes = repeats_and_shapes(argv, 7, SHAPES)
     props = cp.cuda.runtime.getDeviceProperties(0)
     print(f"{props['name'].decode()}, cupy {cp.__version__}, L2 {props.get('l2CacheSize', 0) / 2**20:.0f} MB; float32, "
           "no peepholes", flush=True)

@@ -17,6 +17,7 @@ import sys
 import time
 
 import numpy as np
+from gpu_args import repeats_and_shapes
 
 SHAPES = ((50, 32, 128, 128), (100, 64, 256, 256), (200, 128, 512, 512), (100, 256, 1024, 1024),
           (500, 16, 256, 256), (1000, 64, 512, 512))
@@ -30,10 +31,7 @@ def main(argv: list[str]) -> int:
     from lstmgrad_cli.operations.bench import make_inputs
     from lstmgrad_cli.spec import LAYOUT_V2, SeqTensors
 
-    repeats = 5
-    if argv[:1] == ["--repeats"]:
-        repeats, argv = int(argv[1]), argv[2:]
-    shapes = [tuple(int(d) for d in a.split(",")) for a in argv] or SHAPES
+    repeats, shapes = repeats_and_shapes(argv, 5, SHAPES)
 
     variants = {"loop": kernels.source()}
     for label, left_out in (("barrier only", ("a", "b")), ("barrier + elementwise", ("b",)),

@@ -25,6 +25,7 @@ import sys
 import time
 
 import numpy as np
+from gpu_args import repeats_and_shapes
 
 SHAPES = ((50, 32, 128, 128), (100, 64, 256, 256), (200, 128, 512, 512), (500, 16, 256, 256),
           (100, 256, 1024, 1024), (1000, 64, 512, 512))
@@ -123,10 +124,7 @@ def main(argv: list[str]) -> int:
 
     from lstmgrad_cli.operations import bench
 
-    repeats = 5
-    if argv[:1] == ["--repeats"]:
-        repeats, argv = int(argv[1]), argv[2:]
-    shapes = [tuple(int(d) for d in a.split(",")) for a in argv] or SHAPES
+    repeats, shapes = repeats_and_shapes(argv, 5, SHAPES)
     props = cp.cuda.runtime.getDeviceProperties(0)
     print(f"{props['name'].decode()}, cupy {cp.__version__}; float32, no peepholes; medians of {repeats} rounds, "
           "each call 0.3 s after the one before (back to back in brackets)", flush=True)

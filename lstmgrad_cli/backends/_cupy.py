@@ -49,7 +49,8 @@ PERSISTENT_MOST_MACS = 128 * 2**20
 # Host inputs crossing through the pinned buffers that the device cannot hold whole, and lazy ones (a file's), are fed
 # to the device a chunk of steps at a time, in this many chunks (``ChunkFeed``): a chunk's copies run while the
 # device computes the chunk before, and the device holds two chunks of the inputs.  Host arrays it can hold are
-# copied at once: on an H100 that was 1.5x faster (200,128,512,512: 44 against 66 ms; benchmarks/RESULTS.md).
+# copied at once: on an H100 that was 1.4-2.2x faster at every shape timed (200,128,512,512: 50 against 108 ms;
+# benchmarks/RESULTS.md, ninth session): the host's copies into the pinned buffers bound both ways.
 STREAM_CHUNKS = 8
 # Budget for a pass's chunk buffers on the device (a chunk's gate gradients and [x, h_prev, 1]) where its time loop
 # runs in one launch: fewer, larger chunks make fewer loop launches and larger cuBLAS products.  Measured on an H100
