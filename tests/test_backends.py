@@ -1393,7 +1393,7 @@ def test_cupy_copies_a_calls_host_arrays_through_pinned_buffers_from_32_mb_by_de
             assert copies.count("out") == 7
 
 
-def test_a_passs_device_memory_counts_its_chunk_buffers_beyond_the_hosts_budget():
+def test_the_device_memory_of_a_pass_counts_its_chunk_buffers_beyond_the_hosts_budget():
     """``device_bytes``: WORKING_BYTES holds chunk buffers of up to the host's CHUNK_BYTES; a persistent loop's
     larger budget, or chunks asked for, add what their buffers take beyond it (three times that with lazy inputs);
     a small pass needs the same whatever the budget."""
