@@ -20,6 +20,7 @@ from lstmgrad_cli import io
 from lstmgrad_cli.analysis.summary import SummarisedOutput, summarise
 from lstmgrad_cli.cli import main
 from lstmgrad_cli.errors import InputFileError, OutputFileError
+from lstmgrad_cli.io import npz_writer
 from lstmgrad_cli.ops import validation
 
 SEQ_OUTPUTS = ["x_grad", "cs_prev_grad", "h_prev_grad", "w_grad", "wci_grad", "wcf_grad", "wco_grad", "b_grad"]
@@ -206,6 +207,50 @@ def test_outputs_round_trip_with_provenance(tmp_path):
             assert loaded.tensors[name].dtype == value.dtype
             np.testing.assert_array_equal(loaded.tensors[name], value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.h5", "o.hdf5", "o.npz"]
+
+
+METADATA = io.METADATA_KEY
+
+
+@pytest.mark.parametrize("zip64_from", [npz_writer.ZIP64_FROM, 1], ids=["one-pass", "np.savez"])
+def test_npz_outputs_are_archives_every_reader_takes(tmp_path, zip64_from):
+    # write_npz's own archive, and np.savez's where it hands over (zip64): the same arrays for np.load, zipfile,
+    # unzip's CRC check and lstmgrad's reader, whatever their shape, order, byte order or dtype
+    rng = np.random.default_rng(0)
+    arrays = {"x_grad": rng.standard_normal((3, 4, 5)).astype(np.float32), "empty": np.zeros((0, 5)),
+              "scalar": np.float64(3.5), "fortran": np.asfortranarray(rng.standard_normal((4, 3))),
+              "strided": rng.standard_normal((5, 6))[::2, 1::2], "half": np.arange(7, dtype=np.float16),
+              "big_endian": np.arange(6, dtype=">f4").reshape(2, 3), "słój/w": np.ones(2, np.float32),
+              METADATA: np.array('{"note": "ü"}')}
+    path = tmp_path / "o.npz"
+    with open(path, "wb") as fh:
+        npz_writer.write_npz(fh, arrays, zip64_from=zip64_from)
+    with zipfile.ZipFile(path) as zf:
+        assert zf.testzip() is None
+        assert zf.namelist() == [name + ".npy" for name in arrays]
+    with np.load(path, allow_pickle=False) as f:
+        for name, value in arrays.items():
+            assert f[name].dtype == np.asarray(value).dtype and f[name].shape == np.shape(value)
+            np.testing.assert_array_equal(f[name], value)
+    loaded = io.read_inputs(path, [n for n in arrays if n != METADATA])
+    for name, value in loaded.tensors.items():  # (in native byte order)
+        assert value.dtype == np.asarray(arrays[name]).dtype.newbyteorder("=")
+        np.testing.assert_array_equal(value, arrays[name])
+    assert io.read_metadata(path) == {"note": "ü"}
+
+
+def test_npz_outputs_are_the_same_bytes_for_the_same_gradients(tmp_path):
+    tensors = {"x_grad": np.linspace(-1, 1, 24, dtype=np.float32).reshape(2, 3, 4), "b_grad": np.ones(8, np.float32)}
+    first = io.write_outputs(tmp_path / "a.npz", tensors, {"tool": "lstmgrad"}).read_bytes()
+    assert io.write_outputs(tmp_path / "b.npz", tensors, {"tool": "lstmgrad"}).read_bytes() == first
+    with zipfile.ZipFile(tmp_path / "a.npz") as zf:  # stored members, no extra fields: a plain zip
+        assert {(i.compress_type, i.extra, i.date_time) for i in zf.infolist()} == {(zipfile.ZIP_STORED, b"",
+                                                                                     (1980, 1, 1, 0, 0, 0))}
+
+
+def test_npz_outputs_refuse_object_arrays(tmp_path):
+    with open(tmp_path / "o.npz", "wb") as fh, pytest.raises(ValueError, match="object arrays"):
+        npz_writer.write_npz(fh, {"a": np.array([{"x": 1}], dtype=object)})
 
 
 def test_read_metadata_of_a_hostile_file_is_a_clean_error(tmp_path):

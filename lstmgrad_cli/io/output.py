@@ -20,6 +20,7 @@ from ..errors import OutputFileError
 from ._common import METADATA_KEY
 from .atomic import atomic_file, exists_error, os_reason, synced_behind
 from .hdf5_writer import hdf5_writer, signals_held
+from .npz_writer import write_npz
 
 OUTPUT_MARK = ".grads."  # in every default output's name (<stem>.grads.<ext>): never taken for an input
 OUTPUT_FORMATS = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5", ".safetensors": "safetensors"}
@@ -129,6 +130,6 @@ def write_metadata(out, metadata: Mapping[str, object]) -> None:
 def _write_npz(fh, tensors, metadata) -> None:
     arrays = dict(tensors)
     arrays[METADATA_KEY] = np.array(json.dumps(dict(metadata), sort_keys=True))
-    np.savez(fh, **arrays)
+    write_npz(fh, arrays)
 
 
