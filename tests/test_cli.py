@@ -472,6 +472,24 @@ def test_a_quiet_run_does_not_import_what_it_does_not_show(tmp_path):
 
 
 @pytest.mark.slow
+def test_local_workers_of_a_builtin_backend_do_not_read_the_plugins(tmp_path):
+    """Which backends plugins add is read from the installed packages' entry points, whose reading imports
+    importlib.metadata (~40 ms); a batch on local workers with a built-in backend knows it by name."""
+    for k in range(2):
+        write_npz(tmp_path / f"in{k}.npz", load_case("seq_v2_peep")[0])
+    code = ("import sys; from lstmgrad_cli.cli import main; rc = main(sys.argv[1:], standalone_mode=False); "
+            "print('importlib.metadata' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "LSTMGRAD_BACKEND"}
+    for backend in ("numpy", "auto"):
+        run = subprocess.run([sys.executable, "-c", code, "seq", str(tmp_path / "in0.npz"), str(tmp_path / "in1.npz"),
+                              "--out-dir", str(tmp_path / backend), "--workers", "2", "--backend", backend, "-q"],
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == "False"
+        assert sorted(p.name for p in (tmp_path / backend).iterdir()) == ["in0.grads.npz", "in1.grads.npz"]
+
+
+@pytest.mark.slow
 def test_the_tf_ops_own_tensors_do_not_load_the_frameworks_modules(tmp_path):
     """Whose tensors an input holds is told from names alone (frameworks/names.py): a TF op's file loads neither the
     Keras and PyTorch modules nor the layer engine under them (~13 ms of every start), a PyTorch layer's file does."""
