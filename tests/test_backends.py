@@ -113,6 +113,27 @@ def test_auto_prefers_cupy_then_numba_then_numpy(monkeypatch, usable, expected):
     assert reg.resolve_name("auto") == expected
 
 
+def test_auto_is_decided_once_a_process(monkeypatch):
+    """A batch asks for the backend of every file: ``auto``'s choice and its note are made once a process (asking
+    every file once cost 129 ms a file with cupy installed and no GPU: scanning the installed distributions for
+    cupy's version), and again after ``refresh``."""
+    real, asked = reg.status, []
+
+    def counted(name, probe_device=True):
+        asked.append(name)
+        return real(name, probe_device)
+
+    monkeypatch.setattr(reg, "status", counted)
+    first = (reg.resolve_name("auto"), reg.auto_note("auto"))
+    once = len(asked)
+    assert 1 <= once <= 2 * len(reg.AUTO_ORDER)
+    for _ in range(5):
+        assert (reg.resolve_name("auto"), reg.auto_note("auto")) == first
+    assert len(asked) == once
+    reg.refresh()
+    assert reg.resolve_name("auto") == first[0] and len(asked) > once
+
+
 def test_a_device_probe_is_asked_once_a_boot_and_kept(tmp_path, monkeypatch):
     """What the child process importing cupy said (~1 s of every command that asks, --backend auto included) is
     kept under this boot, driver, cupy and CUDA_VISIBLE_DEVICES: asked once; a timeout is not kept; ``fresh``

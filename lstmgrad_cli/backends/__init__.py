@@ -87,14 +87,30 @@ def registry() -> dict[str, BackendSpec]:
 
 
 def refresh() -> None:
-    """Forget the registry and loaded backends (after installing a plugin, and in tests)."""
+    """Forget the registry, loaded backends and what was found of the installed libraries (after installing a plugin
+    or a library, and in tests)."""
     registry.cache_clear()
     _load.cache_clear()
     _probed.clear()
+    _library_version.cache_clear()
+    _auto_choice.cache_clear()
+    _auto_note.cache_clear()
 
 
+_DISTRIBUTIONS = {"cupy": ("cupy-cuda13x", "cupy-cuda12x")}  # what provides a module under another name (the extras')
+
+
+@cache
 def _library_version(module: str) -> str | None:
-    """Version of the distribution that provides ``module`` (cupy comes as cupy-cuda13x, ...)."""
+    """Version of the distribution that provides ``module`` (cupy comes as cupy-cuda13x, ...), once a process: read
+    from the metadata of the distribution named like it or in ``_DISTRIBUTIONS`` (``cpu_blas.installed_version``,
+    without importlib.metadata, whose imports cost ~40 ms), else found by importlib.metadata."""
+    from . import cpu_blas  # noqa: PLC0415 - (numpy's and MKL's versions are read the same way)
+
+    for distribution in (module, *_DISTRIBUTIONS.get(module, ())):
+        found = cpu_blas.installed_version(distribution)
+        if found is not None:
+            return found
     import importlib.metadata  # noqa: PLC0415
 
     try:
@@ -282,12 +298,16 @@ def resolve_name(name: str | None = None) -> str:
     """``name`` > $LSTMGRAD_BACKEND > numpy; ``auto`` picks cupy, then numba, then numpy."""
     chosen = name or os.environ.get(ENV_VAR) or DEFAULT
     if chosen == "auto":
-        for candidate in AUTO_ORDER:
-            if candidate in registry() and status(candidate).available:
-                return candidate
-        return DEFAULT
+        return _auto_choice()
     _spec(chosen)
     return chosen
+
+
+@cache
+def _auto_choice() -> str:
+    """The first of ``AUTO_ORDER`` usable here (built-ins: no plugin takes their names), asked once a process: a
+    batch asks for every file."""
+    return next((candidate for candidate in AUTO_ORDER if status(candidate).available), DEFAULT)
 
 
 def auto_note(name: str | None = None) -> str | None:
@@ -295,8 +315,13 @@ def auto_note(name: str | None = None) -> str | None:
     took instead, in words; None when ``name`` does not resolve through ``auto`` or nothing was passed over."""
     if (name or os.environ.get(ENV_VAR) or DEFAULT) != "auto":
         return None
+    return _auto_note()
+
+
+@cache
+def _auto_note() -> str | None:
     chosen = resolve_name("auto")
-    passed = [status(c) for c in AUTO_ORDER[:AUTO_ORDER.index(chosen)] if c in registry()]
+    passed = [status(c) for c in AUTO_ORDER[:AUTO_ORDER.index(chosen)]]
     unusable = [s for s in passed if s.version is not None and not s.available]  # installed, not usable
     if not unusable:
         return None
