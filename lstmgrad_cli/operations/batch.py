@@ -386,8 +386,10 @@ def gpu_devices(backend: str | None) -> list[str]:
     for the default) computes on a GPU (cupy, a plugin with ``gpu_arrays``): ``backends.visible_devices``; [] for
     a host backend."""
     name = backends.resolve_name(backend)
-    if name in backends.BUILTIN_BY_NAME:  # known by name (no plugin takes it): the entry points, whose reading
-        return backends.visible_devices() if name == "cupy" else []  # imports ~40 ms of modules, are not read
+    # A built-in is known by name (no plugin takes one): the plugins' entry points, whose reading imports ~40 ms
+    # of modules, are read only for another name.
+    if name in backends.BUILTIN_BY_NAME:
+        return backends.visible_devices() if name == "cupy" else []
     if name in backends.registry():  # a plugin, loaded to ask
         if backends.takes_gpu_arrays(backends.get_backend(name)):
             return backends.visible_devices()
