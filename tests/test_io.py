@@ -214,8 +214,8 @@ METADATA = io.METADATA_KEY
 
 @pytest.mark.parametrize("zip64_from", [npz_writer.ZIP64_FROM, 1], ids=["one-pass", "np.savez"])
 def test_npz_outputs_are_archives_every_reader_takes(tmp_path, zip64_from):
-    # write_npz's own archive, and np.savez's where it hands over (zip64): the same arrays for np.load, zipfile,
-    # unzip's CRC check and lstmgrad's reader, whatever their shape, order, byte order or dtype
+    # write_npz's own archive, and np.savez's where it hands over (zip64): the same arrays for np.load, zipfile (its
+    # CRC check too) and lstmgrad's reader, whatever their shape, order, byte order, dtype or name
     rng = np.random.default_rng(0)
     arrays = {"x_grad": rng.standard_normal((3, 4, 5)).astype(np.float32), "empty": np.zeros((0, 5)),
               "scalar": np.float64(3.5), "fortran": np.asfortranarray(rng.standard_normal((4, 3))),
