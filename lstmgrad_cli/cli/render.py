@@ -16,7 +16,7 @@ from ..analysis.decide import SOURCE_WORDS
 from ..analysis.perstep import ASCII_SPARK, SPARK, sparkline
 from ..io import describe_keys
 from ..spec import OPS
-from ._common import new_table, plain, print_table, say, separator, unicode_console
+from ._common import new_table, plain, print_rows, print_table, printable, say, separator, unicode_console
 from ._words import words
 
 # How the summary names a Keras or PyTorch layer whose gradients were computed.
@@ -35,16 +35,29 @@ def _shape(shape) -> str:
     return "[" + ", ".join(map(str, shape)) + "]"
 
 
+TENSOR_COLUMNS = (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("L2 norm", "right"),
+                  ("max |value|", "right"), ("finite", "center"))
+
+
+def tensor_rows(tensors) -> list[tuple[str, ...]]:
+    """A row per tensor summary (summary.TensorSummary): its name, shape, dtype, L2 norm, max |value|, finite."""
+    return [(printable(t.name), _shape(t.shape), t.dtype, _fmt(t.l2_norm), _fmt(t.max_abs),
+             "yes" if t.finite else f"no ({t.nonfinite})") for t in tensors]
+
+
 def tensor_table(tensors):
-    """A row per tensor summary (summary.TensorSummary): shape, dtype, L2 norm, max |value|, finite."""
+    """``tensor_rows`` as a rich table, a tensor that is not finite in bold red."""
     table = new_table()
-    for name, justify in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("L2 norm", "right"),
-                          ("max |value|", "right"), ("finite", "center")):
+    for name, justify in TENSOR_COLUMNS:
         table.add_column(name, justify=justify)
-    for t in tensors:
-        table.add_row(plain(t.name), _shape(t.shape), t.dtype, _fmt(t.l2_norm), _fmt(t.max_abs),
-                      "yes" if t.finite else f"[bold red]no ({t.nonfinite})[/]")
+    for t, row in zip(tensors, tensor_rows(tensors), strict=True):
+        table.add_row(plain(t.name), *row[1:5], row[5] if t.finite else f"[bold red]{row[5]}[/]")
     return table
+
+
+def print_tensors(console, tensors, heading: str) -> None:
+    """The tensor table of a run under its heading (``print_rows``: drawn without rich's layout where it can)."""
+    print_rows(console, TENSOR_COLUMNS, tensor_rows(tensors), heading, lambda: tensor_table(tensors))
 
 
 # -- seq, cell -----------------------------------------------------------------------------------
@@ -52,7 +65,6 @@ def tensor_table(tensors):
 def grad_result(console, result) -> None:
     """The rich summary of one run: a header line of what was computed, a row per output tensor."""
     source = f"{result.input} [{result.member}]" if result.member else result.input
-    table = tensor_table(result.tensors)
     dims = result.dims or {}
     shape = ", ".join(f"{k}={v}" for k, v in dims.items() if not (k == "T" and result.seq_len_max is None))
     layout = f"layout {result.layout}"
@@ -68,7 +80,7 @@ def grad_result(console, result) -> None:
     if result.framework:  # a Keras or PyTorch layer: the op is how it is computed, not what the user gave
         what[0] = f"{result.module or FRAMEWORK_WORDS[result.framework]}, computed as {result.computed_as}"
         how = [shape]
-    print_table(console, table, f"{source} -> {result.output}")
+    print_tensors(console, result.tensors, f"{source} -> {result.output}")
     say(console, separator(console).join(what))
     say(console, separator(console).join(how))
     for note in result.notes:
@@ -122,8 +134,7 @@ def forward_next_command(result) -> str:
 
 
 def forward_result(console, result) -> None:
-    table = tensor_table(result.tensors)
-    print_table(console, table, f"{result.input} -> {result.output}")
+    print_tensors(console, result.tensors, f"{result.input} -> {result.output}")
     parts = [f"{result.op} (layout {result.layout})", f"{result.dtype} (computed in {result.compute_dtype})",
              f"forget_bias={result.forget_bias:g}", f"cell_clip={result.cell_clip:g}",
              f"use_peephole={str(result.use_peephole).lower()} ({result.sources.get('use_peephole')})"]
