@@ -439,7 +439,18 @@ def test_help_on_every_command(runner):
         assert result.exit_code == 0 and "Usage:" in result.stdout, command
 
 
-CELL_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=14).map(_common.printable)
+def test_names_are_shown_as_they_are_never_as_emoji(tmp_path, runner):
+    """rich turns :smile: into an emoji unless told not to; a file or tensor name keeps its colons."""
+    source = tmp_path / "run:smile:.npz"
+    source.write_bytes((FIXTURES / "seq_v2_peep.in.npz").read_bytes())
+    result = runner.invoke(main, ["seq", str(source), "--out-dir", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.stderr
+    assert f"{source} -> {tmp_path / 'out' / 'run:smile:.grads.npz'}" in result.stdout
+    assert "\N{SMILING FACE WITH OPEN MOUTH AND SMILING EYES}" not in result.stdout
+
+
+CELL_TEXT = st.one_of(st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=14),
+                      st.sampled_from([":smile:", "a :thumbs_up: b", "[bold]x[/]", "\\[b]"])).map(_common.printable)
 
 
 @settings(max_examples=300, deadline=None)

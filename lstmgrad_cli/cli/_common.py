@@ -159,8 +159,9 @@ def tolerate_unencodable_output() -> None:
 
 
 def say(console: Console, text: object, style: str | None = None) -> None:
-    """Print one line of plain text: no markup parsing, no highlighting, not wrapped (logs stay greppable)."""
-    console.print(printable(text), markup=False, highlight=False, soft_wrap=True, style=style)
+    """Print one line of plain text: no markup parsing, no highlighting, no :emoji: codes, not wrapped (logs stay
+    greppable)."""
+    console.print(printable(text), markup=False, highlight=False, emoji=False, soft_wrap=True, style=style)
 
 
 def new_table(**options):
@@ -209,7 +210,7 @@ def print_rows(console: Console, columns, rows, heading: object, rich_table) -> 
         print_table(console, rich_table(), heading)
         return
     say(console, heading)
-    console.print(text, markup=False, highlight=False, soft_wrap=True)
+    console.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)
 
 
 def print_table(console: Console, table, heading: object = None, footer: object = None) -> None:
