@@ -174,15 +174,17 @@ def new_table(**options):
 def table_text(console: Console, columns, rows) -> str | None:
     """The lines rich draws for ``new_table()`` with ``columns`` ((header, justify) pairs) and ``rows`` (cells of
     plain text, ``printable``), drawn here where that is all rich would draw: no colours, a UTF-8 console, at least
-    one row, and no cell that must wrap (the table fits the console's width).  ~0.05 ms where rich takes ~3 ms: a
-    batch prints a table for every file, and that was 4.5 of a small file's 9.6 ms.  None otherwise (rich draws
-    the table then).  A test holds it to rich's own output."""
+    one row, no cell with spaces at its edges, and none that must wrap (the table fits the console's width).
+    ~0.05 ms where rich takes ~3 ms: a batch prints a table for every file, and that was 4.5 of a small file's
+    9.6 ms.  None otherwise (rich draws the table then).  A test holds it to rich's own output."""
     if console.color_system is not None or not unicode_console(console) or not rows:
         return None
     from rich.box import HEAVY_HEAD as box  # noqa: PLC0415 - new_table's box
     from rich.cells import cell_len  # noqa: PLC0415
 
     headers = [header for header, _ in columns]
+    if any(cell != cell.strip() for cell in (*headers, *(cell for row in rows for cell in row))):
+        return None  # (rich strips a cell's edge spaces in some places; no name or number here has them)
     widths = [max(map(cell_len, cells)) for cells in zip(headers, *rows, strict=True)]
     if sum(widths) + 3 * len(widths) + 1 > console.width:
         return None
