@@ -25,6 +25,7 @@ from ..execution.dask_executor import NotStarted, SchedulerLost, dask_executor
 from ..io import npydir, tfdbg
 from ..io.provenance import output_difference
 from ..messages import Message, Param, one_line
+from ..problem.reading import forget_weights
 from .grad import GradOptions, GradResult, existing_output, run_grad_file
 
 
@@ -443,6 +444,13 @@ def run_batch(tasks: Sequence[Task], options: GradOptions, *, workers: int = 1, 
               stop: Callable[[], bool] = lambda: False) -> list[GradResult | None]:
     """Run every task; results in task order (None for tasks not run after a failure without keep_going,
     or after ``stop()`` turned true, e.g. on an interrupt)."""
+    try:
+        return _run_batch(tasks, options, workers, dask_address, keep_going, skip_existing, on_result, stop)
+    finally:
+        forget_weights()  # (kept while the batch read them for each file)
+
+
+def _run_batch(tasks, options, workers, dask_address, keep_going, skip_existing, on_result, stop):
     results: list[GradResult | None] = [None] * len(tasks)
 
     def finish(index: int, result: GradResult) -> None:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import stat
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -206,7 +208,7 @@ def open_problem(path, request: Request, *, lazy: bool = False, input_format: st
     scalars += (io.METADATA_KEY,)  # the forward op of an ``lstmgrad forward`` output
     resolved = ""
     if weights is not None and kind != "cell" and framework.framework in (None, "keras"):
-        weights_group, resolved = frameworks.weights_files.resolve_group(weights, weights_group)
+        weights_group, resolved = _weights_group(weights, weights_group)
     with io.open_inputs(path, wanted, scalars, group, lazy=TIME_MAJOR if lazy else (),
                         input_format=input_format) as loaded:
         notes, keys, supplied, extra = _supplement(loaded, weights, weights_group, wanted, scalars)
@@ -434,7 +436,7 @@ def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) 
         return [], list(loaded.keys), 0, None
     tensors = [n for n in wanted if n not in loaded.tensors]
     params = [n for n in scalars if n not in loaded.scalars and n != io.METADATA_KEY]
-    extra = io.read_inputs(weights, tensors, params, weights_group)
+    extra = _read_weights(weights, tensors, params, weights_group)
     found = (*frameworks.pytorch.parameter_names(extra.keys), *frameworks.names.keras_wrapped_names(extra.keys))
     layers = [n for n in found if n not in extra.tensors and n not in loaded.tensors]
     if layers:  # an nn.LSTM's other layers and directions, a Bidirectional's layers, now that the names say which
@@ -450,6 +452,62 @@ def _supplement(loaded: io.LoadedFile, weights, weights_group, wanted, scalars) 
     if in_both:
         notes.append(f"in both the input and {weights}: {', '.join(in_both)}; the input's are used")
     return notes, [*loaded.keys, *extra.keys], len(taken), extra
+
+
+# A batch reads the same tensors of the same --weights file for every input (2.4-4 ms a file from a small HDF5
+# weights file, more from a Keras model's): what was read is kept while the file is unchanged, until ``forget_weights``
+# (a batch's end; a Dask worker, which runs many batches' files, keeps at most two files of KEPT_WEIGHTS_BYTES).
+KEPT_WEIGHTS_BYTES = 256 * 2**20
+
+
+def _file_key(path) -> tuple | None:
+    """What tells a regular file's content apart within this process (device, inode, size, modification and change
+    times); None for anything else (a directory of .npy files, a file over KEPT_WEIGHTS_BYTES: read each time)."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(info.st_mode) or info.st_size > KEPT_WEIGHTS_BYTES:
+        return None
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
+def forget_weights() -> None:
+    """Drop what was kept of --weights files (when a batch ends: its arrays are not held after it)."""
+    _kept_weights.cache_clear()
+    _kept_group.cache_clear()
+
+
+def _read_weights(weights, tensors, params, group) -> io.LoadedFile:
+    """``io.read_inputs`` of the --weights file, read again only when the file changed: each call gets a LoadedFile
+    of its own, the arrays shared and read-only."""
+    key = _file_key(weights)
+    if key is None:
+        return io.read_inputs(weights, tensors, params, group)
+    kept = _kept_weights(str(weights), key, tuple(tensors), tuple(params), group)
+    return replace(kept, tensors=dict(kept.tensors), scalars=dict(kept.scalars), keys=list(kept.keys),
+                   errors=dict(kept.errors), info=dict(kept.info))
+
+
+@functools.lru_cache(maxsize=2)
+def _kept_weights(path: str, key: tuple, tensors: tuple, params: tuple, group) -> io.LoadedFile:
+    loaded = io.read_inputs(path, list(tensors), list(params), group)
+    for value in loaded.tensors.values():
+        value.flags.writeable = False
+    return loaded
+
+
+def _weights_group(weights, group) -> tuple[str | None, str]:
+    """``weights_files.resolve_group`` of the --weights file, found again only when the file changed."""
+    key = _file_key(weights)
+    if key is None:
+        return frameworks.weights_files.resolve_group(weights, group)
+    return _kept_group(str(weights), key, group)
+
+
+@functools.lru_cache(maxsize=8)
+def _kept_group(path: str, key: tuple, group) -> tuple[str | None, str]:
+    return frameworks.weights_files.resolve_group(path, group)
 
 
 def _problem_from(path: Path, loaded: io.LoadedFile, kind, layout, use_peephole, seq_len_max, forget_bias=None,
