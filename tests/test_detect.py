@@ -144,8 +144,11 @@ def test_zero_peephole_weights_cannot_tell_and_say_so(runner, tmp_path):
     assert "layout ifco, found from the activations" in text
 
 
-def test_a_streamed_hdf5_input_is_detected_too(runner, tmp_path):
+def test_a_streamed_hdf5_input_is_detected_too(runner, tmp_path, monkeypatch):
     """HDF5 sequences are read a chunk at a time: detection reads the sampled steps only."""
+    from lstmgrad_cli.io import hdf5
+
+    monkeypatch.setattr(hdf5, "worth_leaving", lambda shape, dtype: True)  # this small input streamed too
     src = write_h5(tmp_path / "v1.h5", without("seq_v1_clip", "use_peephole"))
     out = tmp_path / "g.h5"
     result = runner.invoke(main, ["seq", str(src), "-o", str(out), "--strict", "--json"])

@@ -17,6 +17,15 @@ from lstmgrad_cli.cli import main
 from lstmgrad_cli.operations.grad import GradOptions, run_grad_file
 
 
+@pytest.fixture(autouse=True)
+def small_datasets_stream(monkeypatch):
+    """These tests' HDF5 datasets are small, and streamed all the same: a small one is read whole otherwise
+    (``lazy.worth_leaving``; test_small_hdf5_datasets_are_read_whole_and_large_ones_left_in_the_file)."""
+    from lstmgrad_cli.io import hdf5
+
+    monkeypatch.setattr(hdf5, "worth_leaving", lambda shape, dtype: True)
+
+
 def long_problem(T=40, B=3, I=5, C=4, seed=0):  # noqa: E741
     return consistent_inputs(T, B, I, C, seed=seed)
 
@@ -443,6 +452,24 @@ def big_npz(path, T=64, B=32, I=8, C=256, seq_len_max=None, seed=5):  # noqa: E7
     tensors = consistent_inputs(T, B, I, C, seed=seed)
     scalars = {} if seq_len_max is None else {"seq_len_max": np.int64(seq_len_max)}
     return write_npz(path, {**tensors, **scalars}), tensors
+
+
+def test_small_hdf5_datasets_are_read_whole_and_large_ones_left_in_the_file(tmp_path, monkeypatch):
+    """What is asked for lazily stays in the file from 4 MiB, or a sixteenth of LSTMGRAD_MAX_TENSOR_BYTES where
+    that is less (as NPZ members do); a small one is read whole, as a batch's small files are (cheaper)."""
+    from lstmgrad_cli import io
+
+    monkeypatch.undo()  # the rule itself, not this module's fixture
+    tensors = long_problem(T=40, B=64, I=5, C=4)  # cs, i: 40 KiB each; x: 50 KiB
+    src = write_h5(tmp_path / "in.h5", tensors)
+    with io.open_inputs(src, list(tensors), lazy=("x", "i", "cs")) as loaded:
+        assert all(isinstance(loaded.tensors[k], np.ndarray) for k in tensors)
+    monkeypatch.setenv("LSTMGRAD_MAX_TENSOR_BYTES", "768K")  # from 48 KiB
+    with io.open_inputs(src, list(tensors), lazy=("x", "i", "cs")) as loaded:
+        assert isinstance(loaded.tensors["x"], io.LazyRows)
+        assert isinstance(loaded.tensors["i"], np.ndarray) and isinstance(loaded.tensors["cs"], np.ndarray)
+        assert isinstance(loaded.tensors["f"], np.ndarray)  # not asked for lazily
+        np.testing.assert_array_equal(loaded.tensors["x"][3:7], tensors["x"][3:7])
 
 
 def flip_byte(path, member: str, at: int) -> None:

@@ -2,8 +2,8 @@
 
 External links, dangling soft links, soft-link loops, virtual datasets and datasets whose raw data
 lives in external files are refused; a compression filter that is not available is named.  Tensors
-asked for lazily come back as ``LazyDataset``s, read later a slice of time steps at a time (what
-lets an input larger than memory be processed); HDF5 attributes of the group can hold the scalar
+asked for lazily come back as ``LazyDataset``s when large enough (``lazy.worth_leaving``), read later a slice of time
+steps at a time (what lets an input larger than memory be processed); HDF5 attributes of the group can hold the scalar
 parameters.  Every tensor asked for is declared from its dataspace, type, layout and filters, and the
 declarations are checked together (declared.py) before any data is read; a dataset over 1 MiB that was
 never written (whose values HDF5 would make up from the fill value) is refused.
@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import InputFileError
 from ._common import Budget, Format, LoadedFile, human, key_for, native, open_regular, reason, shape_text, worded
 from .declared import LARGE, Declared, checked, read_checked
-from .lazy import LazyRows
+from .lazy import LazyRows, worth_leaving
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 # HDF5 allows a user block before the superblock; the signature then sits at 512, 1024, 2048, ...
@@ -160,7 +160,8 @@ def read_open(fh, loaded: LoadedFile, names, scalars, group, h5py, lazy=frozense
                 if akey is not None:
                     return declare_attribute(owner, name, akey, path)
             return None
-        if key is None and "/" in name and walk(fh, node, name, path, h5py, name) is not None:
+        if (key is None and "/" in name and name.split("/", 1)[0] in keys  # (no HDF5 call for the many absent ones)
+                and walk(fh, node, name, path, h5py, name) is not None):
             key = name  # a path inside the group (a Keras weights file's cell/vars/0)
         if key is None:
             return None
@@ -191,9 +192,9 @@ def walk(fh, start, target: str, path: Path, h5py, what: str, depth: int = 0):
     for part in (p for p in target.split("/") if p and p != "."):
         if not isinstance(current, h5py.Group):
             return None
-        if part not in current:  # one link name: checks the link itself, following nothing
+        link = current.get(part, getlink=True)  # one link name: the link itself, following nothing
+        if link is None:  # (h5py asks whether the name is there first)
             return None
-        link = current.get(part, getlink=True)
         if isinstance(link, h5py.ExternalLink):
             raise InputFileError(f"{path}: {what} is an external link to {link.filename!r}:{link.path!r} "
                                  "(data outside this file); refused")
@@ -238,7 +239,7 @@ def declare_dataset(fh, node, name: str, key: str, path: Path, h5py, lazy: bool 
         budget = Budget(path)
         if chunk_bytes > budget.limit:
             budget.take(key, obj.chunks, dtype, what="chunks of ")
-    lazy = lazy and len(shape) >= 1 and dtype.isnative and dtype.kind == "f"
+    lazy = lazy and len(shape) >= 1 and dtype.isnative and dtype.kind == "f" and worth_leaving(shape, dtype)
     return Declared(name, key, tuple(shape), dtype, lambda: _read_dataset(obj, key, path, lazy), lazy=lazy)
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputFileError
-from ._common import READ_CHUNK, Budget, LoadedFile, key_for, max_tensor_bytes, native, reason
+from ._common import READ_CHUNK, Budget, LoadedFile, key_for, native, reason
 from .declared import Declared, checked, read_checked
-from .lazy import LazyRows, rows_of
+from .lazy import LazyRows, rows_of, worth_leaving
 
 NPY_MAGIC = b"\x93NUMPY"
 NPY_MAX_HEADER = 10000  # numpy's own limit for a .npy header it will parse
@@ -103,18 +103,11 @@ class NpyStream:
         return native(array)
 
 
-# A tensor asked for lazily is left in its file from this size (or from a sixteenth of the memory an input may take,
-# LSTMGRAD_MAX_TENSOR_BYTES, where that is less): a smaller one is read whole, as a batch's small files are, where
-# the reads a chunk at a time would cost more than they save.
-LAZY_LEAST_BYTES = 4 * 2**20
-
-
 def left_in_file(stream: NpyStream) -> bool:
     """Whether a stream asked for lazily may be left in its file (``LazyNpy``): C-ordered native floats with a time
-    axis, too large to have been read whole, at least ``LAZY_LEAST_BYTES``."""
-    nbytes = math.prod(stream.shape) * stream.dtype.itemsize
+    axis, too large to have been read whole, large enough to gain from it (``lazy.worth_leaving``)."""
     return (stream.blob is None and not stream.fortran_order and bool(stream.shape) and stream.dtype.kind == "f"
-            and stream.dtype.isnative and nbytes >= min(LAZY_LEAST_BYTES, max_tensor_bytes() // 16))
+            and stream.dtype.isnative and worth_leaving(stream.shape, stream.dtype))
 
 
 class LazyNpy(LazyRows):

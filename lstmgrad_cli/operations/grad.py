@@ -81,8 +81,9 @@ def run_grad_file(input_path: str | Path, output_path: str | Path | None, option
                   input_format: str | None = None) -> GradResult:
     """Compute one file's gradients and write them; raises LstmGradError on any problem, writing nothing.
 
-    An HDF5 input of the sequence op is read a chunk of time steps at a time (backwards), and with
-    an HDF5 output x_grad is written chunk by chunk too, so memory does not grow with T.  ``input_format``:
+    An HDF5 input of the sequence op is read a chunk of time steps at a time (backwards; its datasets of
+    ``lazy.LAZY_LEAST_BYTES`` or more), and with an HDF5 output x_grad is written chunk by chunk too, so memory does
+    not grow with T.  ``input_format``:
     what ``io.sniff_format`` said of the input, when the caller has asked it already (a batch's plan).
     """
     start = time.perf_counter()
