@@ -1,5 +1,6 @@
 """A batch of small files as users run it: `lstmgrad seq DIR --out-dir OUT -q`, serial and with --workers 2,
-side by side with the floor (one Python process: np.load + block_lstm_grad_v2 + np.savez per file).
+side by side with the floor (one Python process: np.load + block_lstm_grad_v2 + np.savez per file; with
+``--format hdf5``, HDF5 files in and out, the floor reading and writing them with h5py).
 
 Every contender is a fresh process (interpreter start and imports included, as a user's run pays them, from
 compiled bytecode as an installed copy has it: _installed.py), timed in alternating rounds (every other one in
@@ -52,12 +53,26 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("*.npz")):
     np.savez(out / (path.stem + ".grads.npz"), **g._asdict())
 """
 
+FLOOR_HDF5 = """
+import sys, pathlib, h5py
+from lstmgrad_cli import block_lstm_grad_v2
+out = pathlib.Path(sys.argv[2])
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.h5")):
+    with h5py.File(path, "r") as f:
+        t = {k: f[k][()] for k in f}
+    seq_len_max, peep = int(t.pop("seq_len_max")), bool(t.pop("use_peephole"))
+    g = block_lstm_grad_v2(seq_len_max, **t, use_peephole=peep)
+    with h5py.File(out / (path.stem + ".grads.h5"), "w") as f:
+        for k, v in g._asdict().items():
+            f[k] = v
+"""
+
 
 _RUNS = itertools.count()  # the runs timed so far, for the names of their spent output folders
 
 
-def write_inputs(folder: Path, shape, count: int) -> None:
-    """``count`` NPZ files of consistent BlockLSTMV2 activations (the forward op run on random weights)."""
+def write_inputs(folder: Path, shape, count: int, form: str = "npz") -> None:
+    """``count`` NPZ (or HDF5) files of consistent BlockLSTMV2 activations (the forward op run on random weights)."""
     T, B, I, C = shape  # noqa: E741
     rng = np.random.default_rng(0)
     folder.mkdir(parents=True)
@@ -69,9 +84,17 @@ def write_inputs(folder: Path, shape, count: int) -> None:
                        wci=np.zeros(C, np.float32), wcf=np.zeros(C, np.float32), wco=np.zeros(C, np.float32),
                        b=rng.standard_normal(4 * C, dtype=np.float32) * 0.5)
         forward = block_lstm_v2(T, x, **weights)
-        np.savez(folder / f"case{k:04d}.npz", x=x, **weights, **forward._asdict(), seq_len_max=np.int64(T),
-                 use_peephole=np.bool_(False), cs_grad=rng.standard_normal((T, B, C), dtype=np.float32),
-                 h_grad=rng.standard_normal((T, B, C), dtype=np.float32))
+        tensors = dict(x=x, **weights, **forward._asdict(), seq_len_max=np.int64(T), use_peephole=np.bool_(False),
+                       cs_grad=rng.standard_normal((T, B, C), dtype=np.float32),
+                       h_grad=rng.standard_normal((T, B, C), dtype=np.float32))
+        if form == "hdf5":
+            import h5py  # noqa: PLC0415
+
+            with h5py.File(folder / f"case{k:04d}.h5", "w") as fh:
+                for name, value in tensors.items():
+                    fh[name] = value
+        else:
+            np.savez(folder / f"case{k:04d}.npz", **tensors)
 
 
 def timed(commands: list[list[str]], env: dict, out: Path) -> tuple[float, float]:
@@ -135,30 +158,33 @@ def main() -> int:
     parser.add_argument("--shape", default="20,16,64,64", help="T,B,I,C of every file")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline", type=Path, help="another lstmgrad checkout, timed in the same rounds")
+    parser.add_argument("--format", choices=("npz", "hdf5"), default="npz", help="the files' format, in and out")
     args = parser.parse_args()
     shape = tuple(int(v) for v in args.shape.split(","))
     lstmgrad = str(Path(sys.executable).with_name("lstmgrad"))
     libraries = ["openblas"] + (["mkl"] if mkl_version() else [])
     compile_lstmgrad(*([args.baseline] if args.baseline else []))
     cpu = processor()
-    print(f"{args.files} files of T,B,I,C = {args.shape}, float32; median of {args.repeats} alternating rounds; "
-          f"{cpu['model']} ({cpu['vendor']}; {', '.join(cpu['flags'])}), {os.cpu_count()} cores\n")
+    print(f"{args.files} {args.format.upper()} files of T,B,I,C = {args.shape}, float32; median of {args.repeats} "
+          f"alternating rounds; {cpu['model']} ({cpu['vendor']}; {', '.join(cpu['flags'])}), {os.cpu_count()} cores\n")
     for library in libraries:
         print(f"- {library}: {_schedule(library, shape)}")
     print()
-    print("| BLAS | floor (np.load + grad + np.savez) | lstmgrad seq, serial | x floor | --workers 2 | x floor | "
+    floor_words = "h5py in, grad, h5py out" if args.format == "hdf5" else "np.load + grad + np.savez"
+    print(f"| BLAS | floor ({floor_words}) | lstmgrad seq, serial | x floor | --workers 2 | x floor | "
           "serial / workers 2 | two serial halves at once | serial / halves |")
     print("|---|---|---|---|---|---|---|---|---|")
     cpu_rows = []
     with tempfile.TemporaryDirectory() as tmp:
         inputs, out = Path(tmp) / "in", Path(tmp) / "out"
-        write_inputs(inputs, shape, args.files)
+        write_inputs(inputs, shape, args.files, args.format)
+        floor = FLOOR_HDF5 if args.format == "hdf5" else FLOOR
         files = sorted(str(f) for f in inputs.iterdir())
         for library in libraries:
             env = {**os.environ, "LSTMGRAD_BLAS": library}
             serial = [lstmgrad, "seq", str(inputs), "--out-dir", str(out), "-q"]
             commands = {
-                "floor": ([[sys.executable, "-c", FLOOR, str(inputs), str(out)]], env),
+                "floor": ([[sys.executable, "-c", floor, str(inputs), str(out)]], env),
                 "serial": ([serial], env),
                 "workers": ([[*serial, "--workers", "2"]], env),
                 # what two cores give this work with nothing shared: two commands, each on half of the files
