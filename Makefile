@@ -41,7 +41,8 @@ lint: $(STAMP)
 bench: $(STAMP)
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(PY) benchmarks/bench_backends.py $(BENCH_ARGS)
 
-# A batch of small files as users run it (serial, --workers 2) against the in-process floor, per BLAS library.
+# A batch of small files as users run it (serial, --workers 2) against the in-process floor, per BLAS library
+# (BENCH_ARGS="--format hdf5": HDF5 files in and out).
 bench-batch: $(STAMP)
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(PY) benchmarks/bench_batch.py $(BENCH_ARGS)
 
