@@ -25,7 +25,7 @@ from ._common import max_tensor_bytes
 # A tensor asked for lazily is left in its file from this size (or from a sixteenth of the memory an input may take,
 # LSTMGRAD_MAX_TENSOR_BYTES, where that is less): a smaller one is read whole, as a batch's small files are, where
 # the reads a chunk at a time would cost more than they save (100 HDF5 files of 20,16,64,64: 1.74 s left in the
-# file, 1.30 s read whole).
+# file, 1.25-1.32 s read whole).
 LAZY_LEAST_BYTES = 4 * 2**20
 
 
