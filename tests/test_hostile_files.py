@@ -454,6 +454,9 @@ CASES = [
     Case("h5-group-not-dataset", "HDF5: x is a group",
          lambda p: h5_with(p, replace_dataset("x", lambda n, k, f: n.create_group(k))),
          "x is a group, not a dataset", suffix=".h5"),
+    Case("h5-datatype-not-dataset", "HDF5: x is a named (committed) datatype",
+         lambda p: h5_with(p, replace_dataset("x", lambda n, k, f: n.__setitem__(k, np.dtype("<f4")))),
+         "x is a datatype, not a dataset", suffix=".h5"),
     Case("h5-unicode-long-keys", "HDF5: only unicode / 5000-character names", unicode_and_long_keys_h5,
          "missing tensors x, cs_prev", suffix=".h5"),
     # issue 34: declared before read
