@@ -146,17 +146,23 @@ def read_open(fh, loaded: LoadedFile, names, scalars, group, h5py, lazy=frozense
     loaded.keys = group_keys(node, path, f"group {group!r}" if group else "its root group")
     keys = set(loaded.keys)
     scalars = list(scalars)
+    listed = {}  # id(owner) -> its attribute names, listed once (each scalar asks)
+
+    def attributes_of(owner) -> list[str]:
+        if id(owner) not in listed:
+            listed[id(owner)] = attribute_names(owner, path)
+        return listed[id(owner)]
 
     def declare(name: str) -> Declared | None:
         key = key_for(name, keys, path)
         if name in scalars:
             if key is not None:
-                if key_for(name, attribute_names(node, path), path) is not None:
+                if key_for(name, attributes_of(node), path) is not None:
                     raise InputFileError(f"{path}: {name} is both a dataset and an attribute of "
                                          f"{'group ' + repr(group) if group else 'the root group'}; keep one")
                 return declare_dataset(fh, node, name, key, path, h5py)
             for owner in (node, fh) if group else (node,):
-                akey = key_for(name, attribute_names(owner, path), path)
+                akey = key_for(name, attributes_of(owner), path)
                 if akey is not None:
                     return declare_attribute(owner, name, akey, path)
             return None
