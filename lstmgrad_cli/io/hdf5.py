@@ -195,12 +195,10 @@ def walk(fh, start, target: str, path: Path, h5py, what: str, depth: int = 0):
     if depth > MAX_LINK_DEPTH:
         raise InputFileError(f"{path}: {what}: more than {MAX_LINK_DEPTH} soft links in a row (a loop?); refused")
     current = fh if target.startswith("/") else start
-    readonly = None
+    readonly = fh.mode == "r"  # (as h5py opens a file's datasets)
     for part in (p for p in target.split("/") if p and p != "."):
         if not isinstance(current, h5py.Group):
             return None
-        if readonly is None:
-            readonly = fh.mode == "r"
         hard = _hard_linked(current, part, h5py, readonly)
         if hard is not None:
             current = hard
