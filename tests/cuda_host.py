@@ -207,13 +207,15 @@ def _on_device(value, kind=DeviceArray):
 
 
 def fake_cupy(available: bool = True, free_bytes: int = 2**40, copies: list | None = None,
-              copied: list | None = None, host_operands: list | None = None, eager_copies: bool = False):
+              copied: list | None = None, host_operands: list | None = None, eager_copies: bool = False,
+              queued_current: bool = False):
     """numpy as the cupy module: only ``CUPY_COMMON``, each returning the stand-in device's arrays
     (``DeviceArray``); ``asarray`` copies a host array to "the device" (appending "in" to ``copies``, and
     ("in", dtype, shape) to ``copied``) and takes a device array as it is; ``asnumpy`` copies a device array back
     ("out") and returns a host array as it is; a device with ``free_bytes`` of free memory.  ``host_operands``: a
     list receiving the name of every ufunc given a host array beside a device one (cupy raises there).
-    ``eager_copies``: copy streams that run each copy as it is given (``Stream``)."""
+    ``eager_copies``: copy streams that run each copy as it is given (``Stream``); ``queued_current``: a current
+    stream whose copies wait until they are waited for (as copy streams' do)."""
     copied = [] if copied is None else copied
     kind = type("DeviceArray", (DeviceArray,), {"host_operands": host_operands, "copied": copied})
     fake = types.SimpleNamespace(**{name: _device_function(getattr(np, name), kind) for name in CUPY_COMMON})
@@ -239,9 +241,13 @@ def fake_cupy(available: bool = True, free_bytes: int = 2**40, copies: list | No
 
     fake.asarray, fake.asnumpy = to_device, to_host
     device = types.SimpleNamespace(mem_info=(free_bytes, 2 * free_bytes))
-    current = Stream()  # (the stand-in's kernels and ufuncs run at once: nothing is ever queued on it)
+    # the current stream: the stand-in's kernels and ufuncs run at once, so copies given it do too (in its order),
+    # unless ``queued_current``: they wait there until an event after them is waited for (a host buffer refilled
+    # before its copy ran shows in the copied data)
+    current = type("Stream", (Stream,), {"eager": not queued_current})()
     streams = type("Stream", (Stream,), {"eager": eager_copies})
-    fake.cuda = types.SimpleNamespace(Device=lambda: device, Stream=streams, get_current_stream=lambda: current)
+    fake.cuda = types.SimpleNamespace(Device=lambda: device, Stream=streams, get_current_stream=lambda: current,
+                                      alloc_pinned_memory=bytearray)  # (host memory standing in for pinned)
     fake.get_default_memory_pool = lambda: types.SimpleNamespace(free_bytes=lambda: 0)
     return fake
 
@@ -253,12 +259,13 @@ def _device_function(function, kind):
 
 
 def cupy_backend(calls: list | None = None, loop: str | None = "steps", blocks: int = 3, pinned: bool = False,
-                 **device):
+                 copy_setting: str | None = None, **device):
     """The cupy backend run on the host with its own kernels (``HostLauncher``), its time loop a chunk's steps
     one by one, the persistent loop kernel in ``blocks`` blocks, or as the backend chooses ("auto"; None: as
-    LSTMGRAD_CUPY_LOOP says); host arrays copied by ``asarray``/``asnumpy`` or, ``pinned``, through staging
-    buffers (host memory standing in for pinned memory); ``device``: ``fake_cupy``'s."""
+    LSTMGRAD_CUPY_LOOP says); host arrays copied by ``asarray``/``asnumpy``, or ``pinned`` through staging
+    buffers (host memory standing in for pinned memory), or as ``copy_setting`` says (``LSTMGRAD_CUPY_COPIES``'s
+    settings); ``device``: ``fake_cupy``'s."""
     from lstmgrad_cli.backends._cupy import CupyBackend
 
     return CupyBackend(cp=fake_cupy(**device), launcher=HostLauncher(calls, blocks), loop=loop,
-                       copies="pinned" if pinned else "pageable", pinned_empty=np.empty)
+                       copies=copy_setting or ("pinned" if pinned else "pageable"), pinned_empty=np.empty)

@@ -72,7 +72,8 @@ def cpu_backends():
         out += [("cupy-kernels-on-host", cuda_host.cupy_backend()),
                 ("cupy-persistent-loop-on-host", cuda_host.cupy_backend(loop="persistent")),
                 ("cupy-persistent-loop-one-block", cuda_host.cupy_backend(loop="persistent", blocks=1)),
-                ("cupy-pinned-copies-on-host", cuda_host.cupy_backend(pinned=True))]
+                ("cupy-pinned-copies-on-host", cuda_host.cupy_backend(pinned=True)),
+                ("cupy-packed-copies-on-host", cuda_host.cupy_backend(copy_setting="auto"))]
     return out
 
 
@@ -313,7 +314,7 @@ def test_backends_says_how_cupy_runs_its_loop_and_copies(runner, monkeypatch):
                                    "step at a time (LSTMGRAD_CUPY_LOOP=auto), host arrays copied through pinned "
                                    "staging buffers from 32 MB a call (the time-major ones in 8 chunks of steps "
                                    "where the GPU cannot hold them whole, each while the device computes the one "
-                                   "before), by cupy below "
+                                   "before), below that packed into one pinned buffer, one copy each way "
                                    "(LSTMGRAD_CUPY_COPIES=auto)")
     monkeypatch.setenv("LSTMGRAD_CUPY_LOOP", "steps")
     monkeypatch.setenv("LSTMGRAD_CUPY_COPIES", "pinned")
@@ -1203,6 +1204,55 @@ def test_pinned_copies_cross_in_slices_through_two_buffers_and_lose_no_byte():
         np.testing.assert_array_equal(h, a)
 
 
+def test_packed_copies_cross_in_one_copy_each_way_and_lose_no_byte():
+    """A call's small host arrays cross by one copy into one device buffer, each array a C-contiguous view of it;
+    the gradients back by one copy each into one pinned buffer, then out into arrays of their own."""
+    from lstmgrad_cli.backends._cupy_copies import PACK_ALIGN, PackedCopies
+
+    copied = []
+    cp = cuda_host.fake_cupy(copied=copied)
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal((7, 3)).astype(np.float32), rng.standard_normal((3, 5))[:, ::2],  # not contiguous
+              np.ones((0, 4), np.float16), np.array(7.0), None, rng.integers(0, 9, (1001,)).astype(np.int8),
+              rng.standard_normal(6).astype(">f4")]  # (big-endian: as cupy holds it, in this machine's order)
+    packed = PackedCopies(cp, np.empty)
+    on_device = packed.to_device(arrays)
+    assert on_device[4] is None
+    assert copied == [("in", np.uint8, (sum(-(-a.nbytes // PACK_ALIGN) * PACK_ALIGN for a in arrays
+                                            if a is not None),))]
+    for a, d in zip(arrays, on_device, strict=True):
+        if a is not None:
+            assert isinstance(d, cp.ndarray) and d.flags.c_contiguous and d.shape == a.shape and d.dtype.isnative
+            np.testing.assert_array_equal(np.asarray(d), a)
+    copied.clear()
+    back = packed.to_host([d for d in on_device if d is not None])
+    assert [n for way, kind, (n,) in copied if way == "out" and kind == np.uint8] == [
+        a.nbytes for a in arrays if a is not None and a.size]
+    for a, h in zip([a for a in arrays if a is not None], back, strict=True):
+        assert type(h) is np.ndarray and h.shape == a.shape and h.base is None
+        np.testing.assert_array_equal(h, a)
+
+
+def test_packed_copies_refill_their_pinned_buffer_only_once_its_copy_is_done():
+    """The current stream's copies run only when waited for (as a GPU may run them late): a second call's arrays
+    are put in the pinned buffer only after the first call's copy out of it ran, and the gradients are read out
+    of theirs only after their copies, queued behind the work that computed them, ran."""
+    from lstmgrad_cli.backends._cupy_copies import PackedCopies
+
+    cp = cuda_host.fake_cupy(queued_current=True)
+    packed = PackedCopies(cp, np.empty)
+    first = [np.arange(6, dtype=np.float32), np.full((2, 2), 3, np.int64)]
+    second = [np.arange(6, dtype=np.float32)[::-1] * 2, np.full((2, 2), 9, np.int64)]
+    on_device = packed.to_device(first) + packed.to_device(second)
+    cp.cuda.get_current_stream().synchronize()
+    for a, d in zip(first + second, on_device, strict=True):
+        np.testing.assert_array_equal(np.asarray(d), a)
+    device = cp.zeros(1000, np.float32)
+    cp.cuda.get_current_stream().pending.append(lambda: device.view(np.ndarray).fill(7))  # computed, not yet run
+    (host,) = packed.to_host([device])
+    np.testing.assert_array_equal(host, np.full(1000, 7, np.float32))
+
+
 def test_a_chunk_feed_copies_a_chunk_while_the_device_still_computes_the_one_before():
     """``ChunkFeed.take(j)`` copies chunk j into the buffers chunk j-2 used: after the device's work on chunk j-2
     (queued on the current stream before chunk j-1's), never after chunk j-1's, which its copies overlap; so on
@@ -1385,13 +1435,17 @@ def test_the_cupy_backends_copies_are_named_by_the_environment(monkeypatch):
 
 @needs_host_kernels
 def test_cupy_copies_a_calls_host_arrays_through_pinned_buffers_from_32_mb_by_default(monkeypatch):
-    """LSTMGRAD_CUPY_COPIES unset ("auto"): inputs of less than PINNED_LEAST_BYTES in all cross by cupy's own
-    copies (``asarray``), larger ones through the pinned staging buffers: all at once where the device holds the
-    pass whole, else the time-major ones a chunk of steps at a time; the gradients back by the same rule."""
+    """LSTMGRAD_CUPY_COPIES unset ("auto"): inputs of less than PINNED_LEAST_BYTES in all cross packed into one copy
+    (``PackedCopies``: one pinned buffer, no ``asarray``), larger ones through the pinned staging buffers: all at
+    once where the device holds the pass whole, else the time-major ones a chunk of steps at a time and the rest
+    packed; the gradients back by the same rule."""
     from lstmgrad_cli.backends._cupy import COPIES_ENV, PINNED_LEAST_BYTES, STREAM_CHUNKS, CupyBackend, device_bytes
-    from lstmgrad_cli.backends._cupy_copies import FED, fed_rows
+    from lstmgrad_cli.backends._cupy_copies import FED, PACK_ALIGN, fed_rows
     from lstmgrad_cli.backends._xp import chunk_bounds
     from lstmgrad_cli.spec import TIME_MAJOR
+
+    def packed(arrays):  # the bytes of one packed copy of these arrays
+        return sum(-(-a.nbytes // PACK_ALIGN) * PACK_ALIGN for a in arrays if a is not None)
 
     monkeypatch.delenv(COPIES_ENV, raising=False)
     kw = dict(use_peephole=False, layout="ifco", compute_dtype=np.dtype("float32"))
@@ -1403,27 +1457,36 @@ def test_cupy_copies_a_calls_host_arrays_through_pinned_buffers_from_32_mb_by_de
         cp = cuda_host.fake_cupy(copies=copies, copied=copied, free_bytes=whole if room else whole - 1)
         backend = CupyBackend(cp=cp, launcher=cuda_host.HostLauncher(), pinned_empty=np.empty)
         got = backend.block_lstm_grad(tensors, seq_len_max=T, **kw)
-        np.testing.assert_allclose(got.x_grad, NumpyBackend().block_lstm_grad(tensors, seq_len_max=T, **kw).x_grad,
-                                   rtol=1e-5, atol=1e-6)
-        staged = [c for c in copied if c[0] == "in" and c[1] == np.uint8]  # (a staging buffer's slices)
+        want = NumpyBackend().block_lstm_grad(tensors, seq_len_max=T, **kw)
+        np.testing.assert_allclose(got.x_grad, want.x_grad, rtol=1e-5, atol=1e-6)
+        staged = [c for c in copied if c[0] == "in" and c[1] == np.uint8]  # (a staging buffer's slices, packed ones)
+        packed_back = [c for c in copied if c[0] == "out" and c[1] == np.uint8]
+        assert copies.count("in") == 0 and copies.count("out") == 0  # (never cupy's own copies)
         if (T, B) == (4, 3):
             assert inputs < PINNED_LEAST_BYTES
-            assert copies.count("in") == sum(1 for a in tensors if a is not None) and not staged
-        elif room:  # every input at once through them; the gradients (under 32 MB) back by cupy's copies
+            assert staged == [("in", np.uint8, (packed(tensors),))]  # one copy in
+            assert sorted(n for _, _, (n,) in packed_back) == sorted(a.nbytes for a in got if a is not None)
+        elif room:  # every input at once through them; the gradients (under 32 MB) back packed
             assert T * B * I * 4 < PINNED_LEAST_BYTES <= inputs  # (x alone would not be, the call's inputs are)
-            assert sum(c[2][0] for c in staged) == inputs and copies.count("in") == 0
-            assert copies.count("out") == 8
-        else:  # the time-major tensors fed a chunk of steps at a time through them, the rest by cupy's copies
+            assert sum(c[2][0] for c in staged) == inputs
+            assert len(packed_back) == 8
+        else:  # the time-major tensors fed a chunk of steps at a time through them, the rest packed
             K = -(-T // STREAM_CHUNKS)
             fed = sum(np.subtract(*reversed(fed_rows(name, lo, hi))) * getattr(tensors, name)[0].nbytes
                       for lo, hi in chunk_bounds(T, K) for name in FED)
-            assert sum(c[2][0] for c in staged) == fed and max(c[2][0] for c in staged) <= (K + 1) * B * I * 4
-            assert copies.count("in") == sum(1 for name, a in tensors._asdict().items()
-                                             if a is not None and name not in TIME_MAJOR)
-            # x_grad's rows back a chunk at a time, as they are computed; the other gradients by cupy's copies
+            rest = packed(a for name, a in tensors._asdict().items() if name not in TIME_MAJOR)
+            assert ("in", np.uint8, (rest,)) in staged
+            assert sum(c[2][0] for c in staged) == fed + rest and max(c[2][0] for c in staged) <= (K + 1) * B * I * 4
+            # x_grad's rows back a chunk at a time, as they are computed; the other gradients packed
             back = [shape for way, _, shape in copied if way == "out" and len(shape) == 3]
             assert sum(n for n, *_ in back) == T and max(n for n, *_ in back) <= K
-            assert copies.count("out") == 7
+            assert len(packed_back) == 7
+        # the same gradients, bit for bit, as cupy's own copies give (fed: as the staging buffers alone give)
+        plain = CupyBackend(cp=cuda_host.fake_cupy(free_bytes=whole if room else whole - 1),
+                            launcher=cuda_host.HostLauncher(), copies="pageable" if room else "pinned",
+                            pinned_empty=np.empty).block_lstm_grad(tensors, seq_len_max=T, **kw)
+        for field, a, b in zip(plain._fields, plain, got, strict=True):
+            np.testing.assert_array_equal(b, a, err_msg=field)
 
 
 def test_the_device_memory_of_a_pass_counts_its_chunk_buffers_beyond_the_hosts_budget():
@@ -1526,10 +1589,10 @@ def test_a_gpu_out_of_memory_is_one_line_naming_what_to_do():
     cupy = pytest.importorskip("cupy")
     fake = cuda_host.fake_cupy()
 
-    def out_of_memory(a):
+    def out_of_memory(*args, **kwargs):
         raise cupy.cuda.memory.OutOfMemoryError(2**30, 2**29, 2**31)
 
-    fake.asarray = out_of_memory
+    fake.asarray = fake.empty = out_of_memory  # (the first device memory a pass asks for, whichever way it copies)
     from lstmgrad_cli.backends._cupy import CupyBackend
 
     inputs = _random_inputs(np.random.default_rng(3), 3, 2, 4, 5, np.float32)

@@ -25,12 +25,13 @@ from ..errors import BackendUnavailableError
 from ..spec import TIME_MAJOR
 from . import _cupy_kernels as kernels
 from . import gpu_array, on_gpu
-from ._cupy_copies import ChunkFeed, PinnedCopies
+from ._cupy_copies import ChunkFeed, PackedCopies, PinnedCopies
 from ._xp import CHUNK_BYTES, XpGradient, chunk_step_bytes, default_chunk_steps
 
 COPIES_ENV = "LSTMGRAD_CUPY_COPIES"
 COPIES = ("auto", "pageable", "pinned")  # how host arrays cross: cupy's own copies, _cupy_copies.PinnedCopies, or
-# ("auto", the default) the pinned buffers for a call's arrays of PINNED_LEAST_BYTES or more in all, cupy's below.
+# ("auto", the default) the pinned buffers for a call's arrays of PINNED_LEAST_BYTES or more in all, and below that
+# packed into one pinned buffer and one copy each way (_cupy_copies.PackedCopies).
 # Measured on an H100 (benchmarks/RESULTS.md, three runs): through the pinned buffers 2.0-2.3x faster at 0.5-1.4 GB
 # of inputs, 1.1-1.2x at 60-75 MB, and level or up to 10% slower at 7 MB (one staging buffer is 32 MB: below it
 # nothing overlaps).
@@ -70,8 +71,8 @@ def describe() -> str:
     fed = (f"the time-major ones in {STREAM_CHUNKS} chunks of steps where the GPU cannot hold them whole, each while "
            "the device computes the one before")
     how = {"pageable": "by cupy from pageable memory", "pinned": f"through pinned staging buffers ({fed})",
-           "auto": f"through pinned staging buffers from {PINNED_LEAST_BYTES // 2**20} MB a call ({fed}), by cupy "
-                   "below"}
+           "auto": f"through pinned staging buffers from {PINNED_LEAST_BYTES // 2**20} MB a call ({fed}), below "
+                   "that packed into one pinned buffer, one copy each way"}
     if loop not in loops or copies not in how:
         return f"cupy: {LOOP_ENV}={loop!r} or {COPIES_ENV}={copies!r} is not a setting it takes"
     return (f"cupy: a chunk's time loop {loops[loop]} ({LOOP_ENV}={loop}), host arrays copied {how[copies]} "
@@ -255,7 +256,7 @@ class CupyBackend:
         copies = copies or os.environ.get(COPIES_ENV) or "auto"
         if copies not in COPIES:
             raise BackendUnavailableError(f"{COPIES_ENV}={copies!r} is not one of {', '.join(COPIES)}")
-        self._copies, self._pinned_empty, self._pinned = copies, pinned_empty, None
+        self._copies, self._pinned_empty, self._pinned, self._packed = copies, pinned_empty, None, None
         self._free_seen = None  # (time.monotonic(), free bytes) of the driver's last answer
 
     def _free_for(self, need: int) -> int | None:
@@ -295,31 +296,52 @@ class CupyBackend:
         cp = self._cp
         hosts = [i for i, a in enumerate(arrays) if a is not None and not _lazy(cp, a) and i not in kept
                  and not isinstance(a, cp.ndarray) and not on_gpu(a)]
-        pinned = self._pinned_copies(sum(_nbytes(arrays[i]) for i in hosts))
-        staged = hosts if pinned is not None else []
+        copier = self._copier(sum(_nbytes(arrays[i]) for i in hosts))
+        staged = hosts if copier is not None else []
         out = [a if a is None or i in kept or _lazy(cp, a) or _contiguous_on(cp, a) else None if i in staged
                else cp.ascontiguousarray(cp.asarray(a)) for i, a in enumerate(arrays)]
         if staged:
-            for i, copied in zip(staged, pinned.to_device([arrays[i] for i in staged]), strict=True):
+            for i, copied in zip(staged, copier.to_device([arrays[i] for i in staged]), strict=True):
                 out[i] = copied
         return out
 
     def _to_host(self, arrays: list) -> list:
-        pinned = self._pinned_copies(sum(int(a.nbytes) for a in arrays))
-        if pinned is not None:
-            return pinned.to_host(arrays)
+        copier = self._copier(sum(int(a.nbytes) for a in arrays))
+        if copier is not None:
+            return copier.to_host(arrays)
         return [np.asarray(self._cp.asnumpy(a)) for a in arrays]
+
+    def _copier(self, nbytes: int) -> PinnedCopies | PackedCopies | None:
+        """How a call's host arrays of ``nbytes`` in all cross: through the staging buffers (``_pinned_copies``),
+        packed into one copy each way (``copies="auto"`` below ``PINNED_LEAST_BYTES``), or None: cupy's own copies,
+        an array at a time (``copies="pageable"``)."""
+        staged = self._pinned_copies(nbytes)
+        if staged is not None or self._copies != "auto":
+            return staged
+        if self._packed is None:
+            self._packed = PackedCopies(self._cp, self._pinned_empty_function())
+        return self._packed
 
     def _pinned_copies(self, nbytes: int) -> PinnedCopies | None:
         """The pinned buffers' copier for a call copying ``nbytes`` (made on first use), or None for cupy's own."""
         if self._copies == "pageable" or (self._copies == "auto" and nbytes < PINNED_LEAST_BYTES):
             return None
         if self._pinned is None:
-            pinned_empty = self._pinned_empty
-            if pinned_empty is None:
-                from cupyx import empty_pinned as pinned_empty  # noqa: PLC0415 - with cupy
-            self._pinned = PinnedCopies(self._cp, pinned_empty)
+            self._pinned = PinnedCopies(self._cp, self._pinned_empty_function())
         return self._pinned
+
+    def _pinned_empty_function(self):
+        """What makes a pinned host array: the one given, else an array over cupy's pinned memory (as cupyx's
+        ``empty_pinned`` makes it)."""
+        if self._pinned_empty is None:
+            alloc = self._cp.cuda.alloc_pinned_memory
+
+            def pinned_empty(shape, dtype):
+                dtype = np.dtype(dtype)
+                return np.ndarray(shape, dtype, buffer=alloc(max(math.prod(shape) * dtype.itemsize, 1)))
+
+            self._pinned_empty = pinned_empty
+        return self._pinned_empty
 
     def _fed(self, tensors, seq_len_max: int, compute_dtype, chunk_steps,
              return_dgates: bool) -> tuple[PinnedCopies, int] | None:
