@@ -14,7 +14,8 @@
    and on;
 6. what a user waits for, numpy against cupy with its kernel cache warm (median of 3): `lstmgrad seq` on one
    small TF file and on one PyTorch layer file (issue 38: cupy within 1 s of numpy), and a batch of 100 small
-   files (issue 39: no slower per file than numpy);
+   files (issue 39: no slower per file than numpy); and that batch in one process, the start-up left out
+   (benchmarks/gpu_probe.py batch: numpy, cupy with cupy's own copies and with the packed ones, alternating);
 7. where the time goes, as far as the budget allows: benchmarks/gpu_pass_parts.py (the device pass by its chunk
    size and the host path by its copies: at once, fed, by staging threads; beside cuDNN and the PCIe floor; a host
    array page-locked in place); benchmarks/gpu_loop_anatomy.py (the persistent loop's time per step, the grid
@@ -205,6 +206,8 @@ def main(argv: list[str]) -> int:
             rows.append(("start-up and batch", "TIMEOUT", "stopped: no time left in the budget", 0.0))
         except (subprocess.CalledProcessError, OSError) as err:
             rows.append(("start-up and batch", f"FAILED ({err})", "", 0.0))
+    rows.append(("batch in one process", *run("100 small files in one process: numpy, cupy's copies, packed copies",
+                                              [python, "benchmarks/gpu_probe.py", "batch"], 90)))
     # where the time goes, as the budget allows (the checks and the issue's table first)
     rows.append(("pass parts", *run("the device's chunks and the host path's copies, beside cuDNN",
                                     [python, "benchmarks/gpu_pass_parts.py", "--repeats", "3"], 120)))
