@@ -410,9 +410,9 @@ class CupyBackend:
         if isinstance(tensors.x, getattr(cp, "ndarray", ())):  # the caller's arrays are on the device: so are these
             return (outs, dgates) if return_dgates else outs
         back = [a for a in outs if a is not x_grad_out]  # (a lazy x_grad_out was filled as the pass went)
-        copied = iter(self._to_host(back))  # one copy out
+        copied = iter(self._to_host(back + ([dgates] if return_dgates else [])))  # one copy out
         outs = type(outs)(*(a if a is x_grad_out else next(copied) for a in outs))
-        return (outs, cp.asnumpy(dgates)) if return_dgates else outs
+        return (outs, next(copied)) if return_dgates else outs
 
 
 def _why_not(cp) -> str:
