@@ -10,7 +10,8 @@ in all (``LSTMGRAD_CUPY_COPIES=auto``, the default; ``pinned`` always, ``pageabl
 (`lstmgrad bench`'s ``cupy-pinned`` row against ``cupy``'s, benchmarks/RESULTS.md).  Where the device cannot hold
 such a call's time-major inputs whole, and for a file's, they are fed to the pass a chunk of steps at a time
 (``ChunkFeed``), each chunk's copies beside the device's work on the chunk before, and x_grad comes back the same
-way.
+way.  A call's host arrays under 32 MB in all cross packed instead (``PackedCopies``, with ``auto``): one pinned
+buffer and one DMA each way, where cupy's own copies cost ~30 µs an array.
 """
 
 from __future__ import annotations
