@@ -241,6 +241,9 @@ def lock() -> None:
 
 def main(argv: list[str]) -> int:
     parts = {"batch": batch, "graph": graph, "lock": lock}
+    if any(name not in parts for name in argv):
+        print(f"usage: gpu_probe.py [{'] ['.join(parts)}]", file=sys.stderr)
+        return 2
     for name in argv or list(parts):
         started = time.perf_counter()
         print(f"\n== {name}", flush=True)
