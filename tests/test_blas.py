@@ -1,8 +1,8 @@
-"""Which BLAS the CPU backends call (``cpu_blas``), and the whole pass on MKL.
+"""Which BLAS the CPU backends call (``cpu_blas``), and the whole pass on MKL and on oneDNN.
 
 The rest of the suite runs on numpy's OpenBLAS (conftest sets LSTMGRAD_BLAS=openblas).  The library
-is chosen once per process, and the numba kernels bind its address when they load, so the MKL
-runs here are real subprocesses with LSTMGRAD_BLAS=mkl.
+is chosen once per process, and the numba kernels bind its address when they load, so the MKL and
+oneDNN runs here are real subprocesses with LSTMGRAD_BLAS=mkl or onednn.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from lstmgrad_cli.backends import cpu_blas
 TESTS = Path(__file__).resolve().parent
 needs_mkl = pytest.mark.skipif(cpu_blas.mkl_version() is None,
                                reason="needs the mkl wheel: pip install 'lstmgrad[mkl]'")
+needs_onednn = pytest.mark.skipif(cpu_blas.onednn_version() is None,
+                                  reason="needs oneDNN's wheel: pip install 'lstmgrad[onednn]'")
+NEEDS = {"mkl": needs_mkl, "onednn": needs_onednn}
 
 
 @pytest.fixture
@@ -118,12 +121,14 @@ def test_a_serial_batch_of_small_files_sets_blas_threads_once(monkeypatch, tmp_p
 
 
 def prefer_mkl(cache: Path) -> None:
-    """A cached measurement saying MKL is the faster here (auto then takes it: tests/test_blas_choice.py)."""
+    """A cached measurement saying MKL is the fastest here (auto then takes it: tests/test_blas_choice.py)."""
     from lstmgrad_cli.backends import blas_calibration
 
-    key = blas_calibration.key(cpu_blas.mkl_version(), cpu_blas.usable_cores())
+    installed = cpu_blas.other_libraries()
+    key = blas_calibration.key(installed, cpu_blas.usable_cores())
+    seconds = {**dict.fromkeys(installed, 3.0), "mkl": 1.0, "openblas": 2.0}
     (cache / blas_calibration.CACHE_FILE).write_text(json.dumps({"schema": 1, "entries": {key: {
-        "library": "mkl", "seconds": {"mkl": 1.0, "openblas": 2.0}, "measured": "2026-01-01"}}}))
+        "library": "mkl", "seconds": seconds, "measured": "2026-01-01"}}}))
 
 
 @needs_mkl
@@ -136,19 +141,29 @@ def test_mkl_is_chosen_where_asked_for_or_faster(choose, value, tmp_path, monkey
     assert cpu_blas.version_note() == f" with MKL {cpu_blas.mkl_version()}"
 
 
-def test_mkl_asked_for_but_absent_warns_and_uses_openblas(choose, monkeypatch):
-    monkeypatch.setattr(cpu_blas, "mkl", lambda: None)
-    with pytest.warns(UserWarning, match=r"LSTMGRAD_BLAS=mkl, but MKL is not installed .*lstmgrad\[mkl\]"):
-        blas = choose("mkl")
+def _without_other_libraries(monkeypatch):
+    """As where neither MKL's wheel nor oneDNN's is installed."""
+    for name in ("mkl", "onednn", "mkl_version", "onednn_version"):
+        monkeypatch.setattr(cpu_blas, name, lambda: None)
+
+
+@pytest.mark.parametrize(("library", "label"), [("mkl", "MKL"), ("onednn", "oneDNN")])
+def test_a_library_asked_for_but_absent_warns_and_uses_openblas(choose, monkeypatch, library, label):
+    _without_other_libraries(monkeypatch)
+    with pytest.warns(UserWarning, match=rf"LSTMGRAD_BLAS={library}, but {label} is not installed .*"
+                                         rf"lstmgrad\[{library}\]"):
+        blas = choose(library)
     assert blas is cpu_blas.numpy_openblas()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # auto without MKL is quiet
+        warnings.simplefilter("error")  # auto without either is quiet
         assert choose("auto") is cpu_blas.numpy_openblas()
+    assert cpu_blas.why_chosen().startswith("neither MKL nor oneDNN is installed")
 
 
 def test_an_unknown_choice_warns_and_counts_as_auto(choose, monkeypatch):
-    monkeypatch.setattr(cpu_blas, "mkl", lambda: None)
-    with pytest.warns(UserWarning, match=r"LSTMGRAD_BLAS='atlas' is not one of auto, mkl, openblas; using auto"):
+    _without_other_libraries(monkeypatch)
+    with pytest.warns(UserWarning, match=r"LSTMGRAD_BLAS='atlas' is not one of auto, mkl, onednn, openblas; using "
+                                         r"auto"):
         assert choose("atlas") is cpu_blas.numpy_openblas()
 
 
@@ -236,7 +251,8 @@ print(json.dumps([name, cpu_blas.find().name]))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     name, chosen = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert name == chosen and chosen in ("OpenBLAS (numpy's)", f"MKL {cpu_blas.mkl_version()}")
+    assert name == chosen and (chosen in ("OpenBLAS (numpy's)", f"MKL {cpu_blas.mkl_version()}")
+                               or chosen.startswith("oneDNN ") and cpu_blas.onednn_version() is not None)
 
 
 # The CLI in a child whose address space is limited to what it uses already plus a margin (``ulimit -v`` as
@@ -358,7 +374,7 @@ def test_an_mkl_failure_during_a_pass_writes_nothing(tmp_path):
     assert len(proc.stderr.splitlines()) == 1 and not out.exists() and list(tmp_path.iterdir()) == []
 
 
-MKL_RUN = """
+LIBRARY_RUN = """
 import json, sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
@@ -369,7 +385,8 @@ from lstmgrad_cli.spec import SeqTensors
 from lstmgrad_cli.backends._numpy import NumpyBackend
 from lstmgrad_cli.operations.bench import make_inputs
 
-assert cpu_blas.find() is cpu_blas.mkl() and _numba_kernels._BLAS is cpu_blas.mkl(), cpu_blas.find()
+library = getattr(cpu_blas, sys.argv[4])()
+assert library is not None and cpu_blas.find() is library and _numba_kernels._BLAS is library, cpu_blas.find()
 numba = _numba.NumbaBackend(kernel_min_flops=0)
 from test_ops_golden import cell_args, seq_call
 
@@ -387,44 +404,57 @@ for name in sys.argv[3].split(","):
         for key, value in got._asdict().items():
             assert_close_scaled(value, expected[key], name=f"{name} {key}")
 
-# A problem big enough for the overlapped schedule: numba and numpy agree bit for bit on MKL, both schedules.
-T = 24
-t = SeqTensors(**make_inputs((T, 32, 96, 128), seed=5))
-kw = dict(seq_len_max=T - 3, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float32"))
-runs = {}
-for overlap in (True, False):
-    runs[f"numba-{overlap}"] = _numba.NumbaBackend(overlap=overlap, kernel_min_flops=0).block_lstm_grad(t, **kw)
-    runs[f"numpy-{overlap}"] = NumpyBackend(overlap=overlap).block_lstm_grad(t, **kw)
-first = runs.pop("numpy-False")
-same = all(np.array_equal(a, b) for run in runs.values() for a, b in zip(run, first))
+# Problems big enough for the overlapped schedule (its products on one thread each, where the sequential schedule's
+# have the library's threads): numba and numpy agree bit for bit, in both schedules and both compute dtypes.
+same = True
+for shape, dtype in [((24, 32, 96, 128), "float32"), ((40, 64, 256, 256), "float32"), ((24, 32, 96, 128), "float64")]:
+    T = shape[0]
+    t = SeqTensors(**make_inputs(shape, seed=5))
+    kw = dict(seq_len_max=T - 3, use_peephole=True, layout="ifco", compute_dtype=np.dtype(dtype))
+    runs = {}
+    for overlap in (True, False):
+        runs[f"numba-{overlap}"] = _numba.NumbaBackend(overlap=overlap, kernel_min_flops=0).block_lstm_grad(t, **kw)
+        runs[f"numpy-{overlap}"] = NumpyBackend(overlap=overlap).block_lstm_grad(t, **kw)
+    first = runs.pop("numpy-False")
+    same = same and all(np.array_equal(a, b) for run in runs.values() for a, b in zip(run, first))
 print(json.dumps({"same": same, "versions": [get_backend("numpy").version, numba.version]}))
 """
 
 
+def _library_name(library: str) -> str:
+    """What the outputs record of ``library``'s products ("MKL 2026.2.0", "oneDNN 3.2.0"), asked of a process."""
+    code = "from lstmgrad_cli.backends import cpu_blas; print(cpu_blas.describe())"
+    env = {**os.environ, cpu_blas.BLAS_ENV: library}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
+                          check=True).stdout.strip()
+
+
 @pytest.mark.slow
-@needs_mkl
-def test_the_whole_pass_on_mkl_matches_tensorflow_and_the_backends_agree_bit_for_bit():
-    env = {**os.environ, cpu_blas.BLAS_ENV: "mkl"}
-    proc = subprocess.run([sys.executable, "-c", MKL_RUN, str(TESTS), ",".join(SEQ_CASES), ",".join(CELL_CASES)],
-                          capture_output=True, text=True, env=env, timeout=600)
+@pytest.mark.parametrize("library", [pytest.param(name, marks=mark) for name, mark in NEEDS.items()])
+def test_the_whole_pass_on_each_library_matches_tensorflow_and_the_backends_agree_bit_for_bit(library):
+    env = {**os.environ, cpu_blas.BLAS_ENV: library}
+    proc = subprocess.run([sys.executable, "-c", LIBRARY_RUN, str(TESTS), ",".join(SEQ_CASES), ",".join(CELL_CASES),
+                           library], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert doc["same"], "numpy and numba, overlapped or not, differ on MKL"
-    assert all(v.endswith(f" with MKL {cpu_blas.mkl_version()}") for v in doc["versions"]), doc["versions"]
+    assert doc["same"], f"numpy and numba, overlapped or not, differ on {library}"
+    name = _library_name(library)
+    assert name.startswith(("MKL ", "oneDNN ")), name
+    assert all(v.endswith(f" with {name}") for v in doc["versions"]), doc["versions"]
 
 
 @pytest.mark.slow
-@needs_mkl
-def test_cli_on_mkl_records_it_in_the_output(tmp_path):
+@pytest.mark.parametrize("library", [pytest.param(name, marks=mark) for name, mark in NEEDS.items()])
+def test_cli_on_each_library_records_it_in_the_output(tmp_path, library):
     from lstmgrad_cli.io import read_metadata
 
     out = tmp_path / "grads.npz"
     lstmgrad = Path(sys.executable).with_name("lstmgrad")
-    env = {**os.environ, cpu_blas.BLAS_ENV: "mkl"}
+    env = {**os.environ, cpu_blas.BLAS_ENV: library}
     proc = subprocess.run([str(lstmgrad), "seq", str(FIXTURES / "seq_v2_peep.in.npz"), "-o", str(out),
                            "--backend", "numba"], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert read_metadata(out)["backend_version"].endswith(f" with MKL {cpu_blas.mkl_version()}")
+    assert read_metadata(out)["backend_version"].endswith(f" with {_library_name(library)}")
     with np.load(out) as got:
         for key, value in load_case("seq_v2_peep")[1].items():
             assert_close_scaled(got[key], value, name=key)
@@ -433,13 +463,13 @@ def test_cli_on_mkl_records_it_in_the_output(tmp_path):
 def test_cli_shows_an_unknown_choice_as_one_warning_line(runner, choose, tmp_path, monkeypatch):
     from lstmgrad_cli.cli import main
 
-    monkeypatch.setattr(cpu_blas, "mkl", lambda: None)
+    _without_other_libraries(monkeypatch)
     choose(None)  # the CLI reads LSTMGRAD_BLAS itself, below
     monkeypatch.setenv(cpu_blas.BLAS_ENV, "atlas")
     cpu_blas.find.cache_clear()
     result = runner.invoke(main, ["seq", str(FIXTURES / "seq_tiny.in.npz"), "-o", str(tmp_path / "g.npz"), "-q"])
     assert result.exit_code == 0, result.stderr
-    assert result.stderr == "Warning: LSTMGRAD_BLAS='atlas' is not one of auto, mkl, openblas; using auto\n"
+    assert result.stderr == "Warning: LSTMGRAD_BLAS='atlas' is not one of auto, mkl, onednn, openblas; using auto\n"
 
 
 @pytest.mark.parametrize("name", ["numpy", "click", "h5py", "mkl", "google-crc32c", "Google_CRC32C", "no-such-dist"])
@@ -471,3 +501,74 @@ def test_installed_version_reads_each_kind_of_metadata_importlib_does(tmp_path, 
     assert importlib.metadata.version("fake-mkl.pkg") == "1.2.3"
     assert cpu_blas.installed_version("fake-mkl.pkg") == "1.2.3"
     assert cpu_blas.installed_version("Fake_MKL-pkg") == "1.2.3"
+
+
+@needs_onednn
+def test_onednn_is_chosen_where_asked_for_and_named_by_its_own_version(choose):
+    blas = choose("onednn")
+    assert blas is cpu_blas.onednn() and blas.sgemm_call == "dnnl"
+    assert blas.name.startswith("oneDNN 3.") and cpu_blas.version_note() == f" with {blas.name}"
+    assert cpu_blas.library() == "onednn" and cpu_blas.why_chosen() == "LSTMGRAD_BLAS=onednn"
+    assert blas.dgemm == cpu_blas.numpy_openblas().dgemm  # oneDNN has no float64 product
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_onednn_products_are_right_for_every_operand_layout(choose, dtype):
+    """dnnl_sgemm takes its operands as they lie (row-major, 'N' or 'T'), written in place or added into; float64
+    goes to numpy's OpenBLAS, to the bit."""
+    choose("onednn")
+    rng = np.random.default_rng(7)
+    for M, K, N in [(3, 4, 5), (64, 1024, 256), (1, 7, 2), (130, 33, 65)]:
+        a, b = rng.normal(size=(M, K)).astype(dtype), rng.normal(size=(K, N)).astype(dtype)
+        expected = a.astype(np.float64) @ b.astype(np.float64)
+        for left in (a, np.asfortranarray(a)):
+            for right in (b, np.asfortranarray(b)):
+                out = np.full((M, N), np.nan, dtype)
+                assert cpu_blas.matmul_into(left, right, out, accumulate=False)
+                np.testing.assert_allclose(out, expected, rtol=1e-4 if dtype == np.float32 else 1e-12, atol=1e-4)
+                if dtype == np.float64:
+                    on_openblas = np.empty_like(out)
+                    cpu_blas.gemm_on(cpu_blas.numpy_openblas(), left, right, on_openblas)
+                    np.testing.assert_array_equal(out, on_openblas)
+                assert cpu_blas.matmul_into(left, right, out, accumulate=True)
+                np.testing.assert_allclose(out, 2 * expected, rtol=1e-4 if dtype == np.float32 else 1e-12, atol=1e-3)
+
+
+@needs_onednn
+def test_onednns_thread_count_holds_on_every_thread_that_calls_it(choose):
+    """GNU OpenMP keeps the count per thread: the count set on one thread is what a product on another runs on."""
+    import ctypes
+    import threading
+
+    blas = choose("onednn")
+    openmp = ctypes.CDLL("libgomp.so.1")
+    before = blas.get_threads()
+    seen = []
+
+    def product_on_a_new_thread():
+        out = np.empty((2, 2), np.float32)
+        cpu_blas.gemm_on(blas, np.eye(2, dtype=np.float32), np.eye(2, dtype=np.float32), out)
+        seen.append(openmp.omp_get_max_threads())
+
+    try:
+        for count in (1, 2, 1):
+            blas.set_threads(count)
+            thread = threading.Thread(target=product_on_a_new_thread)
+            thread.start()
+            thread.join()
+        with cpu_blas.single_threaded():
+            assert blas.get_threads() == 1
+    finally:
+        blas.set_threads(before)
+    assert seen == [1, 2, 1] and blas.get_threads() == before
+
+
+@needs_onednn
+def test_a_product_onednn_refuses_raises_rather_than_leaving_its_output(choose):
+    blas = choose("onednn")
+    out = np.zeros((2, 2), np.float32)
+    a = np.ones((2, 3), np.float32)
+    gemm = cpu_blas._product(blas, np.float32)  # a leading dimension shorter than a row: oneDNN refuses it
+    with pytest.raises(cpu_blas.BlasError, match=r"oneDNN .* refused a product of 2x3 by 3x2 \(status 2: invalid"):
+        gemm(101, 111, 111, 2, 2, 3, 1.0, a.ctypes.data, 1, a.ctypes.data, 2, 0.0, out.ctypes.data, 2)

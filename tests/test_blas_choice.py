@@ -1,6 +1,7 @@
-"""Which BLAS ``LSTMGRAD_BLAS=auto`` takes when both libraries are installed: the one a backward pass is faster on,
-measured once on this processor and cached (backends/blas_calibration.py).  Each case is a real process (the
-choice is made once per process); what it chose and why is asked of it, and of its cache file."""
+"""Which BLAS ``LSTMGRAD_BLAS=auto`` takes when MKL or oneDNN is installed beside numpy's OpenBLAS: the one a
+backward pass is fastest on, measured once on this processor and cached (backends/blas_calibration.py).  Each case
+is a real process (the choice is made once per process); what it chose and why is asked of it, and of its cache
+file."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ import pytest
 
 from lstmgrad_cli.backends import blas_calibration, cpu_blas
 
-needs_both = pytest.mark.skipif(cpu_blas.mkl_version() is None or cpu_blas.numpy_openblas() is None,
-                                reason="needs the mkl wheel beside numpy's OpenBLAS")
+needs_both = pytest.mark.skipif(not cpu_blas.other_libraries() or cpu_blas.numpy_openblas() is None,
+                                reason="needs the mkl wheel or oneDNN's beside numpy's OpenBLAS")
 
 ASK = """
 import json, os
 from lstmgrad_cli.backends import cpu_blas
 chosen = cpu_blas.describe()
-print(json.dumps({"chosen": chosen, "why": cpu_blas.why_chosen(), "mkl_loaded": cpu_blas.mkl.cache_info().currsize > 0,
+print(json.dumps({"chosen": chosen, "why": cpu_blas.why_chosen(),
+                  "loaded": [name for name in ("mkl", "onednn") if getattr(cpu_blas, name).cache_info().currsize],
                   "cores": cpu_blas.usable_cores()}))
 """
 
@@ -45,10 +47,12 @@ def test_auto_measures_once_then_keeps_the_choice(tmp_path):
     first = _ask(tmp_path)
     ((key, entry),) = _entries(tmp_path).items()
     seconds = entry["seconds"]
-    assert set(seconds) == {"mkl", "openblas"} and all(s > 0 for s in seconds.values())
-    faster = "mkl" if seconds["mkl"] * blas_calibration.MKL_MARGIN < seconds["openblas"] else "openblas"
+    assert set(seconds) == {*cpu_blas.other_libraries(), "openblas"} and all(s > 0 for s in seconds.values())
+    faster = min(seconds, key=seconds.get)
+    if faster != "openblas" and seconds[faster] * blas_calibration.MARGIN >= seconds["openblas"]:
+        faster = "openblas"  # not faster by the margin
     assert entry["library"] == faster
-    assert first["chosen"] == (f"MKL {cpu_blas.mkl_version()}" if faster == "mkl" else "OpenBLAS (numpy's)")
+    assert first["chosen"].startswith({"mkl": "MKL ", "onednn": "oneDNN ", "openblas": "OpenBLAS (numpy's)"}[faster])
     assert "(measured now, " in first["why"] and str(tmp_path / blas_calibration.CACHE_FILE) in first["why"]
     again = _ask(tmp_path)
     assert again["chosen"] == first["chosen"] and "(cached, " in again["why"]
@@ -57,16 +61,19 @@ def test_auto_measures_once_then_keeps_the_choice(tmp_path):
 
 
 @needs_both
-@pytest.mark.parametrize("library", ["openblas", "mkl"])
-def test_a_cached_choice_is_taken_and_a_cached_openblas_never_loads_mkl(tmp_path, library):
-    key = blas_calibration.key(cpu_blas.mkl_version(), cpu_blas.usable_cores())
-    other = {"openblas": "mkl", "mkl": "openblas"}[library]
+@pytest.mark.parametrize("library", ["openblas", "mkl", "onednn"])
+def test_a_cached_choice_is_taken_and_loads_no_other_library(tmp_path, library):
+    installed = cpu_blas.other_libraries()
+    if library != "openblas" and library not in installed:
+        pytest.skip(f"{library} is not installed here")
+    key = blas_calibration.key(installed, cpu_blas.usable_cores())
+    seconds = {**dict.fromkeys([*installed, "openblas"], 3.0), library: 1.0}
     (tmp_path / blas_calibration.CACHE_FILE).write_text(json.dumps({"schema": 1, "entries": {key: {
-        "library": library, "seconds": {library: 1.0, other: 3.0}, "measured": "2026-01-02"}}}))
+        "library": library, "seconds": seconds, "measured": "2026-01-02"}}}))
     said = _ask(tmp_path)
-    assert said["chosen"] == ("OpenBLAS (numpy's)" if library == "openblas" else f"MKL {cpu_blas.mkl_version()}")
+    assert said["chosen"].startswith({"mkl": "MKL ", "onednn": "oneDNN ", "openblas": "OpenBLAS (numpy's)"}[library])
     assert said["why"].startswith("3.00x faster than ") and "(cached, 2026-01-02;" in said["why"]
-    assert said["mkl_loaded"] == (library == "mkl")
+    assert said["loaded"] == ([] if library == "openblas" else [library])
 
 
 @needs_both
@@ -87,10 +94,11 @@ def test_an_unreadable_cache_is_measured_again_and_rewritten(tmp_path):
     assert "(measured now, " in said["why"] and len(_entries(tmp_path)) == 1
 
 
-@pytest.mark.parametrize("blas, why", [("openblas", "LSTMGRAD_BLAS=openblas"), ("mkl", "LSTMGRAD_BLAS=mkl")])
+@pytest.mark.parametrize("blas, why", [("openblas", "LSTMGRAD_BLAS=openblas"), ("mkl", "LSTMGRAD_BLAS=mkl"),
+                                       ("onednn", "LSTMGRAD_BLAS=onednn")])
 def test_lstmgrad_blas_still_chooses_without_measuring(tmp_path, blas, why):
-    if blas == "mkl" and cpu_blas.mkl_version() is None:
-        pytest.skip("needs the mkl wheel")
+    if blas != "openblas" and blas not in cpu_blas.other_libraries():
+        pytest.skip(f"needs {blas}'s wheel")
     said = _ask(tmp_path, blas=blas)
     assert said["why"] == why and not (tmp_path / blas_calibration.CACHE_FILE).exists()
 

@@ -109,10 +109,15 @@ class NumbaGradient(XpGradient):
         # Overlapped, the products have the other core: numba's threads would only contend for it.
         k = _kernels()
         kernel = k.parallel_chunk if self._parallel(B, C) and not one_core else k.serial_chunk
-        kernel(dtype.type(1), dtype == np.float64, acts["i"], acts["f"], acts["o"], acts["ci"], acts["co"],
-               acts["h_grad"], acts["cs_grad"], cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t,
-               offsets["i"] * C, offsets["f"] * C, offsets["c"] * C, offsets["o"] * C,
-               use_peephole, *peep, *acc)
+        dnnl = k.DNNL and dtype == np.float32
+        if dnnl:
+            _BLAS.prepare()  # this thread's oneDNN thread count
+        status = kernel(dtype.type(1), dtype == np.float64, dnnl, acts["i"], acts["f"], acts["o"], acts["ci"],
+                        acts["co"], acts["h_grad"], acts["cs_grad"], cs_ext, first, cs_prev, carried_h, carried_cs,
+                        new_cs, gates, w_h_t, offsets["i"] * C, offsets["f"] * C, offsets["c"] * C, offsets["o"] * C,
+                        use_peephole, *peep, *acc)
+        if status:
+            raise cpu_blas.BlasError(f"{_BLAS.name} refused a product of the time loop (status {status})")
         if gates.shape[0] % 2:  # the kernel swapped the two cell-gradient buffers once per step
             return new_cs, carried_cs
         return carried_cs, new_cs

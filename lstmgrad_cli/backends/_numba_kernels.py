@@ -9,7 +9,10 @@ fast-math, so no contraction into fused multiply-adds).  Kernels are compiled on
 
 from __future__ import annotations
 
+import ctypes
+
 import llvmlite.binding as llvm
+import numpy as np
 from numba import njit, prange, types
 
 from . import cpu_blas
@@ -83,21 +86,32 @@ def _gemm_type(real):
     return types.void(i32, i32, i32, i64, i64, i64, real, types.intp, i64, types.intp, i64, real, types.intp, i64)
 
 
+# dnnl_sgemm(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc): row-major, 'N' or 'T'; a status back
+_DNNL_TYPE = types.int32(types.int8, types.int8, types.int64, types.int64, types.int64, types.float32, types.intp,
+                         types.int64, types.intp, types.int64, types.float32, types.intp, types.int64)
+_NO_DNNL = ctypes.CFUNCTYPE(ctypes.c_int32, *[ctypes.c_int64] * 13)(lambda *args: -1)  # a refusal (status -1)
+
 # Bound by name: cached kernels link against these symbols, registered in every process below.
 _sgemm = types.ExternalFunction("lstmgrad_cblas_sgemm", _gemm_type(types.float32))
 _dgemm = types.ExternalFunction("lstmgrad_cblas_dgemm", _gemm_type(types.float64))
+_dnnl_sgemm = types.ExternalFunction("lstmgrad_dnnl_sgemm", _DNNL_TYPE)
 _BLAS = cpu_blas.find()
+DNNL = _BLAS is not None and _BLAS.sgemm_call == "dnnl"  # float32 products through dnnl_sgemm (the kernels' flag)
 if _BLAS is not None:
-    llvm.add_symbol("lstmgrad_cblas_sgemm", _BLAS.sgemm)
+    # oneDNN's float32 products take the dnnl branch; the other branch's symbol is then numpy's OpenBLAS's (and
+    # with any other library the dnnl symbol a refusal): both symbols exist, only the flag's is called.
+    llvm.add_symbol("lstmgrad_cblas_sgemm", cpu_blas.numpy_openblas().sgemm if DNNL else _BLAS.sgemm)
+    llvm.add_symbol("lstmgrad_dnnl_sgemm", _BLAS.sgemm if DNNL else ctypes.cast(_NO_DNNL, ctypes.c_void_p).value)
     llvm.add_symbol("lstmgrad_cblas_dgemm", _BLAS.dgemm)
 
 _step_inline = njit(inline="always")(_step)
 
 
-def _chunk(one, double, i, f, o, ci, co, h_grad, cs_grad, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs,
-           gates, w_h_t, off_i, off_f, off_c, off_o, use_peephole, wci, wcf, wco, acc_i, acc_f,
+def _chunk(one, double, dnnl, i, f, o, ci, co, h_grad, cs_grad, cs_ext, first, cs_prev, carried_h, carried_cs,
+           new_cs, gates, w_h_t, off_i, off_f, off_c, off_o, use_peephole, wci, wcf, wco, acc_i, acc_f,
            acc_o):  # pragma: no cover
-    # A chunk's time loop, last step first: the fused step, then carried_h = gates[k] @ w_h_t in BLAS.
+    # A chunk's time loop, last step first: the fused step, then carried_h = gates[k] @ w_h_t in BLAS.  Returns 0,
+    # or the status of a float32 product oneDNN refused (``dnnl``: products through dnnl_sgemm), at once.
     n, B, C = i.shape
     G = gates.shape[2]
     for k in range(n - 1, -1, -1):
@@ -109,8 +123,13 @@ def _chunk(one, double, i, f, o, ci, co, h_grad, cs_grad, cs_ext, first, cs_prev
         a, b, c = gates[k].ctypes.data, w_h_t.ctypes.data, carried_h.ctypes.data
         if double:
             _dgemm(101, 111, 111, B, C, G, 1.0, a, G, b, C, 0.0, c, C)  # row major, no transposes
+        elif dnnl:
+            status = _dnnl_sgemm(78, 78, B, C, G, np.float32(1.0), a, G, b, C, np.float32(0.0), c, C)  # 78: "N"
+            if status != 0:
+                return status
         else:
             _sgemm(101, 111, 111, B, C, G, 1.0, a, G, b, C, 0.0, c, C)
+    return 0
 
 
 serial_chunk = njit(cache=True, nogil=True)(_chunk)

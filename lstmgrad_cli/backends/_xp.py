@@ -284,8 +284,10 @@ class XpGradient:
             return a if a.dtype == cdt else a.astype(cdt)
 
         w = cast(t.w)
-        w_x_t = w[:I].T                                    # [4C, I]: BLAS reads the transpose in place
-        w_h_t = contiguous_transpose(xp, w[I:])            # [4C, C]: the per-step product, kept compact
+        # [4C, I] and [4C, C], compact: oneDNN's threads split a product by a transposed operand as they like, so its
+        # bits would depend on the thread count (OpenBLAS's do not: the same bits either way)
+        w_x_t = contiguous_transpose(xp, w[:I])
+        w_h_t = contiguous_transpose(xp, w[I:])            # (the per-step product)
         peep = tuple(cast(p) for p in (t.wci, t.wcf, t.wco)) if use_peephole else None
         acc = tuple(xp.zeros((B, C), dtype=cdt) for _ in range(3)) if use_peephole else None
         cs_prev, h_prev = cast(t.cs_prev), cast(t.h_prev)

@@ -1,15 +1,18 @@
-"""Which BLAS runs a backward pass's products faster on this processor: measured once, then cached.
+"""Which BLAS runs a backward pass's products fastest on this processor: measured once, then cached.
 
-MKL is not faster everywhere: on the AMD EPYC (AVX-512) machine of issue 42 it took twice numpy's OpenBLAS's
-time on the larger passes, while on an Intel AVX2 machine it was 1.1-1.55x faster.  So when both libraries are
-installed and ``LSTMGRAD_BLAS`` is ``auto``, ``decide`` times both on a backward pass (``measure``: its per-step
-products on the time loop's thread, its chunk products beside it, as a pass runs them), alternating them so a
-busy machine slows both alike, and takes MKL only when it is at least ``MKL_MARGIN`` faster: numpy's OpenBLAS
-is loaded anyway, MKL costs ~40 ms and ~1 GB of libraries to load.
+No library is faster everywhere: on the AMD EPYC (AVX-512) machine of issue 42 MKL took twice numpy's OpenBLAS's
+time on the larger passes, while on an Intel AVX2 machine it was 1.1-1.55x faster; on that AMD machine oneDNN's
+``dnnl_sgemm`` ran the products 8-17% faster than OpenBLAS on one thread.  So when MKL or oneDNN is installed
+beside numpy's OpenBLAS and ``LSTMGRAD_BLAS`` is ``auto``, ``decide`` times each on a backward pass
+(``measure``: its per-step products on the time loop's thread, its chunk products beside it, as a pass runs
+them), alternating them so a busy machine slows all alike, and takes the fastest, another library than numpy's
+OpenBLAS only when it is at least ``MARGIN`` faster: numpy's OpenBLAS is loaded anyway, MKL costs ~40 ms and
+~1 GB of libraries to load, oneDNN ~10 ms.
 
 The choice is cached in ``cache_dir()/blas-choice.json`` under the processor (model, vendor, the vector
-extensions BLAS kernels dispatch on), both libraries' versions and this process's cores: any change measures
-again.  The measurement takes about 0.5 s, once per machine (``lstmgrad backends --check`` does it ahead).
+extensions BLAS kernels dispatch on), every installed library's version and this process's cores: any change
+measures again.  The measurement takes about 0.5 s a library, once per machine (``lstmgrad backends --check``
+does it ahead).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 CACHE_ENV = "LSTMGRAD_CACHE_DIR"
 CACHE_FILE = "blas-choice.json"
 SCHEMA = 1
-MKL_MARGIN = 1.05  # MKL must take less than 1 / MKL_MARGIN of OpenBLAS's time
+MARGIN = 1.05  # another library must take less than 1 / MARGIN of numpy's OpenBLAS's time
 MOST_ENTRIES = 32  # machines (and library versions) one cache file remembers
 
 # The pass timed on each library: a middle size (1.8 GFLOP), its products overlapped with the time loop (as large
@@ -38,7 +41,7 @@ FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
 
 @dataclass(frozen=True)
 class Choice:
-    """What ``decide`` chose: ``library`` "mkl" or "openblas", and why, in words."""
+    """What ``decide`` chose: ``library`` "mkl", "onednn" or "openblas", and why, in words."""
 
     library: str
     why: str
@@ -78,9 +81,10 @@ def processor() -> dict:
     return info
 
 
-def key(mkl_version: str, cores: int) -> str:
-    """What a cached choice holds for: the processor, both libraries' versions, the cores."""
-    return json.dumps({"processor": processor(), "mkl": mkl_version, "numpy": np.__version__,
+def key(installed: dict, cores: int) -> str:
+    """What a cached choice holds for: the processor, the versions of numpy's OpenBLAS and of the other libraries
+    ``installed`` (name: version; "mkl", "onednn"), the cores."""
+    return json.dumps({"processor": processor(), **installed, "numpy": np.__version__,
                        "openblas": _openblas_version(), "cores": cores}, sort_keys=True)
 
 
@@ -101,7 +105,10 @@ def cached(entry_key: str, file: str = CACHE_FILE) -> dict | None:
         return None
     if not isinstance(entry, dict):
         return None
-    if file != CACHE_FILE or (entry.get("library") in ("mkl", "openblas") and isinstance(entry.get("seconds"), dict)):
+    seconds = entry.get("seconds")
+    if file != CACHE_FILE or (isinstance(seconds, dict) and entry.get("library") in LABELS
+                              and {entry["library"], "openblas"} <= seconds.keys()
+                              and all(isinstance(v, (int, float)) and v > 0 for v in seconds.values())):
         return entry
     return None
 
@@ -154,22 +161,37 @@ def measure(libraries: dict, using, rounds: int = 3) -> dict[str, float]:
     return best
 
 
+LABELS = {"openblas": "numpy's OpenBLAS", "mkl": "MKL", "onednn": "oneDNN"}
+
+
+def fastest(seconds: dict) -> str:
+    """The library of ``seconds`` (by name, "openblas" among them) a pass is fastest on, another than numpy's
+    OpenBLAS only when it is at least ``MARGIN`` faster than it."""
+    best = min((name for name in seconds if name != "openblas"), key=seconds.get, default="openblas")
+    return best if seconds[best] * MARGIN < seconds["openblas"] else "openblas"
+
+
 def decide(entry_key: str, measure_now, known: dict | None = None) -> Choice:
-    """MKL or numpy's OpenBLAS for ``entry_key``: ``known`` (what ``cached`` gave), else ``measure_now()`` (seconds
-    by library name), cached."""
+    """The library for ``entry_key``: ``known`` (what ``cached`` gave), else the ``fastest`` of ``measure_now()``
+    (seconds by library name), cached."""
     entry = known
     origin = "cached"
     if entry is None:
         seconds = measure_now()
-        library = "mkl" if seconds["mkl"] * MKL_MARGIN < seconds["openblas"] else "openblas"
-        entry = {"library": library, "seconds": seconds, "measured": time.strftime("%Y-%m-%d")}
+        entry = {"library": fastest(seconds), "seconds": seconds, "measured": time.strftime("%Y-%m-%d")}
         store(entry_key, entry)
         origin = "measured now"
-    seconds = entry["seconds"]
-    ratio = seconds["openblas"] / seconds["mkl"] if entry["library"] == "mkl" else seconds["mkl"] / seconds["openblas"]
-    other = "numpy's OpenBLAS" if entry["library"] == "mkl" else "MKL"
-    why = (f"{ratio:.2f}x faster than {other} on this processor for a backward pass ({origin}, "
-           f"{entry.get('measured', 'undated')}; {cache_dir() / CACHE_FILE})" if ratio >= 1 else
-           f"MKL is no more than {MKL_MARGIN:.2f}x faster here ({ratio:.2f}x), and numpy's OpenBLAS costs nothing "
-           f"to load ({origin}, {entry.get('measured', 'undated')}; {cache_dir() / CACHE_FILE})")
-    return Choice(entry["library"], why)
+    seconds, library = entry["seconds"], entry["library"]
+    when = f"{origin}, {entry.get('measured', 'undated')}; {cache_dir() / CACHE_FILE}"
+    others = sorted((name for name in seconds if name != library), key=seconds.get)
+    if library != "openblas":
+        runner_up = others[0]
+        why = (f"{seconds[runner_up] / seconds[library]:.2f}x faster than {LABELS.get(runner_up, runner_up)} on this "
+               f"processor for a backward pass ({when})")
+    else:
+        best = others[0]  # (a cached entry has another library: ``cached``)
+        ratio = seconds["openblas"] / seconds[best]
+        why = (f"{LABELS.get(best, best)} is no more than {MARGIN:.2f}x faster here ({ratio:.2f}x), and numpy's "
+               f"OpenBLAS costs nothing to load ({when})" if ratio >= 1 else
+               f"{1 / ratio:.2f}x faster than {LABELS.get(best, best)} on this processor for a backward pass ({when})")
+    return Choice(library, why)

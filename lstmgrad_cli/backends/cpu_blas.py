@@ -1,21 +1,23 @@
-"""The BLAS the CPU backends call through ctypes: numpy's OpenBLAS, or MKL where it is faster here.
+"""The BLAS the CPU backends call through ctypes: numpy's OpenBLAS, or MKL or oneDNN where one is faster here.
 
 The numba backend calls the recurrent product from compiled code through this library, and the host
 backends run BLAS single-threaded on two threads of their own while the chunk products overlap the
 time loop (``XpGradient._run_overlapped``).  Which library (``find()``), once per process:
 
-* ``LSTMGRAD_BLAS=auto`` (the default): where the ``mkl`` wheel is installed (``pip install
-  'lstmgrad[mkl]'``) beside numpy's OpenBLAS, the one a backward pass is faster on, measured once on this
-  processor and cached (``blas_calibration``: MKL was 1.1-1.55x faster on an Intel AVX2 machine, twice as
-  slow on an AMD EPYC with AVX-512); else the one there is.  ``why_chosen()`` says which and why.
+* ``LSTMGRAD_BLAS=auto`` (the default): where the ``mkl`` wheel (``pip install 'lstmgrad[mkl]'``) or oneDNN's
+  (``onednn-cpu-gomp``: ``pip install 'lstmgrad[onednn]'``) is installed beside numpy's OpenBLAS, the one a
+  backward pass is fastest on, measured once on this processor and cached (``blas_calibration``: MKL was
+  1.1-1.55x faster on an Intel AVX2 machine, twice as slow on an AMD EPYC with AVX-512, where oneDNN was
+  1.07x faster); else the one there is.  ``why_chosen()`` says which and why.
 * ``LSTMGRAD_BLAS=openblas``: numpy's OpenBLAS, the library ``np.matmul`` uses.
-* ``LSTMGRAD_BLAS=mkl``: MKL, with a warning and numpy's OpenBLAS when it is not installed.
+* ``LSTMGRAD_BLAS=mkl`` or ``onednn``: that library, with a warning and numpy's OpenBLAS when it is not installed.
 
-Both are reached through their 64-bit-integer CBLAS (``cblas_?gemm64_``, ``cblas_?gemm_64``).  Where
-neither is found (another BLAS, an unknown wheel layout), ``find()`` gives None: products are
-``np.matmul``, the numba loop stays in Python, ``single_threaded`` and ``stop_spinning_workers`` do
-nothing, and ``matmul_into`` declines.  Every product of a backward pass goes through the same
-library, so the numpy and numba backends agree bit for bit with either.
+OpenBLAS and MKL are reached through their 64-bit-integer CBLAS (``cblas_?gemm64_``, ``cblas_?gemm_64``),
+oneDNN through ``dnnl_sgemm`` (row-major, its own argument order: ``Blas.sgemm_call``); oneDNN has no float64
+product, so float64 passes run on numpy's OpenBLAS with it.  Where no library is found (another BLAS, an
+unknown wheel layout), ``find()`` gives None: products are ``np.matmul``, the numba loop stays in Python,
+``single_threaded`` and ``stop_spinning_workers`` do nothing, and ``matmul_into`` declines.  Every product of
+a backward pass goes through the same library, so the numpy and numba backends agree bit for bit with each.
 """
 
 from __future__ import annotations
@@ -34,16 +36,19 @@ from typing import NamedTuple
 import numpy as np
 
 BLAS_ENV = "LSTMGRAD_BLAS"
-CHOICES = ("auto", "mkl", "openblas")
+CHOICES = ("auto", "mkl", "onednn", "openblas")
+ONEDNN_WHEEL = "onednn-cpu-gomp"  # oneDNN built on GNU OpenMP (the one oneDNN wheel that needs no other runtime)
 
 
 class Blas(NamedTuple):
-    name: str  # "MKL 2026.2.0", "OpenBLAS (numpy's)"
-    sgemm: int  # address of cblas_sgemm (64-bit integer interface)
-    dgemm: int
-    get_threads: object  # ctypes functions: the library's thread count, global to the process
+    name: str  # "MKL 2026.2.0", "OpenBLAS (numpy's)", "oneDNN 3.2.0"
+    sgemm: int  # address of cblas_sgemm (64-bit integer interface), or of dnnl_sgemm (``sgemm_call``)
+    dgemm: int  # address of cblas_dgemm
+    get_threads: object  # the library's thread count, for the whole process
     set_threads: object
     stop_pool: object  # ends the library's worker threads (started again on demand), or None
+    sgemm_call: str = "cblas"  # how ``sgemm`` is called: "cblas", or "dnnl" (oneDNN's dnnl_sgemm)
+    prepare: object = None  # called on a thread before its products there (oneDNN: that thread's count), or None
 
 
 @functools.cache
@@ -181,6 +186,84 @@ def mkl() -> Blas | None:
         if failure is None:
             return blas
         _mkl_failure.append(failure)
+    return None
+
+
+class _OpenMPThreads:
+    """oneDNN's thread count, kept for the whole process as OpenBLAS and MKL keep theirs.
+
+    GNU OpenMP keeps it per thread: a thread that has not set it runs its products on every core.  So the count
+    set here is applied to each thread before its products (``apply``, the ``Blas.prepare`` of oneDNN): the
+    overlapped schedule's second thread, and each thread of a Dask worker, then run on the count set."""
+
+    def __init__(self, runtime):
+        self._get, self._set = runtime.omp_get_max_threads, runtime.omp_set_num_threads
+        self._get.restype, self._get.argtypes = ctypes.c_int, []
+        self._set.restype, self._set.argtypes = None, [ctypes.c_int]
+        self.count = self._get()
+
+    def get(self) -> int:
+        return self.count
+
+    def set(self, count: int) -> None:
+        self.count = count
+        self._set(count)
+
+    def apply(self) -> None:
+        if self._get() != self.count:
+            self._set(self.count)
+
+
+class _DnnlVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_int), ("minor", ctypes.c_int), ("patch", ctypes.c_int)]
+
+
+_onednn_failure: list[str] = []  # why oneDNN did not load, for the warning
+
+
+def onednn_version() -> str | None:
+    """The installed oneDNN wheel's version (package metadata only, nothing loaded), or None."""
+    return installed_version(ONEDNN_WHEEL)
+
+
+@functools.cache
+def onednn() -> Blas | None:
+    """oneDNN's library (``libdnnl``) from the ``onednn-cpu-gomp`` wheel, or None when absent or unloadable (why,
+    in ``_onednn_failure``).  Its float32 products are ``dnnl_sgemm``; its float64 ones numpy's OpenBLAS's."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        dist = distribution(ONEDNN_WHEEL)
+    except PackageNotFoundError:
+        return None
+    own = numpy_openblas()
+    if own is None:
+        _onednn_failure.append("numpy's OpenBLAS, which its float64 products need, is not reachable")
+        return None
+    paths = sorted(str(f.locate()) for f in dist.files or () if f.name.startswith("libdnnl.so"))
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+            runtime = ctypes.CDLL("libgomp.so.1")  # loaded already, as libdnnl needs it
+            sgemm, version = lib.dnnl_sgemm, lib.dnnl_version
+        except (OSError, AttributeError) as err:
+            _onednn_failure.append(" ".join(str(err).split()))
+            continue
+        version.restype = ctypes.POINTER(_DnnlVersion)
+        number = version().contents
+        threads = _OpenMPThreads(runtime)
+        blas = Blas(f"oneDNN {number.major}.{number.minor}.{number.patch}", ctypes.cast(sgemm, ctypes.c_void_p).value,
+                    own.dgemm, threads.get, threads.set, None, "dnnl", threads.apply)
+        a = np.arange(1.0, 5.0, dtype=np.float32).reshape(2, 2)
+        out = np.zeros((2, 2), np.float32)
+        try:
+            gemm_on(blas, a, a, out)
+        except BlasError as err:
+            _onednn_failure.append(str(err))
+            continue
+        if np.array_equal(out, a @ a):
+            return blas
+        _onednn_failure.append("it failed a first product")
     return None
 
 
@@ -349,6 +432,19 @@ def current() -> Blas | None:
 _why: list[str] = []  # why find() chose its library, in words (why_chosen)
 
 
+# The libraries LSTMGRAD_BLAS may name besides numpy's OpenBLAS: (its wheel's version, how to load it, why not, the
+# extra that installs it).
+_OTHERS = {"mkl": (lambda: mkl_version(), lambda: mkl(), _mkl_failure, "MKL", "mkl"),
+           "onednn": (lambda: onednn_version(), lambda: onednn(), _onednn_failure, "oneDNN", "onednn")}
+
+
+def other_libraries() -> dict[str, str]:
+    """The libraries besides numpy's OpenBLAS installed here (wheel metadata only, nothing loaded), by name
+    ("mkl", "onednn"): their versions."""
+    versions = {name: other[0]() for name, other in _OTHERS.items()}
+    return {name: version for name, version in versions.items() if version is not None}
+
+
 def _choose() -> Blas | None:
     wanted = choice()
     own = numpy_openblas()
@@ -356,35 +452,57 @@ def _choose() -> Blas | None:
     if wanted == "openblas":
         _why.append(f"{BLAS_ENV}=openblas")
         return own
-    if wanted == "auto" and own is not None and mkl_version() is not None:
-        from . import blas_calibration  # noqa: PLC0415 - only with both libraries installed
-
-        entry_key = blas_calibration.key(mkl_version(), usable_cores())
-        known = blas_calibration.cached(entry_key)
-        if known is not None and known["library"] == "openblas":  # MKL not even loaded
-            _why.append(blas_calibration.decide(entry_key, None, known).why)
-            return own
-        found = mkl()
-        if found is not None:  # (a choice is measured and cached only where both libraries load)
-            decided = blas_calibration.decide(entry_key, lambda: blas_calibration.measure(
-                {"mkl": found, "openblas": own}, using), known)
-            _why.append(decided.why)
-            return found if decided.library == "mkl" else own
-    else:
-        found = mkl()
+    if wanted in _OTHERS:
+        found = _OTHERS[wanted][1]()
         if found is not None:
-            _why.append(f"{BLAS_ENV}=mkl" if wanted == "mkl" else "numpy's OpenBLAS is not reachable here")
+            _why.append(f"{BLAS_ENV}={wanted}")
             return found
-    if _mkl_failure:
-        warnings.warn(f"MKL does not load here ({_mkl_failure[-1]}); using numpy's OpenBLAS", stacklevel=3)
-        _why.append(f"MKL does not load here ({_mkl_failure[-1]})")
-    elif wanted == "mkl":
-        warnings.warn(f"{BLAS_ENV}=mkl, but MKL is not installed or does not load "
-                      "(pip install 'lstmgrad[mkl]'); using numpy's OpenBLAS", stacklevel=3)
-        _why.append(f"{BLAS_ENV}=mkl, but MKL is not installed")
-    else:
-        _why.append("MKL is not installed (pip install 'lstmgrad[mkl]' adds it)")
+        _, _, failure, label, extra = _OTHERS[wanted]
+        if failure:
+            warnings.warn(f"{label} does not load here ({failure[-1]}); using numpy's OpenBLAS", stacklevel=3)
+            _why.append(f"{label} does not load here ({failure[-1]})")
+        else:
+            warnings.warn(f"{BLAS_ENV}={wanted}, but {label} is not installed or does not load "
+                          f"(pip install 'lstmgrad[{extra}]'); using numpy's OpenBLAS", stacklevel=3)
+            _why.append(f"{BLAS_ENV}={wanted}, but {label} is not installed")
+        return own
+    installed = other_libraries()
+    if own is None:  # nothing to measure against: the first other library that loads
+        found = next((blas for blas in (_OTHERS[name][1]() for name in installed) if blas is not None), None)
+        _why.append("numpy's OpenBLAS is not reachable here")
+        return found
+    if installed:
+        return _measured_choice(own, installed)
+    _why.append("neither MKL nor oneDNN is installed (pip install 'lstmgrad[mkl]' or 'lstmgrad[onednn]' adds one)")
     return own
+
+
+def _measured_choice(own: Blas, installed: dict) -> Blas:
+    """``auto`` with other libraries installed: the one a backward pass is fastest on here (``blas_calibration``:
+    measured once, cached; a library a cached choice does not take is never loaded)."""
+    from . import blas_calibration  # noqa: PLC0415 - only with another library installed
+
+    entry_key = blas_calibration.key(installed, usable_cores())
+    known = blas_calibration.cached(entry_key)
+    if known is not None and known["library"] == "openblas":
+        _why.append(blas_calibration.decide(entry_key, None, known).why)
+        return own
+    # Loaded one at a time, the cached choice only where there is one: a library that does not load (an
+    # address-space limit, say) leaves the others unloaded, nothing measured or cached, and numpy's OpenBLAS.
+    loaded = {}
+    for name in [known["library"]] if known is not None else installed:
+        blas = _OTHERS[name][1]()
+        if blas is None:
+            _, _, failure, label, _ = _OTHERS[name]
+            reason = failure[-1] if failure else "it failed a first product"
+            warnings.warn(f"{label} does not load here ({reason}); using numpy's OpenBLAS", stacklevel=4)
+            _why.append(f"{label} does not load here ({reason})")
+            return own
+        loaded[name] = blas
+    decided = blas_calibration.decide(entry_key, lambda: blas_calibration.measure({**loaded, "openblas": own}, using),
+                                      known)
+    _why.append(decided.why)
+    return own if decided.library == "openblas" else loaded[decided.library]
 
 
 def why_chosen() -> str:
@@ -404,13 +522,24 @@ def on_mkl() -> bool:
     return describe().startswith("MKL")
 
 
+def library() -> str:
+    """The ``LSTMGRAD_BLAS`` value naming the library ``find()`` gives ("mkl", "onednn" or "openblas"): for a process
+    that must compute on the same one."""
+    name = describe()
+    return "mkl" if name.startswith("MKL") else "onednn" if name.startswith("oneDNN") else "openblas"
+
+
 def version_note() -> str:
-    """``" with MKL <version>"`` when the host products go through MKL, else ``""``: for backend versions,
-    which the outputs record (the last bits of a result depend on the BLAS)."""
-    return f" with {describe()}" if on_mkl() else ""
+    """``" with MKL <version>"`` (or oneDNN's) when the host products go through MKL or oneDNN, else ``""``: for
+    backend versions, which the outputs record (the last bits of a result depend on the BLAS)."""
+    return f" with {describe()}" if library() != "openblas" else ""
 
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+
+
+class BlasError(RuntimeError):
+    """A product the library refused (oneDNN's status: out of memory, say); its output is not to be used."""
 
 
 @functools.cache
@@ -420,6 +549,35 @@ def _gemm(address: int, dtype):
     i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
     proto = ctypes.CFUNCTYPE(None, i32, i32, i32, i64, i64, i64, real, ptr, i64, ptr, i64, real, ptr, i64)
     return proto(address)
+
+
+_DNNL_SGEMM = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char, ctypes.c_char, *[ctypes.c_int64] * 3, ctypes.c_float,
+                               ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float,
+                               ctypes.c_void_p, ctypes.c_int64)
+
+
+def _product(blas: Blas, dtype):
+    """``blas``'s gemm for ``dtype``, called as ``cblas_?gemm`` is (row-major order first) whichever way the library
+    takes it; oneDNN's refusals raise ``BlasError``."""
+    if dtype != np.float32 or blas.sgemm_call == "cblas":
+        return _gemm(blas.sgemm if dtype == np.float32 else blas.dgemm, dtype)
+    return _dnnl_product(blas.sgemm, blas.prepare, blas.name)
+
+
+@functools.cache
+def _dnnl_product(address: int, prepare, name: str):
+    """``dnnl_sgemm`` at ``address`` as ``_product`` gives it: this thread's count set first (``prepare``)."""
+    sgemm = _DNNL_SGEMM(address)
+
+    def dnnl(order, trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc):  # noqa: ARG001 - row-major
+        prepare()
+        status = sgemm(b"T" if trans_a == _TRANS else b"N", b"T" if trans_b == _TRANS else b"N", M, N, K, alpha, a, lda,
+                       b, ldb, beta, c, ldc)
+        if status:
+            raise BlasError(f"{name} refused a product of {M}x{K} by {K}x{N} (status {status}: "
+                            f"{'out of memory' if status == 1 else 'invalid arguments'})")
+
+    return dnnl
 
 
 def _operand(a):
@@ -435,7 +593,7 @@ def gemm_on(blas: Blas, a, b, out) -> None:
     """``out = a @ b`` (float32 or float64, 2-D, operands C- or F-contiguous, ``out`` C-contiguous) on ``blas``."""
     (M, K), N = a.shape, b.shape[1]
     layout_a, layout_b = _operand(a), _operand(b)
-    gemm = _gemm(blas.sgemm if out.dtype == np.float32 else blas.dgemm, out.dtype.type)
+    gemm = _product(blas, out.dtype.type)
     gemm(_ROW_MAJOR, layout_a[0], layout_b[0], M, N, K, 1.0, a.ctypes.data, layout_a[1], b.ctypes.data, layout_b[1],
          0.0, out.ctypes.data, max(N, 1))
 
@@ -461,7 +619,7 @@ def matmul_into(a, b, out, accumulate: bool) -> bool:
     (M, K), N = a.shape, b.shape[1]
     if min(M, N, K) == 0:  # BLAS returns at once; numpy's rules for empty products apply
         return False
-    gemm = _gemm(blas.sgemm if dtype == np.float32 else blas.dgemm, dtype.type)
+    gemm = _product(blas, dtype.type)
     gemm(_ROW_MAJOR, layout_a[0], layout_b[0], M, N, K, 1.0, a.ctypes.data, layout_a[1],
          b.ctypes.data, layout_b[1], 1.0 if accumulate else 0.0, out.ctypes.data, max(N, 1))
     return True

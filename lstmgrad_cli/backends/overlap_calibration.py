@@ -148,7 +148,7 @@ def measure(rungs=RUNGS, rounds: int = ROUNDS) -> dict[int, dict[str, float]]:
 def measure_fresh(rungs=RUNGS, rounds: int = ROUNDS, python: str = sys.executable) -> dict[int, dict[str, float]]:
     """``measure`` in a new interpreter (``python``, with this one's import path and environment, told to put the
     products on the library this process chose); in this process when that one fails."""
-    env = {**os.environ, cpu_blas.BLAS_ENV: "mkl" if cpu_blas.on_mkl() else "openblas"}
+    env = {**os.environ, cpu_blas.BLAS_ENV: cpu_blas.library()}
     code = ("import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
             "from lstmgrad_cli.backends import overlap_calibration as o; "
             "print(json.dumps(o.measure(tuple(json.loads(sys.argv[2])), int(sys.argv[3]))))")

@@ -26,9 +26,10 @@ def backends_command(as_json: bool, check: bool, arch: str | None) -> None:
     Nothing is imported to find out: numba and cupy are looked up, not loaded (whether a CUDA
     device is usable is asked of a child process, once a boot: then cached).  Choose one with
     --backend NAME or LSTMGRAD_BACKEND; `auto` means cupy with a usable GPU, else numba, else numpy.  The numpy and
-    numba backends do their matrix products on numpy's OpenBLAS, or on MKL where the mkl wheel is
-    installed (pip install 'lstmgrad[mkl]') and a backward pass on it is faster on this processor
-    (timed once, then cached); LSTMGRAD_BLAS=openblas|mkl|auto chooses.  On a GPU,
+    numba backends do their matrix products on numpy's OpenBLAS, or on MKL or oneDNN where its wheel
+    is installed (pip install 'lstmgrad[mkl]' or 'lstmgrad[onednn]') and a backward pass on it is
+    faster on this processor (timed once, then cached); LSTMGRAD_BLAS=openblas|mkl|onednn|auto
+    chooses.  On a GPU,
     LSTMGRAD_CUPY_LOOP=auto|steps|persistent chooses how cupy runs the time loop and
     LSTMGRAD_CUPY_COPIES=auto|pageable|pinned how it copies host arrays.
     """

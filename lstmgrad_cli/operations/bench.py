@@ -467,7 +467,7 @@ class _ChildRounds:
         self._tmp = tempfile.TemporaryDirectory(prefix="lstmgrad-bench-")
         path = os.path.join(self._tmp.name, "inputs.npz")
         np.savez(path, **inputs)
-        env = {**os.environ, cpu_blas.BLAS_ENV: "mkl" if cpu_blas.on_mkl() else "openblas"}
+        env = {**os.environ, cpu_blas.BLAS_ENV: cpu_blas.library()}
         # run as a script, without its folder first on sys.path (python FILE puts it there), where this package's
         # modules would shadow the standard library's (inspect.py)
         cmd = [python, "-c", CHILD_LAUNCH, os.path.abspath(__file__), "--child", path,
