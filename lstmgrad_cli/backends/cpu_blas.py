@@ -7,8 +7,8 @@ time loop (``XpGradient._run_overlapped``).  Which library (``find()``), once pe
 * ``LSTMGRAD_BLAS=auto`` (the default): where the ``mkl`` wheel (``pip install 'lstmgrad[mkl]'``) or oneDNN's
   (``onednn-cpu-gomp``: ``pip install 'lstmgrad[onednn]'``) is installed beside numpy's OpenBLAS, the one a
   backward pass is fastest on, measured once on this processor and cached (``blas_calibration``: MKL was
-  1.1-1.55x faster on an Intel AVX2 machine, twice as slow on an AMD EPYC with AVX-512, where oneDNN was
-  1.07x faster); else the one there is.  ``why_chosen()`` says which and why.
+  1.1-1.55x faster on an Intel AVX2 machine, twice as slow on an AMD EPYC with AVX-512, where oneDNN ran the
+  larger passes 6-9% faster); else the one there is.  ``why_chosen()`` says which and why.
 * ``LSTMGRAD_BLAS=openblas``: numpy's OpenBLAS, the library ``np.matmul`` uses.
 * ``LSTMGRAD_BLAS=mkl`` or ``onednn``: that library, with a warning and numpy's OpenBLAS when it is not installed.
 
@@ -432,8 +432,8 @@ def current() -> Blas | None:
 _why: list[str] = []  # why find() chose its library, in words (why_chosen)
 
 
-# The libraries LSTMGRAD_BLAS may name besides numpy's OpenBLAS: (its wheel's version, how to load it, why not, the
-# extra that installs it).
+# The libraries LSTMGRAD_BLAS may name besides numpy's OpenBLAS: (its wheel's version, the library loaded, why it did
+# not load, its name in words, the extra that installs it).
 _OTHERS = {"mkl": (lambda: mkl_version(), lambda: mkl(), _mkl_failure, "MKL", "mkl"),
            "onednn": (lambda: onednn_version(), lambda: onednn(), _onednn_failure, "oneDNN", "onednn")}
 
