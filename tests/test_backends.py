@@ -596,6 +596,17 @@ def test_matmul_into_writes_or_adds_a_product_in_one_blas_call(dtype, library, m
         c_order = np.empty((m, k), dtype)
         assert cpu_blas.matmul_into(np.ascontiguousarray(xh.T), g, c_order, accumulate=False)
         same_product(c_order, np.ascontiguousarray(xh.T), g)
+        # blocks of columns, of the operands (one transposed) and of out, as the w/b product's chains pass them
+        wide = np.full((m, k + 6), np.nan, dtype)
+        right = g[:, k // 2:]
+        block = wide[1:, 2:2 + right.shape[1]]
+        for left in (xh[:, 1:].T, np.ascontiguousarray(xh[:, 1:].T)):
+            block[...] = np.nan
+            assert cpu_blas.matmul_into(left, right, block, accumulate=False)
+            same_product(block, left, right)
+        untouched = np.ones(wide.shape, bool)
+        untouched[1:, 2:2 + right.shape[1]] = False
+        assert np.isnan(wide[untouched]).all()
 
 
 def test_matmul_into_declines_what_blas_cannot_take_as_it_is(monkeypatch):
@@ -607,7 +618,9 @@ def test_matmul_into_declines_what_blas_cannot_take_as_it_is(monkeypatch):
         (a.astype(np.float16), b.astype(np.float16), out.astype(np.float16)),  # no half-precision GEMM
         (a, b.astype(np.float64), out),                                           # mixed dtypes
         (np.ones((4, 6), np.float32)[:, ::2], b, out),                            # a strided operand
-        (a, b, np.zeros((5, 4), np.float32).T),                                   # out not C-contiguous
+        (a, b, np.zeros((5, 4), np.float32).T),                                   # out column after column
+        (a, b, np.zeros((4, 10), np.float32)[:, ::2]),                            # out's elements apart
+        (np.ones((4, 8), np.float32)[:, ::2][:, :3], b, out),                     # neither rows nor columns adjacent
         (a, b, frozen),                                                           # out read-only
         (a, np.ones((2, 5), np.float32), out),                                    # inner sizes differ
         (np.ones((4, 0), np.float32), np.ones((0, 5), np.float32), out),          # nothing to add up
@@ -625,33 +638,42 @@ def test_matmul_into_declines_what_blas_cannot_take_as_it_is(monkeypatch):
 def test_w_grad_is_the_same_whether_blas_or_numpy_adds_the_chunks(monkeypatch):
     inputs = _random_inputs(np.random.default_rng(22), 30, 5, 6, 7, np.dtype("float64"))
     kw = dict(seq_len_max=27, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float64"), chunk_steps=4)
-    calls = []  # accumulate flags of the products into [w_grad; b_grad] ([I+C+1, 4C])
+    calls = []  # (first column, accumulate flag) of the products into [w_grad; b_grad] ([I+C+1, 4C])
     real = cpu_blas.matmul_into
 
     def spy(a, b, out, accumulate):
-        if out.shape == (6 + 7 + 1, 4 * 7):
-            calls.append(accumulate)
+        if out.shape[0] == 6 + 7 + 1:
+            calls.append((out.__array_interface__["data"][0], out.shape[1], accumulate))
         return real(a, b, out, accumulate=accumulate)
 
     monkeypatch.setattr(cpu_blas, "matmul_into", spy)
     in_blas = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw)
-    assert calls == [False] + [True] * 6  # 7 chunks: the first writes, the others add
+    # 7 chunks, each a product per half of the columns: the first chunk writes them, the others add
+    starts = sorted({start for start, _, _ in calls})
+    assert len(starts) == 2 and starts[1] - starts[0] == 2 * 7 * 8  # the second half, 14 float64 columns on
+    assert [(width, add) for _, width, add in calls] == [(14, False)] * 2 + [(14, True)] * 12
     monkeypatch.setattr(cpu_blas, "matmul_into", lambda *a, **k: False)
     in_numpy = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw)
     for field, have, want in zip(in_blas._fields, in_blas, in_numpy, strict=True):
         np.testing.assert_allclose(have, want, rtol=1e-13, atol=1e-13, err_msg=field)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
 @pytest.mark.parametrize("shape", [(512, 2048), (300, 7), (1, 130), (0, 4), (129, 129)])
-def test_contiguous_transpose_in_tiles_equals_the_transpose(shape):
+def test_contiguous_transpose_equals_the_transpose(shape, dtype):
+    """By OpenBLAS (float32, float64: rows of adjacent elements, a block of columns too) or in tiles (the rest)."""
     from lstmgrad_cli.backends._xp import contiguous_transpose
 
-    a = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
-    for source in (a, a[:, ::-1]):  # contiguous or not
+    wide = (np.arange(np.prod(shape) + 3 * shape[0]) % 2039).reshape(shape[0], shape[1] + 3).astype(dtype)
+    if shape[0]:
+        wide[0, 3:5] = [-0.0, np.nan]
+    a = np.ascontiguousarray(wide[:, 3:])
+    for source in (a, wide[:, 3:], a[:, ::-1]):  # contiguous, a block of columns, columns reversed
         got = contiguous_transpose(np, source)
         assert got.flags.c_contiguous and got.dtype == source.dtype
-        np.testing.assert_array_equal(got, source.T)
-    assert contiguous_transpose(np, a, tile=5).tobytes() == np.ascontiguousarray(a.T).tobytes()
+        assert got.tobytes() == np.ascontiguousarray(source.T).tobytes()  # every bit, -0.0 and NaN too
+    assert contiguous_transpose(np, a[:, ::-1], tile=5).tobytes() == np.ascontiguousarray(a[:, ::-1].T).tobytes()
+    assert cpu_blas.transpose_into(a, np.empty(shape[::-1], dtype)) == (dtype != "float16" and a.size > 0)
 
 
 def test_outputs_own_their_values_even_from_dirty_buffers(monkeypatch):

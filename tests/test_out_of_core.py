@@ -139,22 +139,28 @@ def test_the_overlapped_schedule_streams_too_and_equals_the_in_memory_run(tmp_pa
 
     monkeypatch.setattr(_xp, "OVERLAP_MIN_FLOPS", 0)  # this small shape takes the large shapes' chunks
     monkeypatch.setenv("LSTMGRAD_OVERLAP", "on")  # and runs them overlapped, whatever this machine measured
-    threads = []  # per run, whether a w_grad product (every chunk has one) ran on a thread other than this one
+    # Per run, whether a w_grad product (every chunk has two) ran on a thread other than this one.  Either thread
+    # of the overlapped schedule may take any of them, so this thread's first one waits for the other's (in the
+    # sequential schedule there is no other thread: it waits once, in vain).
+    other_thread, waited = [], []
     real_matmul_into = cpu_blas.matmul_into
 
     def matmul_into(a, b, out, accumulate):
-        threads[-1] |= threading.get_ident() != threading.main_thread().ident
+        if threading.get_ident() != threading.main_thread().ident:
+            other_thread[-1].set()
+        elif len(waited) < len(other_thread):
+            waited.append(other_thread[-1].wait(10))
         return real_matmul_into(a, b, out, accumulate)
 
     monkeypatch.setattr(cpu_blas, "matmul_into", matmul_into)
     tensors = long_problem(T=40, B=4, I=6, C=5, seed=3)
     h5_in = write_h5(tmp_path / "in.h5", tensors, attrs={"seq_len_max": np.int64(37)})
     npz_in = write_npz(tmp_path / "in.npz", {**tensors, "seq_len_max": np.int64(37)})
-    threads.append(False)
+    other_thread.append(threading.Event())
     streamed = run_grad_file(h5_in, tmp_path / "streamed.h5", GradOptions("seq"))
-    threads.append(False)
+    other_thread.append(threading.Event())
     in_memory = run_grad_file(npz_in, tmp_path / "memory.npz", GradOptions("seq"))
-    assert threads == [True, True]  # both runs took the overlapped schedule
+    assert all(ran.is_set() for ran in other_thread)  # both runs took the overlapped schedule
     got, _ = read_h5(tmp_path / "streamed.h5")
     with np.load(tmp_path / "memory.npz") as want:
         for key in got:

@@ -49,6 +49,9 @@ OVERLAP_CHUNKS = 5
 OVERLAP_MIN_FLOPS = 2 * 10**8
 # ... and at least this many chunks' gate gradients fit CHUNK_BYTES (a ring of slots; more when they fit).
 OVERLAP_SLOTS = 3
+# On the host, w_grad and b_grad are summed in this many blocks of columns, each its own chain of products in chunk
+# order, so that both threads of the overlapped schedule can take a share of them (``XpGradient._run_overlapped``).
+WB_PARTS = 2
 
 # Per-step activations, in the order the step kernels take them.
 STEP_NAMES = ("i", "f", "o", "ci", "co", "h_grad", "cs_grad")
@@ -72,16 +75,19 @@ def chunk_step_bytes(B: int, C: int, itemsize: int, I: int = 0, casting: bool = 
 
 
 def contiguous_transpose(xp, a, tile: int = 128):
-    """``a.T`` as a C-contiguous copy; on the host in square tiles.
+    """``a.T`` as a C-contiguous copy; on the host by numpy's OpenBLAS (``cpu_blas.transpose_into``), else in square
+    tiles.
 
     A plain strided copy reads columns whose elements lie a row apart, and when rows are a multiple
     of 4 KiB long those all fall in the same cache sets: w_h of 200,128,512,512 ([512, 2048] float32)
-    took 11 ms that way and 2.5 ms in tiles, on the critical path before the first step.
+    took 11 ms that way, 3 ms in tiles and 0.35 ms in OpenBLAS, on the critical path before the first step.
     """
     if xp is not np:
         return xp.ascontiguousarray(a.T)
     rows, cols = a.shape
     out = np.empty((cols, rows), dtype=a.dtype)
+    if cpu_blas.transpose_into(a, out):
+        return out
     for i in range(0, rows, tile):
         for j in range(0, cols, tile):
             out[j:j + tile, i:i + tile] = a[i:i + tile, j:j + tile].T
@@ -171,6 +177,84 @@ def chunk_bounds(L: int, K: int, short_first: bool = False) -> list[tuple[int, i
     first = -(-K // 2) if short_first and L > K else K
     bounds = [(max(0, L - first), L)] if L > 0 else []
     return bounds + [(max(0, hi - K), hi) for hi in range(L - first, 0, -K)]
+
+
+class _OverlappedWork:
+    """The products of the overlapped schedule (``XpGradient._run_overlapped``): which one a free thread takes
+    next, and what is done.  Every change is made under one lock and wakes the threads waiting for one."""
+
+    def __init__(self, chunks, chains, x_product):
+        import threading  # noqa: PLC0415 - only overlapped passes
+
+        self._chunks, self._chains, self._x_product = chunks, chains, x_product
+        self._changed = threading.Condition()
+        self._ready = 0  # chunks whose gate gradients exist
+        self._next = [0] * len(chains)  # each chain's next chunk
+        self._busy = [False] * len(chains)  # a thread is running that chain's product
+        self._next_x = 0  # the first chunk whose x product nobody took yet
+        self._pending = [len(chains) + 1] * len(chunks)  # products still to do, per chunk
+        self._left = len(chunks) * (len(chains) + 1)
+        self._failure = None
+
+    def ready(self, j: int) -> None:
+        """Chunk j's gate gradients exist: its products may start."""
+        with self._changed:
+            self._ready = j + 1
+            self._changed.notify_all()
+
+    def chunk_done(self, j: int) -> bool:
+        return not self._pending[j]
+
+    def all_done(self) -> bool:
+        return not self._left
+
+    def failed(self) -> bool:
+        return self._failure is not None
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop every thread at its next product; the first failure is the one raised."""
+        with self._changed:
+            if self._failure is None:
+                self._failure = exc
+            self._changed.notify_all()
+
+    def raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def help_until(self, done) -> None:
+        """Run products until ``done()`` or a failure, waiting while none can be taken."""
+        while True:
+            with self._changed:
+                while True:
+                    if self._failure is not None or done():
+                        return
+                    task = self._take()
+                    if task is not None:
+                        break
+                    self._changed.wait()
+            chain, j = task
+            (self._x_product if chain is None else self._chains[chain])(j, *self._chunks[j])
+            with self._changed:
+                if chain is not None:
+                    self._busy[chain] = False
+                    self._next[chain] += 1
+                self._pending[j] -= 1
+                self._left -= 1
+                self._changed.notify_all()
+
+    def _take(self):
+        """(chain or None for an x product, chunk) to run next, or None: the chain furthest behind whose next chunk
+        is ready and that no thread is running, else the first x product nobody took."""
+        free = [c for c, busy in enumerate(self._busy) if not busy and self._next[c] < self._ready]
+        if free:
+            chain = min(free, key=self._next.__getitem__)
+            self._busy[chain] = True
+            return chain, self._next[chain]
+        if self._next_x < self._ready:
+            self._next_x += 1
+            return None, self._next_x - 1
+        return None
 
 
 class Step(NamedTuple):
@@ -316,17 +400,21 @@ class XpGradient:
             K = max(1, min(chunk_steps or default_chunk_steps(L, B, C, cdt.itemsize, I, casting,
                                                               self.chunk_budget(B, C)), max(L, 1)))
         chunks = chunk_bounds(L, K, short_first=overlap_chunks and not chunk_steps)
-        # Overlapped, the chunks' gate gradients live in a ring of slots until their products are done.
+        # Overlapped, the chunks' gate gradients (and their [x, h_prev, 1]) live in a ring of slots until their
+        # products are done.
         slots = max(1, min(len(chunks), CHUNK_BYTES // max(K * gates_step, 1))) if overlap else 1
         if return_dgates:
             dgates_all = xp.empty((L, B, 4 * C), dtype=cdt)
         else:
             dgates_buf = xp.empty((slots, K, B, 4 * C), dtype=cdt)
         cast_bufs = {}  # name -> [K(+1), B, C] buffer in the compute dtype, made on first use
-        xh_buf = None  # [x, h_prev, 1] of a chunk's steps, [K, B, I+C+1]
+        xh_bufs = None  # [x, h_prev, 1] of a chunk's steps, [slots, K, B, I+C+1]
         if L > 0:
-            xh_buf = xp.empty((K, B, I + C + 1), dtype=cdt)
-            xh_buf[:, :, I + C] = 1
+            xh_bufs = xp.empty((slots, K, B, I + C + 1), dtype=cdt)
+            xh_bufs[:, :, :, I + C] = 1
+        # w/b product's blocks of columns (4C of them in all): a host's each a chain, a device's one product
+        parts = WB_PARTS if xp is np and C > 0 else 1
+        columns = [np.s_[4 * C * p // parts:4 * C * (p + 1) // parts] for p in range(parts)]
         # Inputs on disk (h5py datasets): each chunk's rows read into reused buffers, the next chunk's ahead.
         on_disk = xp is np and any(hasattr(getattr(t, name), "read_into") for name in (*STEP_NAMES, "cs"))
         reader = feed(t, chunks, K) if feed is not None else _ReadAhead(t, chunks, K) if on_disk else None
@@ -362,18 +450,29 @@ class XpGradient:
         def x_product(j, lo, hi):
             self._x_grad_product(lo, hi, gates_of(j, lo, hi), w_x_t, x_grad, cdt, getattr(reader, "put", None))
 
-        def wb_product(j, lo, hi):
-            self._wb_product(t, lo, hi, gates_of(j, lo, hi), wb_grad, h_prev, xh_buf, hi == L, fed.pop(j, {}))
+        def xh_of(j, lo, hi):
+            return xh_bufs[j % slots, :hi - lo]
 
+        def steps_and_xh(j, lo, hi):
+            steps(j, lo, hi)
+            self._fill_xh(t, lo, hi, xh_of(j, lo, hi), h_prev, fed.pop(j, {}))
+
+        def wb_chain(cols):
+            def wb_product(j, lo, hi):
+                self._wb_product(xh_of(j, lo, hi), gates_of(j, lo, hi), wb_grad, hi == L, cols)
+            return wb_product
+
+        wb_chains = [wb_chain(cols) for cols in columns]
         try:
             if overlap:
-                self._run_overlapped(chunks, slots, steps, x_product, wb_product)
+                self._run_overlapped(chunks, slots, steps_and_xh, x_product, wb_chains)
             else:
                 with self._threads_for(L, B, I, C):
                     for j, (lo, hi) in enumerate(chunks):
-                        steps(j, lo, hi)
+                        steps_and_xh(j, lo, hi)
                         x_product(j, lo, hi)
-                        wb_product(j, lo, hi)
+                        for wb_product in wb_chains:
+                            wb_product(j, lo, hi)
         finally:
             if reader is not None:
                 reader.close()
@@ -445,62 +544,31 @@ class XpGradient:
 
         return overlap_calibration.overlaps(overlap_calibration.flops(L, B, I, C))
 
-    def _run_overlapped(self, chunks, slots, steps, x_product, wb_product):
+    def _run_overlapped(self, chunks, slots, steps, x_product, chains):
         """Each chunk's time loop on this thread while a second thread does the products of the chunks before.
 
-        ``steps(j, lo, hi)`` runs here in chunk order (the recurrence) and fills slot ``j % slots``
-        of the gate gradients, once chunk ``j - slots`` is done with it.  ``wb_product`` runs on a
-        worker in chunk order too, so w_grad and b_grad are summed in the same order on every run.
-        ``x_product`` writes its own rows of x_grad and is done by whichever thread is free: the
-        worker while it waits for the next chunk, this thread while it waits for a slot and once
-        its loop is done.  BLAS runs single-threaded meanwhile (``cpu_blas.single_threaded``): two
-        threads, one per core.  Results equal the sequential schedule with the same chunks, bit for bit.
+        ``steps(j, lo, hi)`` runs here in chunk order (the recurrence) and fills slot ``j % slots`` of the gate
+        gradients, once chunk ``j - slots`` is done with it.  Each of ``chains`` (w_grad and b_grad's blocks of
+        columns) is called in chunk order, on one thread at a time, so every element is summed in the same order on
+        every run; ``x_product`` writes its own rows of x_grad in any order.  Whichever thread is free takes the
+        next product, a chain's before an x product (they are the longer, ordered work): the worker from the
+        start, this thread while it waits for a slot and once its loop is done, so that at the end both threads
+        share what is left.  BLAS runs single-threaded meanwhile (``cpu_blas.single_threaded``): two threads, one
+        per core.  Results equal the sequential schedule with the same chunks, bit for bit.
         """
         import _thread
-        import queue
         import threading
 
-        wb_queue, x_queue = queue.SimpleQueue(), queue.SimpleQueue()
-        failures, abort, lock = [], threading.Event(), threading.Lock()
-        pending = [2] * len(chunks)  # products still to do, per chunk
-        done = [threading.Event() for _ in chunks]
+        work = _OverlappedWork(chunks, chains, x_product)
         errstate = np.geterr()  # numpy's error state is per thread: the worker takes the caller's
         worker_done = threading.Event()
-
-        def finished(j):
-            with lock:
-                pending[j] -= 1
-                if not pending[j]:
-                    done[j].set()
-
-        def one_x_product():
-            try:
-                item = x_queue.get_nowait()
-            except queue.Empty:
-                return False
-            x_product(*item)
-            finished(item[0])
-            return True
 
         def worker():
             try:
                 np.seterr(**errstate)
-                while not abort.is_set():
-                    try:
-                        item = wb_queue.get_nowait()
-                    except queue.Empty:
-                        if one_x_product():
-                            continue
-                        item = wb_queue.get()
-                    if item is None:
-                        break
-                    wb_product(*item)
-                    finished(item[0])
-                while not abort.is_set() and one_x_product():
-                    pass
+                work.help_until(work.all_done)
             except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
-                failures.append(exc)
-                abort.set()
+                work.fail(exc)
             finally:
                 worker_done.set()
 
@@ -514,25 +582,19 @@ class XpGradient:
             _thread.start_new_thread(worker, ())  # returns at once, unlike Thread.start()
             try:
                 for j, (lo, hi) in enumerate(chunks):
-                    while j >= slots and not done[j - slots].is_set() and not abort.is_set():
-                        if not one_x_product():  # the slot waits for the worker: help or wait
-                            done[j - slots].wait(0.01)
-                    if abort.is_set():
+                    if j >= slots:  # the slot waits for the products of chunk j - slots: help or wait
+                        work.help_until(lambda j=j: work.chunk_done(j - slots))
+                    if work.failed():
                         break
                     steps(j, lo, hi)
-                    x_queue.put((j, lo, hi))
-                    wb_queue.put((j, lo, hi))
-                wb_queue.put(None)
-                while not abort.is_set() and one_x_product():
-                    pass
-            except BaseException:
-                abort.set()
+                    work.ready(j)
+                work.help_until(work.all_done)
+            except BaseException as exc:
+                work.fail(exc)
                 raise
             finally:
-                wb_queue.put(None)
                 worker_done.wait()
-        if failures:
-            raise failures[0]
+        work.raise_failure()
 
     def _x_grad_product(self, lo, hi, gates, w_x_t, x_grad, cdt, put=None):
         """``x_grad[lo:hi] = dgates @ w_x^T``, one large product over the chunk's steps.  A device's rows for a host
@@ -554,44 +616,49 @@ class XpGradient:
             else:
                 x_grad[lo:hi] = rows.get() if on_host else rows
 
-    def _wb_product(self, t, lo, hi, gates, wb_grad, h_prev, xh_buf, first, rows=None):
-        """w_grad and b_grad of steps [lo, hi): ``[w_grad; b_grad] += [x, h_prev, 1]^T @ dgates``.
-
-        One product into ``wb_grad`` ([I+C+1, 4C]) over ``xh_buf`` ([K, B, I+C+1] in the compute
-        dtype, its last column ones; filled here, which also casts other-dtype inputs): about 10%
-        faster than separate x and h products plus a sum over the batch.  The ``first`` chunk (the
-        last steps) writes it in place; later ones add into it in the same BLAS call where a BLAS is
-        reachable (``cpu_blas.matmul_into``: 113 vs 118 ms a call at 100,64,256,256).  ``rows``: x's rows of the
-        chunk and h's of the steps before it (``_cupy_copies.fed_rows``), where a feed gave them; else they are
-        sliced from ``t``.
-        """
+    def _fill_xh(self, t, lo, hi, xh, h_prev, rows=None):
+        """``xh`` ([n, B, I+C+1] in the compute dtype, its last column ones) := [x, h_prev, 1] of steps [lo, hi),
+        which also casts other-dtype inputs.  ``rows``: x's rows of the chunk and h's of the steps before it
+        (``_cupy_copies.fed_rows``), where a feed gave them; else they are sliced from ``t``."""
         xp = self.xp
-        n, B, G4 = gates.shape
+        n = hi - lo
         I = t.x.shape[2]  # noqa: E741
-        C = wb_grad.shape[0] - I - 1
-        flat = gates.reshape(n * B, G4)
-        xh = xh_buf[:n]
+        C = xh.shape[2] - I - 1
         rows = rows or {}
         x, h = rows.get("x"), rows.get("h")
 
         def fill(source, a, b, dest, given):
             if given is not None:
-                xh_buf[dest] = given
+                xh[dest] = given
             else:
-                _rows_into(source, a, b, xh_buf, dest, xp)
+                _rows_into(source, a, b, xh, dest, xp)
 
-        fill(t.x, lo, hi, np.s_[:n, :, :I], x)
+        fill(t.x, lo, hi, np.s_[:, :, :I], x)
         # h_prev of step s is h[s-1], and the input h_prev at s = 0 (never read h at t = L-1).
         if lo > 0:
-            fill(t.h, lo - 1, hi - 1, np.s_[:n, :, I:I + C], h)
+            fill(t.h, lo - 1, hi - 1, np.s_[:, :, I:I + C], h)
         else:
             xh[0, :, I:I + C] = h_prev
             if n > 1:
                 fill(t.h, 0, hi - 1, np.s_[1:n, :, I:I + C], h)
-        xh = xh.reshape(n * B, I + C + 1)
-        if xp is np and cpu_blas.matmul_into(xh.T, flat, wb_grad, accumulate=not first):
+
+    def _wb_product(self, xh, gates, wb_grad, first, cols=np.s_[:]):
+        """Columns ``cols`` of w_grad and b_grad from one chunk's steps: ``[w_grad; b_grad] += [x, h_prev, 1]^T @
+        dgates`` with ``xh`` from ``_fill_xh``.
+
+        One product into ``wb_grad`` ([I+C+1, 4C]): about 10% faster than separate x and h products plus a sum over
+        the batch.  The ``first`` chunk (the last steps) writes it in place; later ones add into it in the same
+        BLAS call where a BLAS is reachable (``cpu_blas.matmul_into``: 113 vs 118 ms a call at 100,64,256,256).
+        Every element is summed over the same steps in the same order whichever block of columns holds it.
+        """
+        xp = self.xp
+        n, B, G4 = gates.shape
+        flat = gates.reshape(n * B, G4)[:, cols]
+        xh = xh.reshape(n * B, xh.shape[2])
+        out = wb_grad[:, cols]
+        if xp is np and cpu_blas.matmul_into(xh.T, flat, out, accumulate=not first):
             return  # one BLAS call adds the product in: no [I+C+1, 4C] temporary, no extra pass
         if first:  # not written yet
-            xp.matmul(xh.T, flat, out=wb_grad)
+            xp.matmul(xh.T, flat, out=out)
         else:
-            wb_grad += xh.T @ flat
+            out += xh.T @ flat
