@@ -13,6 +13,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import threading
 import types
 import warnings
 from pathlib import Path
@@ -555,13 +556,14 @@ def test_overlap_reuses_gate_slots_and_stays_bit_for_bit(monkeypatch, budget_chu
     inputs = _random_inputs(np.random.default_rng(13), 25, 6, 5, 8, np.dtype("float64"))
     kw = dict(seq_len_max=25, use_peephole=True, layout="ifco", compute_dtype=np.dtype("float64"))
     sequential = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=3)
-    gates_per_chunk = 3 * 6 * 4 * 8 * 8
-    monkeypatch.setattr(_xp, "CHUNK_BYTES", budget_chunks * gates_per_chunk)  # 9 chunks, 1-3 slots
+    slot_bytes = 3 * 6 * (4 * 8 + 5 + 8 + 1) * 8  # a chunk's gate gradients and [x, h_prev, 1]
+    monkeypatch.setattr(_xp, "CHUNK_BYTES", budget_chunks * slot_bytes)  # 9 chunks, 2-3 slots
     allocated = []
     real_empty = np.empty
     monkeypatch.setattr(_xp.np, "empty", lambda shape, *a, **k: allocated.append(shape) or real_empty(shape, *a, **k))
     overlapped = NumpyBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **kw, chunk_steps=3)
-    assert (budget_chunks, 3, 6, 32) in allocated  # the ring of gate-gradient slots
+    slots = max(2, budget_chunks)  # (two at least: one filled while the other's products run)
+    assert (slots, 3, 6, 32) in allocated and (slots, 3, 6, 14) in allocated  # the rings of slots
     for field, have, want in zip(overlapped._fields, overlapped, sequential, strict=True):
         np.testing.assert_array_equal(have, want, err_msg=field)
 
@@ -728,6 +730,25 @@ class _FailingRows(LazyRows):
         return super().read_into(lo, hi, out, dest)
 
 
+class _WorkerFails:
+    """An ``x_grad_out`` whose rows fail to be written on any thread but the main one; the main thread's first write
+    waits until another thread has tried (the overlapped schedule's two threads may each take any x product)."""
+
+    def __init__(self, shape, written):
+        self.shape, self.dtype, self._written = shape, np.dtype("float32"), written
+        self._tried = threading.Event()
+
+    def __setitem__(self, index, rows):
+        if threading.current_thread() is threading.main_thread():
+            if "main" not in self._written:
+                self._tried.wait(10)
+            self._written.append("main")
+            return
+        self._written.append("worker")
+        self._tried.set()
+        raise MemoryError("worker failed")
+
+
 def _five_chunks(seed):
     """Inputs and arguments for a 20-step problem in five chunks of 4 steps."""
     inputs = _random_inputs(np.random.default_rng(seed), 20, 4, 3, 5, np.dtype("float32"))
@@ -744,13 +765,13 @@ def test_overlap_restores_blas_threads_and_hands_on_a_worker_failure(monkeypatch
     backend.block_lstm_grad(SeqTensors(**inputs), **kw)
     assert _numba._BLAS.get_threads() == threads
 
-    # x is read only by the w_grad products, which run on the worker; the second read fails there
-    calls = []
-    x = _FailingRows(inputs["x"], calls, fail_on=2, error=MemoryError("worker failed"))
+    # x_grad's rows, written by whichever thread does a chunk's x product, fail when the worker writes them
+    written = []
+    running = _thread._count()
     with pytest.raises(MemoryError, match="worker failed"):
-        backend.block_lstm_grad(SeqTensors(**{**inputs, "x": x}), **kw)
+        backend.block_lstm_grad(SeqTensors(**inputs), **kw, x_grad_out=_WorkerFails(inputs["x"].shape, written))
     assert _numba._BLAS.get_threads() == threads
-    assert calls[:2] == [16, 12]  # in chunk order, last steps first (lo of each chunk)
+    assert "worker" in written and _thread._count() == running  # the worker wrote, failed, and has ended
 
 
 @needs_numba

@@ -23,8 +23,9 @@ Structure (docs/semantics.md, reorganised for speed, same maths):
 * On host arrays, problems of 2e8 flops or more are cut into five chunks (smaller when three do
   not fit the budget; the first one half as long), and a chunk's products run on a second thread
   while this one does the next chunk's time loop (``_run_overlapped``): the loop alone keeps one
-  core busy, not two.  The chunks depend on the shape only, and the schedule never changes a bit
-  of the result.
+  core busy, not two.  Once the loop is done this thread takes products too: w_grad and b_grad are
+  summed in two blocks of columns, each in chunk order, so both threads can work on them to the end.
+  The chunks depend on the shape only, and the schedule never changes a bit of the result.
 """
 
 from __future__ import annotations
@@ -400,9 +401,10 @@ class XpGradient:
             K = max(1, min(chunk_steps or default_chunk_steps(L, B, C, cdt.itemsize, I, casting,
                                                               self.chunk_budget(B, C)), max(L, 1)))
         chunks = chunk_bounds(L, K, short_first=overlap_chunks and not chunk_steps)
-        # Overlapped, the chunks' gate gradients (and their [x, h_prev, 1]) live in a ring of slots until their
-        # products are done.
-        slots = max(1, min(len(chunks), CHUNK_BYTES // max(K * gates_step, 1))) if overlap else 1
+        # Overlapped, the chunks' gate gradients and their [x, h_prev, 1] live in a ring of slots until their
+        # products are done: as many as fit CHUNK_BYTES, and two at least (one filled while one is used).
+        slot_bytes = K * (gates_step + B * (I + C + 1) * cdt.itemsize)
+        slots = max(1, min(len(chunks), max(2, CHUNK_BYTES // max(slot_bytes, 1)))) if overlap else 1
         if return_dgates:
             dgates_all = xp.empty((L, B, 4 * C), dtype=cdt)
         else:
