@@ -53,6 +53,9 @@ OVERLAP_SLOTS = 3
 # On the host, w_grad and b_grad are summed in this many blocks of columns, each its own chain of products in chunk
 # order, so that both threads of the overlapped schedule can take a share of them (``XpGradient._run_overlapped``).
 WB_PARTS = 2
+# ... and x_grad in this many blocks of each chunk's steps, so that the last products, which the two threads share,
+# are short and both threads end together.
+X_PARTS = 2
 
 # Per-step activations, in the order the step kernels take them.
 STEP_NAMES = ("i", "f", "o", "ci", "co", "h_grad", "cs_grad")
@@ -184,17 +187,18 @@ class _OverlappedWork:
     """The products of the overlapped schedule (``XpGradient._run_overlapped``): which one a free thread takes
     next, and what is done.  Every change is made under one lock and wakes the threads waiting for one."""
 
-    def __init__(self, chunks, chains, x_product):
+    def __init__(self, chunks, chains, x_products):
         import threading  # noqa: PLC0415 - only overlapped passes
 
-        self._chunks, self._chains, self._x_product = chunks, chains, x_product
+        self._chunks, self._chains, self._x_products = chunks, chains, x_products
         self._changed = threading.Condition()
         self._ready = 0  # chunks whose gate gradients exist
         self._next = [0] * len(chains)  # each chain's next chunk
         self._busy = [False] * len(chains)  # a thread is running that chain's product
-        self._next_x = 0  # the first chunk whose x product nobody took yet
-        self._pending = [len(chains) + 1] * len(chunks)  # products still to do, per chunk
-        self._left = len(chunks) * (len(chains) + 1)
+        self._next_x = 0  # the first x product nobody took yet, counted over chunks then their blocks
+        per_chunk = len(chains) + len(x_products)
+        self._pending = [per_chunk] * len(chunks)  # products still to do, per chunk
+        self._left = len(chunks) * per_chunk
         self._failure = None
 
     def ready(self, j: int) -> None:
@@ -234,10 +238,11 @@ class _OverlappedWork:
                     if task is not None:
                         break
                     self._changed.wait()
-            chain, j = task
-            (self._x_product if chain is None else self._chains[chain])(j, *self._chunks[j])
+            product, j = task
+            product(j, *self._chunks[j])
             with self._changed:
-                if chain is not None:
+                if product in self._chains:
+                    chain = self._chains.index(product)
                     self._busy[chain] = False
                     self._next[chain] += 1
                 self._pending[j] -= 1
@@ -245,16 +250,17 @@ class _OverlappedWork:
                 self._changed.notify_all()
 
     def _take(self):
-        """(chain or None for an x product, chunk) to run next, or None: the chain furthest behind whose next chunk
-        is ready and that no thread is running, else the first x product nobody took."""
+        """(product, chunk) to run next, or None: the chain furthest behind whose next chunk is ready and that no
+        thread is running, else the first x product nobody took."""
         free = [c for c, busy in enumerate(self._busy) if not busy and self._next[c] < self._ready]
         if free:
             chain = min(free, key=self._next.__getitem__)
             self._busy[chain] = True
-            return chain, self._next[chain]
-        if self._next_x < self._ready:
+            return self._chains[chain], self._next[chain]
+        j, block = divmod(self._next_x, len(self._x_products))
+        if j < self._ready:
             self._next_x += 1
-            return None, self._next_x - 1
+            return self._x_products[block], j
         return None
 
 
@@ -394,8 +400,9 @@ class XpGradient:
         overlap = (overlap_chunks and not return_dgates and observe is None and feed is None
                    and self._overlap_now(L, B, I, C))  # (a feed is taken in the loop's order, one chunk ahead)
         gates_step = B * 4 * C * cdt.itemsize
+        slot_step = gates_step + B * (I + C + 1) * cdt.itemsize  # a step's gate gradients and [x, h_prev, 1]
         if overlap_chunks:  # a fifth of the steps each, or fewer so that a few chunks fit the budget
-            k_fit = CHUNK_BYTES // max(OVERLAP_SLOTS * gates_step, 1)
+            k_fit = CHUNK_BYTES // max(OVERLAP_SLOTS * slot_step, 1)
             K = max(1, min(chunk_steps or min(-(-L // OVERLAP_CHUNKS), k_fit), L))
         else:
             K = max(1, min(chunk_steps or default_chunk_steps(L, B, C, cdt.itemsize, I, casting,
@@ -403,8 +410,7 @@ class XpGradient:
         chunks = chunk_bounds(L, K, short_first=overlap_chunks and not chunk_steps)
         # Overlapped, the chunks' gate gradients and their [x, h_prev, 1] live in a ring of slots until their
         # products are done: as many as fit CHUNK_BYTES, and two at least (one filled while one is used).
-        slot_bytes = K * (gates_step + B * (I + C + 1) * cdt.itemsize)
-        slots = max(1, min(len(chunks), max(2, CHUNK_BYTES // max(slot_bytes, 1)))) if overlap else 1
+        slots = max(1, min(len(chunks), max(2, CHUNK_BYTES // max(K * slot_step, 1)))) if overlap else 1
         if return_dgates:
             dgates_all = xp.empty((L, B, 4 * C), dtype=cdt)
         else:
@@ -449,8 +455,18 @@ class XpGradient:
                                              gates_of(j, lo, hi), w_h_t, peep, acc, offsets, ws, observe,
                                              one_core=overlap)
 
-        def x_product(j, lo, hi):
-            self._x_grad_product(lo, hi, gates_of(j, lo, hi), w_x_t, x_grad, cdt, getattr(reader, "put", None))
+        def x_part(p, parts):
+            def x_product(j, lo, hi):  # the p-th block of the chunk's steps
+                n = hi - lo
+                blocks = parts if n // parts * B >= 2 else 1  # (a product of one row is a gemv: it rounds otherwise)
+                a, b = lo + n * p // blocks, lo + n * (p + 1) // blocks
+                if p < blocks and a < b:
+                    self._x_grad_product(a, b, gates_of(j, lo, hi)[a - lo:b - lo], w_x_t, x_grad, cdt,
+                                         getattr(reader, "put", None))
+            return x_product
+
+        x_parts = X_PARTS if xp is np else 1
+        x_products = [x_part(p, x_parts) for p in range(x_parts)]
 
         def xh_of(j, lo, hi):
             return xh_bufs[j % slots, :hi - lo]
@@ -467,14 +483,13 @@ class XpGradient:
         wb_chains = [wb_chain(cols) for cols in columns]
         try:
             if overlap:
-                self._run_overlapped(chunks, slots, steps_and_xh, x_product, wb_chains)
+                self._run_overlapped(chunks, slots, steps_and_xh, x_products, wb_chains)
             else:
                 with self._threads_for(L, B, I, C):
                     for j, (lo, hi) in enumerate(chunks):
                         steps_and_xh(j, lo, hi)
-                        x_product(j, lo, hi)
-                        for wb_product in wb_chains:
-                            wb_product(j, lo, hi)
+                        for product in (*x_products, *wb_chains):
+                            product(j, lo, hi)
         finally:
             if reader is not None:
                 reader.close()
@@ -546,13 +561,13 @@ class XpGradient:
 
         return overlap_calibration.overlaps(overlap_calibration.flops(L, B, I, C))
 
-    def _run_overlapped(self, chunks, slots, steps, x_product, chains):
+    def _run_overlapped(self, chunks, slots, steps, x_products, chains):
         """Each chunk's time loop on this thread while a second thread does the products of the chunks before.
 
         ``steps(j, lo, hi)`` runs here in chunk order (the recurrence) and fills slot ``j % slots`` of the gate
         gradients, once chunk ``j - slots`` is done with it.  Each of ``chains`` (w_grad and b_grad's blocks of
         columns) is called in chunk order, on one thread at a time, so every element is summed in the same order on
-        every run; ``x_product`` writes its own rows of x_grad in any order.  Whichever thread is free takes the
+        every run; each of ``x_products`` writes its own rows of x_grad in any order.  Whichever thread is free takes the
         next product, a chain's before an x product (they are the longer, ordered work): the worker from the
         start, this thread while it waits for a slot and once its loop is done, so that at the end both threads
         share what is left.  BLAS runs single-threaded meanwhile (``cpu_blas.single_threaded``): two threads, one
@@ -561,7 +576,7 @@ class XpGradient:
         import _thread
         import threading
 
-        work = _OverlappedWork(chunks, chains, x_product)
+        work = _OverlappedWork(chunks, chains, x_products)
         errstate = np.geterr()  # numpy's error state is per thread: the worker takes the caller's
         worker_done = threading.Event()
 
