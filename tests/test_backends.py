@@ -697,6 +697,27 @@ def test_outputs_own_their_values_even_from_dirty_buffers(monkeypatch):
     assert not dirty.wcf_grad.any() and not dirty.wco_grad.any()
 
 
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_an_overlapped_pass_where_no_thread_can_start_does_every_product_itself(backend):
+    from conftest import no_thread_can_start
+
+    inputs, kw = _five_chunks(5)
+    overlapped = _overlapping_backend(backend)
+    want = overlapped.block_lstm_grad(SeqTensors(**inputs), **kw)
+    running = _thread._count()
+    with no_thread_can_start():
+        got = overlapped.block_lstm_grad(SeqTensors(**inputs), **kw)
+    assert _thread._count() == running
+    for field, have, expected in zip(got._fields, got, want, strict=True):
+        np.testing.assert_array_equal(have, expected, err_msg=field)
+
+
+def _overlapping_backend(name):
+    if name == "numpy":
+        return NumpyBackend(overlap=True)
+    return _needs_compiled_loop().NumbaBackend(overlap=True, kernel_min_flops=0)
+
+
 def test_overlap_worker_keeps_the_callers_numpy_error_state():
     inputs, _, _ = load_case("seq_v2_peep")
     inputs["x"] = inputs["x"].copy()

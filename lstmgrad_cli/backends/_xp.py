@@ -596,7 +596,10 @@ class XpGradient:
         with cpu_blas.single_threaded():
             if stop_spinning:
                 cpu_blas.stop_spinning_workers()  # before either thread calls BLAS
-            _thread.start_new_thread(worker, ())  # returns at once, unlike Thread.start()
+            try:
+                _thread.start_new_thread(worker, ())  # returns at once, unlike Thread.start()
+            except RuntimeError:  # no thread can start (a tight ulimit -v): this thread does every product
+                worker_done.set()
             try:
                 for j, (lo, hi) in enumerate(chunks):
                     if j >= slots:  # the slot waits for the products of chunk j - slots: help or wait
