@@ -39,7 +39,7 @@ from _installed import compile_lstmgrad
 from lstmgrad_cli import block_lstm_v2
 from lstmgrad_cli.backends import _xp, cpu_blas, overlap_calibration
 from lstmgrad_cli.backends.blas_calibration import processor
-from lstmgrad_cli.backends.cpu_blas import mkl_version
+from lstmgrad_cli.backends.cpu_blas import other_libraries
 
 FLOOR = """
 import sys, pathlib, numpy as np
@@ -162,7 +162,7 @@ def main() -> int:
     args = parser.parse_args()
     shape = tuple(int(v) for v in args.shape.split(","))
     lstmgrad = str(Path(sys.executable).with_name("lstmgrad"))
-    libraries = ["openblas"] + (["mkl"] if mkl_version() else [])
+    libraries = ["openblas", *other_libraries()]  # each installed library (mkl, onednn), by LSTMGRAD_BLAS
     compile_lstmgrad(*([args.baseline] if args.baseline else []))
     cpu = processor()
     print(f"{args.files} {args.format.upper()} files of T,B,I,C = {args.shape}, float32; median of {args.repeats} "
