@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import types
 import warnings
 from pathlib import Path
@@ -708,6 +709,29 @@ def test_an_overlapped_pass_where_no_thread_can_start_does_every_product_itself(
     with no_thread_can_start():
         got = overlapped.block_lstm_grad(SeqTensors(**inputs), **kw)
     assert _thread._count() == running
+    for field, have, expected in zip(got._fields, got, want, strict=True):
+        np.testing.assert_array_equal(have, expected, err_msg=field)
+
+
+class _SlowRows(LazyRows):
+    """A time-major input whose every read takes 20 ms (a slow disk)."""
+
+    def __getitem__(self, index):
+        time.sleep(0.02)
+        return super().__getitem__(index)
+
+    def read_into(self, lo, hi, out, dest=None):
+        time.sleep(0.02)
+        return super().read_into(lo, hi, out, dest)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_overlapped_products_wait_for_their_chunks_x_and_h(backend):
+    """Either thread may fill a chunk's [x, h_prev, 1] while the loop runs; its w_grad products wait for it."""
+    inputs, kw = _five_chunks(6)
+    want = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **kw)
+    slow = {**inputs, "x": _SlowRows(inputs["x"]), "h": _SlowRows(inputs["h"])}
+    got = _overlapping_backend(backend).block_lstm_grad(SeqTensors(**slow), **kw)
     for field, have, expected in zip(got._fields, got, want, strict=True):
         np.testing.assert_array_equal(have, expected, err_msg=field)
 

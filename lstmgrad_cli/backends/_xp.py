@@ -187,18 +187,21 @@ class _OverlappedWork:
     """The products of the overlapped schedule (``XpGradient._run_overlapped``): which one a free thread takes
     next, and what is done.  Every change is made under one lock and wakes the threads waiting for one."""
 
-    def __init__(self, chunks, chains, x_products):
+    def __init__(self, chunks, slots, fill, chains, x_products, fill_after_steps):
         import threading  # noqa: PLC0415 - only overlapped passes
 
         self._chunks, self._chains, self._x_products = chunks, chains, x_products
+        self._slots, self._fill, self._fill_after_steps = slots, fill, fill_after_steps
         self._changed = threading.Condition()
         self._ready = 0  # chunks whose gate gradients exist
+        self._next_fill = 0  # the first chunk whose [x, h_prev, 1] nobody took to fill
+        self._filled = [False] * len(chunks)
         self._next = [0] * len(chains)  # each chain's next chunk
         self._busy = [False] * len(chains)  # a thread is running that chain's product
         self._next_x = 0  # the first x product nobody took yet, counted over chunks then their blocks
         per_chunk = len(chains) + len(x_products)
         self._pending = [per_chunk] * len(chunks)  # products still to do, per chunk
-        self._left = len(chunks) * per_chunk
+        self._left = len(chunks) * (per_chunk + 1)  # (and the fills)
         self._failure = None
 
     def ready(self, j: int) -> None:
@@ -241,22 +244,32 @@ class _OverlappedWork:
             product, j = task
             product(j, *self._chunks[j])
             with self._changed:
-                if product in self._chains:
-                    chain = self._chains.index(product)
-                    self._busy[chain] = False
-                    self._next[chain] += 1
-                self._pending[j] -= 1
                 self._left -= 1
+                if product is self._fill:
+                    self._filled[j] = True
+                else:
+                    if product in self._chains:
+                        chain = self._chains.index(product)
+                        self._busy[chain] = False
+                        self._next[chain] += 1
+                    self._pending[j] -= 1
                 self._changed.notify_all()
 
     def _take(self):
-        """(product, chunk) to run next, or None: the chain furthest behind whose next chunk is ready and that no
-        thread is running, else the first x product nobody took."""
-        free = [c for c, busy in enumerate(self._busy) if not busy and self._next[c] < self._ready]
+        """(product, chunk) to run next, or None: the chain furthest behind whose next chunk is ready (its gate
+        gradients and its [x, h_prev, 1]) and that no thread is running, else the next fill whose slot is free (and,
+        with ``fill_after_steps``, whose chunk's loop has read its rows), else the first x product nobody took."""
+        free = [c for c, busy in enumerate(self._busy)
+                if not busy and self._next[c] < self._ready and self._filled[self._next[c]]]
         if free:
             chain = min(free, key=self._next.__getitem__)
             self._busy[chain] = True
             return self._chains[chain], self._next[chain]
+        j = self._next_fill
+        if (j < len(self._chunks) and (j < self._slots or self.chunk_done(j - self._slots))
+                and (j < self._ready or not self._fill_after_steps)):
+            self._next_fill += 1
+            return self._fill, j
         j, block = divmod(self._next_x, len(self._x_products))
         if j < self._ready:
             self._next_x += 1
@@ -471,8 +484,7 @@ class XpGradient:
         def xh_of(j, lo, hi):
             return xh_bufs[j % slots, :hi - lo]
 
-        def steps_and_xh(j, lo, hi):
-            steps(j, lo, hi)
+        def fill(j, lo, hi):
             self._fill_xh(t, lo, hi, xh_of(j, lo, hi), h_prev, fed.pop(j, {}))
 
         def wb_chain(cols):
@@ -483,12 +495,12 @@ class XpGradient:
         wb_chains = [wb_chain(cols) for cols in columns]
         try:
             if overlap:
-                self._run_overlapped(chunks, slots, steps_and_xh, x_products, wb_chains)
+                self._run_overlapped(chunks, slots, steps, fill, x_products, wb_chains, reader is not None)
             else:
                 with self._threads_for(L, B, I, C):
                     for j, (lo, hi) in enumerate(chunks):
-                        steps_and_xh(j, lo, hi)
-                        for product in (*x_products, *wb_chains):
+                        steps(j, lo, hi)
+                        for product in (fill, *x_products, *wb_chains):
                             product(j, lo, hi)
         finally:
             if reader is not None:
@@ -561,22 +573,24 @@ class XpGradient:
 
         return overlap_calibration.overlaps(overlap_calibration.flops(L, B, I, C))
 
-    def _run_overlapped(self, chunks, slots, steps, x_products, chains):
+    def _run_overlapped(self, chunks, slots, steps, fill, x_products, chains, fill_after_steps):
         """Each chunk's time loop on this thread while a second thread does the products of the chunks before.
 
         ``steps(j, lo, hi)`` runs here in chunk order (the recurrence) and fills slot ``j % slots`` of the gate
-        gradients, once chunk ``j - slots`` is done with it.  Each of ``chains`` (w_grad and b_grad's blocks of
-        columns) is called in chunk order, on one thread at a time, so every element is summed in the same order on
-        every run; each of ``x_products`` writes its own rows of x_grad in any order.  Whichever thread is free takes the
-        next product, a chain's before an x product (they are the longer, ordered work): the worker from the
-        start, this thread while it waits for a slot and once its loop is done, so that at the end both threads
-        share what is left.  BLAS runs single-threaded meanwhile (``cpu_blas.single_threaded``): two threads, one
-        per core.  Results equal the sequential schedule with the same chunks, bit for bit.
+        gradients, once chunk ``j - slots`` is done with it; ``fill(j, lo, hi)`` fills the same slot's
+        [x, h_prev, 1] once it is free (after ``steps`` where that reads the rows: ``fill_after_steps``), so the
+        second thread has work while the first chunk's loop runs.  Each of ``chains`` (w_grad and b_grad's blocks
+        of columns) is called in chunk order, on one thread at a time, so every element is summed in the same order
+        on every run; each of ``x_products`` writes its own rows of x_grad in any order.  Whichever thread is free
+        takes the next task, a chain's product first, then a fill, then an x product (``_OverlappedWork``): the
+        worker from the start, this thread while it waits for a slot and once its loop is done, so that at the end
+        both threads share what is left.  BLAS runs single-threaded meanwhile (``cpu_blas.single_threaded``): two
+        threads, one per core.  Results equal the sequential schedule with the same chunks, bit for bit.
         """
         import _thread
         import threading
 
-        work = _OverlappedWork(chunks, chains, x_products)
+        work = _OverlappedWork(chunks, slots, fill, chains, x_products, fill_after_steps)
         errstate = np.geterr()  # numpy's error state is per thread: the worker takes the caller's
         worker_done = threading.Event()
 
