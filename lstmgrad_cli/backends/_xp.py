@@ -187,11 +187,11 @@ class _OverlappedWork:
     """The products of the overlapped schedule (``XpGradient._run_overlapped``): which one a free thread takes
     next, and what is done.  Every change is made under one lock and wakes the threads waiting for one."""
 
-    def __init__(self, chunks, slots, fill, chains, x_products, fill_after_steps):
+    def __init__(self, chunks, slots, fill, chains, x_products):
         import threading  # noqa: PLC0415 - only overlapped passes
 
         self._chunks, self._chains, self._x_products = chunks, chains, x_products
-        self._slots, self._fill, self._fill_after_steps = slots, fill, fill_after_steps
+        self._slots, self._fill = slots, fill
         self._changed = threading.Condition()
         self._ready = 0  # chunks whose gate gradients exist
         self._next_fill = 0  # the first chunk whose [x, h_prev, 1] nobody took to fill
@@ -257,8 +257,8 @@ class _OverlappedWork:
 
     def _take(self):
         """(product, chunk) to run next, or None: the chain furthest behind whose next chunk is ready (its gate
-        gradients and its [x, h_prev, 1]) and that no thread is running, else the next fill whose slot is free (and,
-        with ``fill_after_steps``, whose chunk's loop has read its rows), else the first x product nobody took."""
+        gradients and its [x, h_prev, 1]) and that no thread is running, else the next fill whose slot is free, else
+        the first x product nobody took."""
         free = [c for c, busy in enumerate(self._busy)
                 if not busy and self._next[c] < self._ready and self._filled[self._next[c]]]
         if free:
@@ -266,8 +266,7 @@ class _OverlappedWork:
             self._busy[chain] = True
             return self._chains[chain], self._next[chain]
         j = self._next_fill
-        if (j < len(self._chunks) and (j < self._slots or self.chunk_done(j - self._slots))
-                and (j < self._ready or not self._fill_after_steps)):
+        if j < len(self._chunks) and (j < self._slots or self.chunk_done(j - self._slots)):
             self._next_fill += 1
             return self._fill, j
         j, block = divmod(self._next_x, len(self._x_products))
@@ -439,7 +438,7 @@ class XpGradient:
         # Inputs on disk (h5py datasets): each chunk's rows read into reused buffers, the next chunk's ahead.
         on_disk = xp is np and any(hasattr(getattr(t, name), "read_into") for name in (*STEP_NAMES, "cs"))
         reader = feed(t, chunks, K) if feed is not None else _ReadAhead(t, chunks, K) if on_disk else None
-        fed = {}  # chunk -> the rows its reader gave, until its weight product has taken x and h from them
+        fed = {}  # chunk -> x's and h's rows a feed gave (never overlapped), until the chunk's fill takes them
 
         def chunk(name, a, b, src=None):
             """``t.<name>[a:b]`` (``src``: those rows, read already) in the compute dtype (a view when no cast is
@@ -460,7 +459,9 @@ class XpGradient:
 
         def steps(j, lo, hi):
             nonlocal carried_cs, new_cs
-            read = fed[j] = reader.take(j) if reader is not None else {}
+            read = reader.take(j) if reader is not None else {}
+            if "x" in read or "h" in read:
+                fed[j] = read
             acts = {name: chunk(name, lo, hi, read.get(name)) for name in STEP_NAMES}
             first = 1 if lo > 0 else 0                     # cs_ext[k + first] is cs of step lo + k
             cs_ext = chunk("cs", lo - first, hi, read.get("cs"))
@@ -495,7 +496,7 @@ class XpGradient:
         wb_chains = [wb_chain(cols) for cols in columns]
         try:
             if overlap:
-                self._run_overlapped(chunks, slots, steps, fill, x_products, wb_chains, reader is not None)
+                self._run_overlapped(chunks, slots, steps, fill, x_products, wb_chains)
             else:
                 with self._threads_for(L, B, I, C):
                     for j, (lo, hi) in enumerate(chunks):
@@ -573,13 +574,13 @@ class XpGradient:
 
         return overlap_calibration.overlaps(overlap_calibration.flops(L, B, I, C))
 
-    def _run_overlapped(self, chunks, slots, steps, fill, x_products, chains, fill_after_steps):
+    def _run_overlapped(self, chunks, slots, steps, fill, x_products, chains):
         """Each chunk's time loop on this thread while a second thread does the products of the chunks before.
 
         ``steps(j, lo, hi)`` runs here in chunk order (the recurrence) and fills slot ``j % slots`` of the gate
         gradients, once chunk ``j - slots`` is done with it; ``fill(j, lo, hi)`` fills the same slot's
-        [x, h_prev, 1] once it is free (after ``steps`` where that reads the rows: ``fill_after_steps``), so the
-        second thread has work while the first chunk's loop runs.  Each of ``chains`` (w_grad and b_grad's blocks
+        [x, h_prev, 1] once it is free (from the inputs, whatever the loop has done), so the second thread has work
+        while the first chunk's loop runs.  Each of ``chains`` (w_grad and b_grad's blocks
         of columns) is called in chunk order, on one thread at a time, so every element is summed in the same order
         on every run; each of ``x_products`` writes its own rows of x_grad in any order.  Whichever thread is free
         takes the next task, a chain's product first, then a fill, then an x product (``_OverlappedWork``): the
@@ -590,7 +591,7 @@ class XpGradient:
         import _thread
         import threading
 
-        work = _OverlappedWork(chunks, slots, fill, chains, x_products, fill_after_steps)
+        work = _OverlappedWork(chunks, slots, fill, chains, x_products)
         errstate = np.geterr()  # numpy's error state is per thread: the worker takes the caller's
         worker_done = threading.Event()
 
