@@ -37,7 +37,7 @@ import numpy as np
 
 from ..results import BlockLSTMGradOutputs
 from ..spec import LAYOUTS, SeqTensors
-from . import cpu_blas
+from . import cpu_blas, cpu_placement
 
 # Budget for one chunk's buffers (gate gradients, and the cast inputs when casting).
 CHUNK_BYTES = 64 * 2**20
@@ -112,6 +112,8 @@ class _ReadAhead:
         self._ahead = None  # (j, future) of the chunk being read on the thread
         self._pool = None
         self._inline = False  # no thread could start
+        if len(chunks) > 1:  # the thread starts now, before the overlapped schedule holds this one on a CPU
+            self._read_ahead(0)
 
     def take(self, j: int) -> dict:
         """Chunk j's rows by name ("cs": from one step before the chunk, as the loop wants it)."""
@@ -122,17 +124,23 @@ class _ReadAhead:
             if ahead is not None:
                 ahead[1].exception()  # not wanted (never happens in order), but its buffers must be free
             rows = self._read(j)
-        if j + 1 < len(self._chunks) and not self._inline:
-            if self._pool is None:
-                from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only passes on disk
-
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="lstmgrad-read")
-            try:
-                self._ahead = (j + 1, self._pool.submit(self._read, j + 1))
-            except RuntimeError:  # no thread can start (a tight ulimit -v): every chunk is read in line
-                self.close()
-                self._inline = True
+        if j + 1 < len(self._chunks):
+            self._read_ahead(j + 1)
         return rows
+
+    def _read_ahead(self, j: int) -> None:
+        """Start reading chunk j on the thread (in ``take(j)`` where no thread can start)."""
+        if self._inline:
+            return
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only passes on disk
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="lstmgrad-read")
+        try:
+            self._ahead = (j, self._pool.submit(self._read, j))
+        except RuntimeError:  # no thread can start (a tight ulimit -v): every chunk is read in line
+            self.close()
+            self._inline = True
 
     def close(self) -> None:
         """Wait for a read still running (it fills buffers of this pass) and end the thread."""
@@ -586,7 +594,8 @@ class XpGradient:
         takes the next task, a chain's product first, then a fill, then an x product (``_OverlappedWork``): the
         worker from the start, this thread while it waits for a slot and once its loop is done, so that at the end
         both threads share what is left.  BLAS runs single-threaded meanwhile (``cpu_blas.single_threaded``): two
-        threads, one per core.  Results equal the sequential schedule with the same chunks, bit for bit.
+        threads, held on different CPUs where they can be (``cpu_placement``).  Results equal the sequential
+        schedule with the same chunks, bit for bit.
         """
         import _thread
         import threading
@@ -594,9 +603,12 @@ class XpGradient:
         work = _OverlappedWork(chunks, slots, fill, chains, x_products)
         errstate = np.geterr()  # numpy's error state is per thread: the worker takes the caller's
         worker_done = threading.Event()
+        placement = cpu_placement.for_this_thread()  # the two threads on different CPUs, where they can be
 
         def worker():
             try:
+                if placement is not None:
+                    cpu_placement.hold(placement.worker)
                 np.seterr(**errstate)
                 work.help_until(work.all_done)
             except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
@@ -615,6 +627,9 @@ class XpGradient:
                 _thread.start_new_thread(worker, ())  # returns at once, unlike Thread.start()
             except RuntimeError:  # no thread can start (a tight ulimit -v): this thread does every product
                 worker_done.set()
+                placement = None
+            # Held after the worker starts, so that it does not start on this CPU only.
+            held = placement is not None and cpu_placement.hold(placement.caller)
             try:
                 for j, (lo, hi) in enumerate(chunks):
                     if j >= slots:  # the slot waits for the products of chunk j - slots: help or wait
@@ -629,6 +644,8 @@ class XpGradient:
                 raise
             finally:
                 worker_done.wait()
+                if held:
+                    cpu_placement.hold(placement.allowed)
         work.raise_failure()
 
     def _x_grad_product(self, lo, hi, gates, w_x_t, x_grad, cdt, put=None):
