@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -99,6 +100,35 @@ def test_single_threaded_leaves_a_library_already_at_one_thread_alone(monkeypatc
         with cpu_blas.single_threaded():
             assert library.count == 1
     assert library.changes == []
+
+
+def test_single_threaded_blocks_on_two_threads_put_the_count_back_when_the_last_ends():
+    """Two overlapped passes at once on two threads: the second found numpy's OpenBLAS at one thread; when the first
+    ends the count stays at one (the second still runs), and the last to end puts the first's count back."""
+    own = cpu_blas.numpy_openblas()
+    if own is None:
+        pytest.skip("numpy's OpenBLAS is not reachable here")
+    before = own.get_threads()
+    own.set_threads(2)
+    entered, first_left, seen = threading.Event(), threading.Event(), []
+
+    def second():
+        with cpu_blas.single_threaded():
+            entered.set()
+            first_left.wait(10)
+            seen.append(own.get_threads())
+
+    try:
+        with cpu_blas.single_threaded():
+            thread = threading.Thread(target=second)
+            thread.start()
+            entered.wait(10)
+        seen.append(own.get_threads())  # the first has ended, the second not
+        first_left.set()
+        thread.join(10)
+        assert seen == [1, 1] and own.get_threads() == 2
+    finally:
+        own.set_threads(before)
 
 
 def test_a_serial_batch_of_small_files_sets_blas_threads_once(monkeypatch, tmp_path):
