@@ -4,6 +4,7 @@ whatever ends the pass.  The pass tests need Linux and two CPUs allowed (this su
 
 from __future__ import annotations
 
+import _thread
 import os
 import threading
 
@@ -85,6 +86,20 @@ class _RowsWhere:
         self.rows[index] = rows
 
 
+class _Interrupted(LazyRows):
+    """A time-major input on "disk" whose ``on_read``-th chunk read is stopped by Ctrl-C."""
+
+    def __init__(self, array, on_read):
+        super().__init__(array)
+        self._reads, self._on_read = 0, on_read
+
+    def read_into(self, lo, hi, out, dest=None):
+        self._reads += 1
+        if self._reads == self._on_read:
+            raise KeyboardInterrupt
+        return super().read_into(lo, hi, out, dest)
+
+
 class _ReadWhere(LazyRows):
     """A time-major input on "disk" (read a chunk at a time on the read-ahead thread) that records the CPUs each
     reading thread may use."""
@@ -128,8 +143,19 @@ def test_the_callers_cpus_come_back_when_the_worker_fails():
 
 
 @two_cpus
+def test_the_callers_cpus_come_back_when_ctrl_c_stops_the_loop():
+    inputs = consistent_inputs(T=20, B=4, I=3, C=5)
+    allowed, running = os.sched_getaffinity(0), _thread._count()
+    with pytest.raises(KeyboardInterrupt):
+        NumpyBackend(overlap=True).block_lstm_grad(SeqTensors(**{**inputs, "i": _Interrupted(inputs["i"], 3)}), **KW)
+    assert os.sched_getaffinity(0) == allowed
+    assert _thread._count() == running  # the worker has ended
+
+
+@two_cpus
 def test_the_read_ahead_thread_of_an_input_on_disk_is_not_held():
-    """It starts before the pass holds the caller on one CPU, so it does not share that CPU with the time loop."""
+    """It starts while the pass holds the caller on one CPU, and takes the CPUs the pass was called with, so that it
+    does not share the time loop's."""
     inputs = consistent_inputs(T=20, B=4, I=3, C=5)
     want = NumpyBackend(overlap=False).block_lstm_grad(SeqTensors(**inputs), **KW)
     allowed = os.sched_getaffinity(0)
@@ -141,3 +167,25 @@ def test_the_read_ahead_thread_of_an_input_on_disk_is_not_held():
     assert os.sched_getaffinity(0) == allowed
     for field, have, expected in zip(got._fields, got, want, strict=True):
         np.testing.assert_array_equal(have, expected, err_msg=field)
+
+
+
+def test_an_overlapped_pass_keeps_the_step_kernel_on_its_thread():
+    """Overlapped, numba's parallel step would contend for the other core, and its threads would start on the one
+    CPU the pass holds the caller on, there for the rest of the process: the loop tells the step it has one core
+    (the time loop in Python: compiled_loop=False; its kernel may spread from one element on)."""
+    _numba = pytest.importorskip("lstmgrad_cli.backends._numba")
+
+    class Told(_numba.NumbaGradient):
+        def step(self, *args, **kwargs):
+            self.told.append(args[9] if len(args) > 9 else kwargs.get("one_core", False))
+            return super().step(*args, **kwargs)
+
+    inputs = consistent_inputs(T=20, B=4, I=3, C=5)
+    seen = {}
+    for overlap in (True, False):
+        gradient = Told(parallel_min_elements=1, compiled_loop=False, overlap=overlap, kernel_min_flops=0)
+        gradient.told = []
+        gradient.block_lstm_grad(SeqTensors(**inputs), **KW)
+        seen[overlap] = set(gradient.told)
+    assert seen == {True: {True}, False: {False}}

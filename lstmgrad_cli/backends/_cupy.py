@@ -107,7 +107,7 @@ class CupyGradient(XpGradient):
             self._launcher = DeviceLauncher(self.xp)
         return self._launcher
 
-    def step(self, a, carried_h, carried_cs, gates, new_cs, peep, acc, offsets, ws):
+    def step(self, a, carried_h, carried_cs, gates, new_cs, peep, acc, offsets, ws, one_core=False):
         B, C = carried_h.shape
         args = [B * C, C, offsets["i"], offsets["f"], offsets["c"], offsets["o"],
                 a.i, a.f, a.o, a.ci, a.co, a.h_grad, a.cs_grad, a.cs_prev, carried_h, carried_cs, gates, new_cs]

@@ -84,14 +84,16 @@ class NumbaGradient(XpGradient):
     def _parallel(self, B, C):
         return B * C >= self.parallel_min_elements and B > 1
 
-    def step(self, a, carried_h, carried_cs, gates, new_cs, peep, acc, offsets, ws):
+    def step(self, a, carried_h, carried_cs, gates, new_cs, peep, acc, offsets, ws, one_core=False):
         dtype = carried_h.dtype
         if dtype not in (np.float32, np.float64):  # float16 emulation: the numpy step
             return super().step(a, carried_h, carried_cs, gates, new_cs, peep, acc, offsets, ws)
         B, C = carried_h.shape
         use_peephole, peep, acc = self._peep_args(dtype, peep, acc)
         k = _kernels()
-        kernel = k.parallel_step if self._parallel(B, C) else k.serial_step
+        # Overlapped (one_core), numba's threads would contend for the other core, and would start on the one the
+        # schedule holds this thread on, there for the rest of the process (cpu_placement).
+        kernel = k.parallel_step if self._parallel(B, C) and not one_core else k.serial_step
         kernel(dtype.type(1), a.i, a.f, a.o, a.ci, a.co, a.h_grad, a.cs_grad, a.cs_prev, a.cs,
                carried_h, carried_cs, gates, new_cs,
                offsets["i"] * C, offsets["f"] * C, offsets["c"] * C, offsets["o"] * C,
@@ -103,7 +105,7 @@ class NumbaGradient(XpGradient):
         if (observe is not None or not self._compiled(*carried_h.shape, dtype)
                 or not (gates.flags.c_contiguous and w_h_t.flags.c_contiguous)):
             return super()._steps(lo, acts, cs_ext, first, cs_prev, carried_h, carried_cs, new_cs, gates, w_h_t,
-                                  peep, acc, offsets, ws, observe)
+                                  peep, acc, offsets, ws, observe, one_core)
         B, C = carried_h.shape
         use_peephole, peep, acc = self._peep_args(dtype, peep, acc)
         # Overlapped, the products have the other core: numba's threads would only contend for it.

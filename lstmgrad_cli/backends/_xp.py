@@ -112,8 +112,9 @@ class _ReadAhead:
         self._ahead = None  # (j, future) of the chunk being read on the thread
         self._pool = None
         self._inline = False  # no thread could start
-        if len(chunks) > 1:  # the thread starts now, before the overlapped schedule holds this one on a CPU
-            self._read_ahead(0)
+        # The thread starts in the loop, where the overlapped schedule holds the caller on one CPU: it takes the
+        # CPUs the pass was called with instead (cpu_placement).
+        self._cpus = cpu_placement.allowed()
 
     def take(self, j: int) -> dict:
         """Chunk j's rows by name ("cs": from one step before the chunk, as the loop wants it)."""
@@ -124,23 +125,18 @@ class _ReadAhead:
             if ahead is not None:
                 ahead[1].exception()  # not wanted (never happens in order), but its buffers must be free
             rows = self._read(j)
-        if j + 1 < len(self._chunks):
-            self._read_ahead(j + 1)
+        if j + 1 < len(self._chunks) and not self._inline:
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only passes on disk
+
+                held = {} if self._cpus is None else dict(initializer=cpu_placement.hold, initargs=(self._cpus,))
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="lstmgrad-read", **held)
+            try:
+                self._ahead = (j + 1, self._pool.submit(self._read, j + 1))
+            except RuntimeError:  # no thread can start (a tight ulimit -v): every chunk is read in line
+                self.close()
+                self._inline = True
         return rows
-
-    def _read_ahead(self, j: int) -> None:
-        """Start reading chunk j on the thread (in ``take(j)`` where no thread can start)."""
-        if self._inline:
-            return
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only passes on disk
-
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="lstmgrad-read")
-        try:
-            self._ahead = (j, self._pool.submit(self._read, j))
-        except RuntimeError:  # no thread can start (a tight ulimit -v): every chunk is read in line
-            self.close()
-            self._inline = True
 
     def close(self) -> None:
         """Wait for a read still running (it fills buffers of this pass) and end the thread."""
@@ -311,8 +307,8 @@ class XpGradient:
         return CHUNK_BYTES
 
     # -- the per-step elementwise kernel ------------------------------------------------------
-    def step(self, a: Step, carried_h, carried_cs, gates, new_cs, peep, acc, offsets, ws):
-        """One step of docs/semantics.md, in place, with TF's bracketing.
+    def step(self, a: Step, carried_h, carried_cs, gates, new_cs, peep, acc, offsets, ws, one_core=False):
+        """One step of docs/semantics.md, in place, with TF's bracketing (``one_core``: as in ``_steps``).
 
         ``carried_h``/``carried_cs`` are the gradients carried from the step after; the gate
         gradients go into ``gates`` ([B, 4C]) and the gradient carried to the step before into
@@ -548,7 +544,7 @@ class XpGradient:
         for k in range(gates.shape[0] - 1, -1, -1):
             step_in = Step(*(acts[name][k] for name in STEP_NAMES),
                            cs_ext[k + first - 1] if lo + k > 0 else cs_prev, cs_ext[k + first])
-            self.step(step_in, carried_h, carried_cs, gates[k], new_cs, peep, acc, offsets, ws)
+            self.step(step_in, carried_h, carried_cs, gates[k], new_cs, peep, acc, offsets, ws, one_core)
             carried_cs, new_cs = new_cs, carried_cs
             self._matmul(gates[k], w_h_t, carried_h)
             if observe is not None:
@@ -628,9 +624,9 @@ class XpGradient:
             except RuntimeError:  # no thread can start (a tight ulimit -v): this thread does every product
                 worker_done.set()
                 placement = None
-            # Held after the worker starts, so that it does not start on this CPU only.
-            held = placement is not None and cpu_placement.hold(placement.caller)
             try:
+                if placement is not None:  # after the worker starts, so that it does not start on this CPU only
+                    cpu_placement.hold(placement.caller)
                 for j, (lo, hi) in enumerate(chunks):
                     if j >= slots:  # the slot waits for the products of chunk j - slots: help or wait
                         work.help_until(lambda j=j: work.chunk_done(j - slots))
@@ -643,9 +639,11 @@ class XpGradient:
                 work.fail(exc)
                 raise
             finally:
-                worker_done.wait()
-                if held:
+                if placement is not None:  # before the wait, which a second Ctrl-C may cut short
                     cpu_placement.hold(placement.allowed)
+                if not (work.all_done() or work.failed()):  # fail() above was itself cut short by a second Ctrl-C
+                    work.fail(KeyboardInterrupt())
+                worker_done.wait()
         work.raise_failure()
 
     def _x_grad_product(self, lo, hi, gates, w_x_t, x_grad, cdt, put=None):

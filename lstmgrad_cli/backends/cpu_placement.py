@@ -9,8 +9,9 @@ shared one CPU in 10-11 of every 12 slices and took 17-19 ms, against 11-13 ms h
 overlapped pass at 50,32,128,128 took 11-13 ms after a pause against 6 ms back to back, and 7.7-8.5 ms held apart.
 
 So for the pass the calling thread is held on the CPU it is on, and the worker on the others (not that CPU's SMT
-siblings, where others remain); the caller's CPUs are given back after.  Where that cannot be done (one CPU allowed,
-not Linux, the call refused) nothing is held and the pass runs as before.
+siblings, where others remain); the caller's CPUs are given back after, and a thread the pass starts meanwhile
+(an input's read-ahead) takes the caller's CPUs from before.  Where that cannot be done (one CPU allowed, not Linux,
+the call refused) nothing is held and the pass runs as before.
 """
 
 from __future__ import annotations
@@ -30,24 +31,28 @@ class Placement(NamedTuple):
     worker: frozenset[int]
 
 
-def split(allowed, here: int, siblings=frozenset()) -> Placement | None:
-    """The caller on ``here``, the worker on the rest of ``allowed`` less ``here``'s ``siblings`` (unless that
-    leaves none); None where ``here`` is not one of ``allowed`` or it is the only one."""
-    allowed = frozenset(allowed)
-    if here not in allowed or len(allowed) < 2:
+def split(cpus, here: int, siblings=frozenset()) -> Placement | None:
+    """The caller on ``here``, the worker on the rest of ``cpus`` less ``here``'s ``siblings`` (unless that leaves
+    none); None where ``here`` is not one of ``cpus`` or it is the only one."""
+    cpus = frozenset(cpus)
+    if here not in cpus or len(cpus) < 2:
         return None
-    others = allowed - {here}
-    return Placement(allowed, frozenset({here}), (others - frozenset(siblings)) or others)
+    others = cpus - {here}
+    return Placement(cpus, frozenset({here}), (others - frozenset(siblings)) or others)
+
+
+def allowed() -> frozenset[int] | None:
+    """The CPUs the calling thread may use; None where that is not known."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux, or refused
+        return None
 
 
 def for_this_thread() -> Placement | None:
     """``split`` of the calling thread's CPUs, at the one it runs on now; None where that is not known."""
-    try:
-        allowed = os.sched_getaffinity(0)
-    except (AttributeError, OSError):  # not Linux, or refused
-        return None
-    here = _current_cpu()
-    return None if here is None else split(allowed, here, _siblings(here))
+    cpus, here = allowed(), _current_cpu()
+    return None if cpus is None or here is None else split(cpus, here, _siblings(here))
 
 
 def hold(cpus) -> bool:
