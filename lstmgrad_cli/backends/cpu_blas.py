@@ -702,7 +702,7 @@ def _libraries() -> list[Blas]:
 
 _held: list[tuple[Blas, int]] = []  # inside counts_held(): each library and the count to put back at its end
 _single = threading.Lock()  # guards the two below
-_single_users = [0]  # single_threaded() blocks running now, on any thread
+_single_users = 0  # single_threaded() blocks running now, on any thread
 _single_previous: list[tuple[Blas, int]] = []  # the counts the first of them found, put back when the last ends
 
 
@@ -710,26 +710,27 @@ _single_previous: list[tuple[Blas, int]] = []  # the counts the first of them fo
 def single_threaded():
     """Run BLAS calls on one thread each meanwhile: ``find()``'s library and numpy's OpenBLAS.
 
-    Each keeps one thread count for the whole process: it is set once and put back (inside
-    ``counts_held()``, only when that block ends) when the last such block running ends, on whichever thread
-    (two passes at once on two threads: the second found the count at 1, and put it back last).  numpy's OpenBLAS is
-    set too when MKL is chosen, for the products numpy does itself (``matmul_into`` declines float16, for one).
+    Each keeps one thread count for the whole process: it is set once, and put back when the last block running,
+    on any thread, ends (two passes at once on two threads: the second finds the count at 1), or inside
+    ``counts_held()`` only when that block ends.  numpy's OpenBLAS is set too when MKL is chosen, for the
+    products numpy does itself (``matmul_into`` declines float16, for one).
     """
+    global _single_users
     if _held:
         _set_counts((blas, 1) for blas, _ in _held)
         yield
         return
     with _single:
-        if not _single_users[0]:
+        if not _single_users:
             _single_previous[:] = [(blas, blas.get_threads()) for blas in _libraries()]
-        _single_users[0] += 1
+        _single_users += 1
         _set_counts((blas, 1) for blas, _ in _single_previous)
     try:
         yield
     finally:
         with _single:
-            _single_users[0] -= 1
-            if not _single_users[0]:
+            _single_users -= 1
+            if not _single_users:
                 _set_counts(_single_previous)
 
 

@@ -6,7 +6,7 @@ ran on does not look free, and on a virtual machine a vCPU idle for a while does
 After a pause the two threads then share one CPU, and go on sharing it while the other vCPU stays idle.  On a
 2-vCPU AMD EPYC VM (benchmarks/RESULTS.md, fifteenth session), two threads of fixed work started after a 0.3 s pause
 shared one CPU in 10-11 of every 12 slices and took 17-19 ms, against 11-13 ms held on different CPUs; an
-overlapped pass at 50,32,128,128 took 11-13 ms after a pause against 6 ms back to back, and 7.7-8.5 ms held apart.
+overlapped pass at 50,32,128,128 took 11-13 ms after a pause against 6 ms back to back, and 7.6-9.1 ms held apart.
 
 So for the pass the calling thread is held on the CPU it is on, and the worker on the others (not that CPU's SMT
 siblings, where others remain); the caller's CPUs are given back after, and a thread the pass starts meanwhile
@@ -80,6 +80,7 @@ def _current_cpu() -> int | None:
     return cpu if cpu >= 0 else None
 
 
+@functools.cache
 def _siblings(cpu: int) -> frozenset[int]:
     """The CPUs sharing ``cpu``'s core (SMT), from sysfs ("0,32" or "0-1"); none where it cannot be read."""
     try:
