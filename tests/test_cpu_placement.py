@@ -131,6 +131,41 @@ def test_an_overlapped_pass_runs_its_threads_on_different_cpus_and_gives_the_cal
         np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
 
 
+class _Waits:
+    """An ``x_grad_out`` whose first write, on whichever thread, says so (``writing``) and waits for ``go``."""
+
+    def __init__(self, shape):
+        self.shape, self.dtype = shape, np.dtype("float32")
+        self.writing, self.go = threading.Event(), threading.Event()
+
+    def __setitem__(self, index, rows):
+        self.writing.set()
+        self.go.wait(10)
+
+
+@two_cpus
+def test_a_pass_run_while_another_holds_its_threads_leaves_its_own_where_linux_puts_them():
+    """Two passes at once (a Dask worker's threads): held, the second's could share a CPU with the first's."""
+    inputs = consistent_inputs(T=20, B=4, I=3, C=5)
+    allowed = os.sched_getaffinity(0)
+    first_out = _Waits(inputs["x"].shape)
+    first = threading.Thread(target=lambda: NumpyBackend(overlap=True).block_lstm_grad(
+        SeqTensors(**inputs), **KW, x_grad_out=first_out))
+    first.start()
+    try:
+        assert first_out.writing.wait(10)  # the first pass runs, its threads held
+        second_out = _RowsWhere(inputs["x"].shape)
+        NumpyBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **KW, x_grad_out=second_out)
+        assert {cpus for _, cpus in second_out.seen} == {frozenset(allowed)}
+    finally:
+        first_out.go.set()
+        first.join(10)
+    third_out = _RowsWhere(inputs["x"].shape)  # the first has ended: the next pass holds its threads again
+    NumpyBackend(overlap=True).block_lstm_grad(SeqTensors(**inputs), **KW, x_grad_out=third_out)
+    assert len({cpus for _, cpus in third_out.seen}) == 2
+    assert os.sched_getaffinity(0) == allowed
+
+
 @two_cpus
 def test_the_callers_cpus_come_back_when_the_worker_fails():
     inputs = consistent_inputs(T=20, B=4, I=3, C=5)

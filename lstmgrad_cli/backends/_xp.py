@@ -599,7 +599,7 @@ class XpGradient:
         work = _OverlappedWork(chunks, slots, fill, chains, x_products)
         errstate = np.geterr()  # numpy's error state is per thread: the worker takes the caller's
         worker_done = threading.Event()
-        placement = cpu_placement.for_this_thread()  # the two threads on different CPUs, where they can be
+        placement = cpu_placement.claim()  # the two threads on different CPUs, where they can be
 
         def worker():
             try:
@@ -623,6 +623,8 @@ class XpGradient:
                 _thread.start_new_thread(worker, ())  # returns at once, unlike Thread.start()
             except RuntimeError:  # no thread can start (a tight ulimit -v): this thread does every product
                 worker_done.set()
+                if placement is not None:
+                    cpu_placement.release(placement)
                 placement = None
             try:
                 if placement is not None:  # after the worker starts, so that it does not start on this CPU only
@@ -640,7 +642,7 @@ class XpGradient:
                 raise
             finally:
                 if placement is not None:  # before the wait, which a second Ctrl-C may cut short
-                    cpu_placement.hold(placement.allowed)
+                    cpu_placement.release(placement)
                 if not (work.all_done() or work.failed()):  # fail() above was itself cut short by a second Ctrl-C
                     work.fail(KeyboardInterrupt())
                 worker_done.wait()

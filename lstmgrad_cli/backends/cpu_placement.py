@@ -10,8 +10,10 @@ overlapped pass at 50,32,128,128 took 11-13 ms after a pause against 6 ms back t
 
 So for the pass the calling thread is held on the CPU it is on, and the worker on the others (not that CPU's SMT
 siblings, where others remain); the caller's CPUs are given back after, and a thread the pass starts meanwhile
-(an input's read-ahead) takes the caller's CPUs from before.  Where that cannot be done (one CPU allowed, not Linux,
-the call refused) nothing is held and the pass runs as before.
+(an input's read-ahead) takes the caller's CPUs from before.  One pass of the process at a time holds its threads
+(``claim``): two at once on other threads (a Dask worker's, say) could be held on one CPU where Linux would spread
+them.  Where that cannot be done (one CPU allowed, not Linux, the call refused) nothing is held and the pass runs as
+before.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import threading
 from typing import NamedTuple
 
 
@@ -53,6 +56,30 @@ def for_this_thread() -> Placement | None:
     """``split`` of the calling thread's CPUs, at the one it runs on now; None where that is not known."""
     cpus, here = allowed(), _current_cpu()
     return None if cpus is None or here is None else split(cpus, here, _siblings(here))
+
+
+_claim = threading.Lock()
+_claimed = False  # a pass holds its threads now
+
+
+def claim() -> Placement | None:
+    """``for_this_thread()`` for an overlapped pass, or None where another pass of this process holds its threads
+    now; ``release`` it on the same thread."""
+    global _claimed
+    with _claim:
+        if _claimed:
+            return None
+        placement = for_this_thread()
+        _claimed = placement is not None
+        return placement
+
+
+def release(placement: Placement) -> None:
+    """Give the calling thread its CPUs from before (``placement.allowed``), and another pass the claim."""
+    global _claimed
+    hold(placement.allowed)
+    with _claim:
+        _claimed = False
 
 
 def hold(cpus) -> bool:
